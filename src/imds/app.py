@@ -1,0 +1,62 @@
+"""The application factory: ``build_app(settings)`` → the ASGI app ``imds serve`` runs.
+
+The instance-facing front (raw ASGI) answers instance routes from memory and hands
+every other request to the FastAPI admin app. The admin app's lifespan opens and closes
+the services; nothing happens at import time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import httpx
+from fastapi import FastAPI
+from starlette.exceptions import HTTPException
+
+from imds import __version__, log
+from imds.config import Settings
+from imds.errors import ImdsError
+from imds.services import Services, build_services
+from imds.services.demo import load_demo
+from imds.store import Store
+from imds.web.admin import admin_router
+from imds.web.errors import handle_http_error, handle_imds_error
+from imds.web.instance import InstanceFront
+from imds.web.ops import ops_router
+
+_log = log.get("app")
+
+
+def build_app(
+    settings: Settings, *, store: Store | None = None, http: httpx.AsyncClient | None = None
+) -> InstanceFront:
+    """Build the whole service for ``settings``; ``store``/``http`` may be injected by tests."""
+    services = build_services(settings, store=store, http=http)
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        async with services.running():
+            if settings.demo:
+                instance_id = await load_demo(services.records)
+                _log.info("demo.loaded", instance_id=instance_id, addresses=["127.0.0.1", "::1"])
+            _log.info("imds.started", version=__version__, instances=len(services.catalog))
+            yield
+        _log.info("imds.stopped")
+
+    admin = FastAPI(
+        title="imds admin API",
+        version=__version__,
+        lifespan=lifespan,
+        exception_handlers={ImdsError: handle_imds_error, HTTPException: handle_http_error},
+        openapi_url="/openapi.json",
+        docs_url="/docs",
+        redoc_url=None,
+    )
+    admin.include_router(admin_router(services))
+    admin.include_router(admin_router(services), prefix="/api/v1", include_in_schema=False)
+    admin.include_router(ops_router(services))
+    return InstanceFront(services, admin)
+
+
+__all__ = ["Services", "build_app"]

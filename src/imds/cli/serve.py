@@ -1,0 +1,75 @@
+"""``imds serve``: the instance-facing listener and the admin API."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from typing import Any
+
+import click
+import uvicorn
+
+from imds import log
+from imds.app import build_app
+from imds.cli.options import resolve, settings_options
+from imds.config import Settings
+from imds.errors import ImdsError
+from imds.store.sql.engine import async_url
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening TCP socket; IPv6 sockets are v6-only so ``[::]`` and ``0.0.0.0`` coexist."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if family == socket.AF_INET6:
+        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        msg = f"cannot listen on {host}:{port}: {exc.strerror}"
+        raise click.ClickException(msg) from exc
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def run(settings: Settings) -> None:
+    """Migrate if asked, bind every listen address, and serve until SIGINT/SIGTERM."""
+    logger = log.get("serve")
+    if settings.migrate and not settings.db_url.startswith("memory://"):
+        from imds.store.sql import migrate  # noqa: PLC0415 - Alembic loads only when a database is used
+
+        migrate.upgrade(settings.db_url)
+        logger.info("db.migrated", db=async_url(settings.db_url).split("://", 1)[0])
+    sockets = [bind(host, port) for host, port in settings.listen]
+    config = uvicorn.Config(
+        build_app(settings),
+        lifespan="on",
+        log_config=None,
+        access_log=False,
+        # The caller's address is a security decision imds makes itself (trusted proxies
+        # only); uvicorn must not rewrite it from X-Forwarded-For.
+        proxy_headers=False,
+        server_header=False,
+        timeout_graceful_shutdown=int(settings.shutdown_timeout),
+    )
+    for host, port in settings.listen:
+        logger.info("listening", address=f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
+    server = uvicorn.Server(config)
+    asyncio.run(server.serve(sockets=sockets))
+    if not server.started:
+        raise click.ClickException("imds did not start; see the log above")
+
+
+@click.command()
+@settings_options()
+def serve(**flags: Any) -> None:
+    """Serve instance metadata (all flavors) and the admin API."""
+    settings = resolve(flags)
+    log.configure(settings.log_level)
+    try:
+        run(settings)
+    except ImdsError as exc:
+        raise click.ClickException(exc.message) from exc

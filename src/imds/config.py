@@ -1,0 +1,258 @@
+"""Settings: the only module that reads the environment.
+
+Every option has one entry in ``OPTIONS``: its flag (``--listen``), its environment
+variable (``IMDS_LISTEN``), its default and its help. The CLI builds its flags from that
+table, and ``load`` resolves each value once: flag, else environment, else default. The
+result is a frozen ``Settings``; nothing else reads ``os.environ``.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from imds.errors import ConfigError
+from imds.models import Network
+
+Kind = Literal["str", "int", "float", "bool", "list", "path"]
+
+
+@dataclass(frozen=True)
+class Option:
+    """One setting: flag name, environment variable, kind, default and help text."""
+
+    name: str
+    env: str
+    kind: Kind
+    default: Any
+    help: str
+    secret: bool = False
+
+    @property
+    def flag(self) -> str:
+        """The command-line flag, e.g. ``--trusted-proxy``."""
+        return "--" + self.name.replace("_", "-")
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option("listen", "IMDS_LISTEN", "list", ("127.0.0.1:8000",),
+           "HOST:PORT to listen on (repeatable; [v6]:PORT for IPv6; env: comma-separated)."),
+    Option("data_dir", "IMDS_DATA_DIR", "path", None,
+           "Directory for the embedded database and generated keys "
+           "(default: $XDG_DATA_HOME/imds or ~/.local/share/imds)."),
+    Option("db", "IMDS_DB", "str", None,
+           "Database URL: sqlite:///PATH, postgresql://USER:PASS@HOST:PORT/DB or memory:// "
+           "(default: an SQLite file in the data directory)."),
+    Option("migrate", "IMDS_MIGRATE", "bool", True,  # noqa: FBT003 - a table row, not a call site
+           "Apply database migrations at startup."),
+    Option("trusted_proxy", "IMDS_TRUSTED_PROXIES", "list", (),
+           "CIDR of a proxy whose X-Forwarded-For is believed (repeatable; default: none)."),
+    Option("api_url", "IMDS_API_URL", "str", None,
+           "Template for the api_url field, e.g. https://{{.facility}}.example/{{.id}}."),
+    Option("phone_home_url", "IMDS_PHONE_HOME_URL", "str", None,
+           "Template for the phone_home_url field."),
+    Option("user_state_url", "IMDS_USER_STATE_URL", "str", None,
+           "Template for the user_state_url field."),
+    Option("admin_token", "IMDS_ADMIN_TOKEN", "str", None,
+           "Static bearer token with every admin scope.", secret=True),
+    Option("admin_tokens_file", "IMDS_ADMIN_TOKENS_FILE", "path", None,
+           "JSON file of admin tokens with their scopes (see docs/admin-auth.md)."),
+    Option("oidc_issuer", "IMDS_OIDC_ISSUER", "str", None,
+           "OIDC issuer whose JWTs the admin API accepts."),
+    Option("oidc_jwks_url", "IMDS_OIDC_JWKS_URL", "str", None,
+           "JWKS URL (default: discovered from the issuer's openid-configuration)."),
+    Option("oidc_audience", "IMDS_OIDC_AUDIENCE", "str", None,
+           "Audience the JWTs must carry."),
+    Option("oidc_roles_claim", "IMDS_OIDC_ROLES_CLAIM", "str", "scope",
+           "JWT claim holding the scopes (a list, or a space-separated string)."),
+    Option("oidc_username_claim", "IMDS_OIDC_USERNAME_CLAIM", "str", "sub",
+           "JWT claim logged as the subject of each admin write."),
+    Option("max_body_bytes", "IMDS_MAX_BODY_BYTES", "int", 1024 * 1024,
+           "Largest admin request body accepted, in bytes."),
+    Option("demo", "IMDS_DEMO", "bool", False,  # noqa: FBT003 - a table row, not a call site
+           "Load a demo instance bound to 127.0.0.1 and ::1 at startup."),
+    Option("log_level", "IMDS_LOG_LEVEL", "str", "info",
+           "Log level: debug, info, warning or error."),
+    Option("log_instance_reads", "IMDS_LOG_INSTANCE_READS", "bool", False,  # noqa: FBT003 - a table row, not a call site
+           "Log every instance read (off by default)."),
+    Option("feed_poll_interval", "IMDS_FEED_POLL_INTERVAL", "float", 1.0,
+           "Seconds between polls of the change feed written by other replicas."),
+    Option("shutdown_timeout", "IMDS_SHUTDOWN_TIMEOUT", "float", 10.0,
+           "Seconds to let in-flight requests finish on shutdown."),
+)
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Validated configuration of ``imds serve``. Build it with ``load``."""
+
+    listen: tuple[tuple[str, int], ...] = (("127.0.0.1", 8000),)
+    data_dir: Path = Path("imds-data")
+    db_url: str = "memory://"
+    migrate: bool = True
+    trusted_proxies: tuple[Network, ...] = ()
+    api_url: str | None = None
+    phone_home_url: str | None = None
+    user_state_url: str | None = None
+    admin_token: str | None = None
+    admin_tokens_file: Path | None = None
+    oidc_issuer: str | None = None
+    oidc_jwks_url: str | None = None
+    oidc_audience: str | None = None
+    oidc_roles_claim: str = "scope"
+    oidc_username_claim: str = "sub"
+    max_body_bytes: int = 1024 * 1024
+    demo: bool = False
+    log_level: str = "info"
+    log_instance_reads: bool = False
+    feed_poll_interval: float = 1.0
+    shutdown_timeout: float = 10.0
+
+    @property
+    def templates(self) -> dict[str, str]:
+        """The configured template fields, by the metadata key they fill."""
+        fields = {
+            "api_url": self.api_url,
+            "phone_home_url": self.phone_home_url,
+            "user_state_url": self.user_state_url,
+        }
+        return {key: value for key, value in fields.items() if value}
+
+    def __repr__(self) -> str:
+        """Never show secrets, even in a traceback."""
+        token = "<set>" if self.admin_token else None
+        return f"Settings(listen={self.listen!r}, db_url={_redact_url(self.db_url)!r}, admin_token={token})"
+
+
+def load(flags: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None) -> Settings:
+    """Resolve every option from ``flags``, then ``environ``, then its default.
+
+    ``flags`` maps option names to values given on the command line (``None`` or an
+    empty tuple means "not given"). ``environ`` defaults to ``os.environ``.
+    """
+    flags = flags or {}
+    env = os.environ if environ is None else environ
+    raw: dict[str, Any] = {}
+    for option in OPTIONS:
+        given = flags.get(option.name)
+        if given is not None and given != ():
+            raw[option.name] = _coerce(option, given)
+        elif option.env in env:
+            raw[option.name] = _coerce(option, env[option.env])
+        else:
+            raw[option.name] = option.default
+    return _validate(raw, env)
+
+
+def _bool(text: str) -> bool:
+    if text.lower() in _TRUE | _FALSE:
+        return text.lower() in _TRUE
+    raise ValueError(text)
+
+
+_PARSERS: dict[str, Any] = {
+    "list": lambda text: tuple(part.strip() for part in text.split(",") if part.strip()),
+    "int": int,
+    "float": float,
+    "bool": _bool,
+    "path": lambda text: Path(text).expanduser() if text else None,
+    "str": lambda text: text or None,
+}
+
+
+def _coerce(option: Option, value: Any) -> Any:
+    """Turn a flag or environment value into the option's kind."""
+    if not isinstance(value, str):
+        return tuple(value) if option.kind == "list" else value
+    try:
+        return _PARSERS[option.kind](value.strip())
+    except ValueError as exc:
+        msg = f"{option.env} / {option.flag}: {value!r} is not a valid {option.kind}"
+        raise ConfigError(msg) from exc
+
+
+def _validate(raw: dict[str, Any], env: Mapping[str, str]) -> Settings:
+    data_dir = raw["data_dir"] or _default_data_dir(env)
+    db_url = raw["db"] or f"sqlite:///{data_dir / 'imds.db'}"
+    if not db_url.startswith(("sqlite", "postgresql", "memory://")):
+        msg = f"--db / IMDS_DB: unsupported database URL scheme in {_redact_url(db_url)!r}"
+        raise ConfigError(msg)
+    level = str(raw["log_level"]).lower()
+    if level not in LOG_LEVELS:
+        msg = f"--log-level / IMDS_LOG_LEVEL: {level!r} is not one of {', '.join(LOG_LEVELS)}"
+        raise ConfigError(msg)
+    if raw["max_body_bytes"] <= 0:
+        msg = "--max-body-bytes / IMDS_MAX_BODY_BYTES must be positive"
+        raise ConfigError(msg)
+    tokens_file = raw["admin_tokens_file"]
+    if tokens_file is not None and not Path(tokens_file).is_file():
+        msg = f"--admin-tokens-file / IMDS_ADMIN_TOKENS_FILE: {tokens_file} is not a file"
+        raise ConfigError(msg)
+    return Settings(
+        listen=tuple(parse_listen(item) for item in raw["listen"]),
+        data_dir=Path(data_dir),
+        db_url=db_url,
+        migrate=bool(raw["migrate"]),
+        trusted_proxies=tuple(_parse_cidr(item) for item in raw["trusted_proxy"]),
+        api_url=raw["api_url"],
+        phone_home_url=raw["phone_home_url"],
+        user_state_url=raw["user_state_url"],
+        admin_token=raw["admin_token"],
+        admin_tokens_file=tokens_file,
+        oidc_issuer=raw["oidc_issuer"],
+        oidc_jwks_url=raw["oidc_jwks_url"],
+        oidc_audience=raw["oidc_audience"],
+        oidc_roles_claim=raw["oidc_roles_claim"],
+        oidc_username_claim=raw["oidc_username_claim"],
+        max_body_bytes=raw["max_body_bytes"],
+        demo=bool(raw["demo"]),
+        log_level=level,
+        log_instance_reads=bool(raw["log_instance_reads"]),
+        feed_poll_interval=float(raw["feed_poll_interval"]),
+        shutdown_timeout=float(raw["shutdown_timeout"]),
+    )
+
+
+def parse_listen(value: str) -> tuple[str, int]:
+    """Parse ``HOST:PORT`` or ``[V6]:PORT`` into a (host, port) pair."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        msg = f"--listen / IMDS_LISTEN: {value!r} is not HOST:PORT"
+        raise ConfigError(msg)
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not host:
+        msg = f"--listen / IMDS_LISTEN: {value!r} has no host (use 0.0.0.0 or [::])"
+        raise ConfigError(msg)
+    return host, int(port)
+
+
+def _parse_cidr(value: str) -> Network:
+    try:
+        return ipaddress.ip_network(value, strict=False)
+    except ValueError as exc:
+        msg = f"--trusted-proxy / IMDS_TRUSTED_PROXIES: {value!r} is not a CIDR"
+        raise ConfigError(msg) from exc
+
+
+def _default_data_dir(env: Mapping[str, str]) -> Path:
+    base = env.get("XDG_DATA_HOME") or str(Path(env.get("HOME", ".")) / ".local" / "share")
+    return Path(base) / "imds"
+
+
+def _redact_url(url: str) -> str:
+    """Hide the password in a database URL."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or "@" not in rest:
+        return url
+    creds, _, host = rest.rpartition("@")
+    user = creds.split(":", 1)[0]
+    return f"{scheme}://{user}:***@{host}"

@@ -1,0 +1,1 @@
+"""Package data for ``imds serve --demo``."""

@@ -1,0 +1,127 @@
+"""The one exception tree of imds.
+
+Every failure a caller can see is one of these; foreign exceptions (SQLAlchemy, httpx,
+OS errors) are translated where they enter, with ``raise ... from exc``. HTTP statuses
+for them are chosen in exactly one place, ``imds.web.errors``.
+
+::
+
+    ImdsError
+    ├── NotFound                 nothing answers to this id, address or path
+    │   ├── InstanceNotFound     the caller's address maps to no instance
+    │   └── RecordNotFound       the instance has no record of this kind
+    ├── InvalidInput             the request is malformed; carries one Problem per field
+    │   └── PayloadTooLarge      the body is over the configured limit
+    ├── AuthError
+    │   ├── Unauthenticated      no credentials, or credentials that do not verify
+    │   ├── AuthNotConfigured    the admin API has no way to check credentials
+    │   └── Forbidden            valid credentials without a required scope
+    ├── StoreUnavailable         the database cannot be reached or answered with an error
+    ├── UpstreamError            an upstream service failed (used by later capabilities)
+    └── ConfigError              configuration is invalid; raised at startup only
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class ImdsError(Exception):
+    """Base of every error imds raises on purpose."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class NotFound(ImdsError):
+    """Nothing answers to the requested id, address or path."""
+
+
+class InstanceNotFound(NotFound):
+    """The caller's address maps to no instance."""
+
+    def __init__(self, address: str | None) -> None:
+        shown = address if address is not None else "an unidentified caller"
+        super().__init__(f"no instance is associated with {shown}")
+        self.address = address
+
+
+class RecordNotFound(NotFound):
+    """The instance has no record of the requested kind (``metadata``/``userdata``)."""
+
+    def __init__(self, kind: str, instance_id: str) -> None:
+        super().__init__(f"no {kind} stored for instance {instance_id}")
+        self.kind = kind
+        self.instance_id = instance_id
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One offending field: ``field`` is a path such as ``ipAddresses[3]``."""
+
+    field: str
+    message: str
+
+
+class InvalidInput(ImdsError):
+    """The request is malformed. ``problems`` names every offending field."""
+
+    def __init__(self, problems: list[Problem], message: str = "invalid request") -> None:
+        super().__init__(message)
+        self.problems = problems
+
+    @classmethod
+    def one(cls, field: str, message: str) -> InvalidInput:
+        """Build the error for a single offending field."""
+        return cls([Problem(field, message)])
+
+
+class PayloadTooLarge(InvalidInput):
+    """The request body is larger than the configured limit."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(
+            [Problem("body", f"request body is larger than {limit} bytes")],
+            message="request body too large",
+        )
+        self.limit = limit
+
+
+class AuthError(ImdsError):
+    """The admin API refused the credentials."""
+
+
+class Unauthenticated(AuthError):
+    """No credentials, or credentials that do not verify."""
+
+
+class AuthNotConfigured(AuthError):
+    """No token, tokens file or OIDC issuer is configured, so every admin call is refused."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            "the admin API has no authentication configured: set IMDS_ADMIN_TOKEN "
+            "(or --admin-token), IMDS_ADMIN_TOKENS_FILE (or --admin-tokens-file), "
+            "or IMDS_OIDC_ISSUER (or --oidc-issuer)"
+        )
+
+
+class Forbidden(AuthError):
+    """Valid credentials that carry none of the scopes the call needs."""
+
+    def __init__(self, needed: tuple[str, ...]) -> None:
+        super().__init__("token lacks a required scope; one of: " + ", ".join(needed))
+        self.needed = needed
+
+
+class StoreUnavailable(ImdsError):
+    """The database could not be reached or failed a statement."""
+
+
+class UpstreamError(ImdsError):
+    """An upstream service failed or answered something unusable."""
+
+
+class ConfigError(ImdsError):
+    """The configuration is invalid. Raised at startup, never while serving."""

@@ -1,0 +1,53 @@
+"""Prometheus metrics: one registry per application (so tests can build many apps).
+
+Request counts and latency are labelled by route group (``instance``, ``admin``, ``ops``,
+``other``) and status; hollow's counters keep their names.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+GROUPS = ("instance", "admin", "ops", "other")
+_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+
+class Metrics:
+    """Every metric imds exports, registered in ``registry``."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "imds_http_requests", "HTTP requests answered, by route group and status.", ["group", "status"], registry=r
+        )
+        self.latency = Histogram(
+            "imds_http_request_duration_seconds", "Time to answer, by route group.", ["group"],
+            buckets=_BUCKETS, registry=r,
+        )
+        self.instances = Gauge("imds_catalog_instances", "Instances held in memory.", registry=r)
+        self.feed_position = Gauge("imds_catalog_feed_position", "Last change-feed entry applied.", registry=r)
+        # hollow-metadataservice's counters, same names.
+        self.metadata_cache_hit = Counter(
+            "metadata_cache_hit", "Metadata requests answered from what imds holds.", registry=r
+        )
+        self.metadata_cache_miss = Counter(
+            "metadata_cache_miss", "Metadata requests from callers imds does not know.", registry=r
+        )
+        self.userdata_cache_hit = Counter(
+            "metadata_userdata_cache_hit", "Userdata requests answered from what imds holds.", registry=r
+        )
+        self.userdata_cache_miss = Counter(
+            "metadata_userdata_cache_miss", "Userdata requests from callers imds does not know.", registry=r
+        )
+        self.metadata_inserts = Counter("metadata_inserts", "Metadata writes applied from the API.", registry=r)
+        self.userdata_inserts = Counter(
+            "metadata_userdata_inserts", "Userdata writes applied from the API.", registry=r
+        )
+        self.deletions = Counter("metadata_deletions", "Record deletions from the API.", registry=r)
+        self.metadata_store_errors = Counter(
+            "metadata_store_error", "Metadata writes that failed in the database.", registry=r
+        )
+        self.userdata_store_errors = Counter(
+            "metadata_userdata_store_error", "Userdata writes that failed in the database.", registry=r
+        )

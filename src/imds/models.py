@@ -1,0 +1,83 @@
+"""Domain values shared by every layer: no ORM types, no HTTP types."""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+Address = ipaddress.IPv4Address | ipaddress.IPv6Address
+JsonObject = dict[str, Any]
+
+METADATA = "metadata"
+USERDATA = "userdata"
+RECORD_KINDS = (METADATA, USERDATA)
+
+
+@dataclass(frozen=True)
+class Instance:
+    """The canonical record of one instance, as the store holds it.
+
+    ``addresses`` are normalised networks (a host address is a /32 or /128).
+    ``metadata`` and ``userdata`` are ``None`` when that record type is absent.
+    """
+
+    id: str
+    addresses: tuple[Network, ...] = ()
+    metadata: JsonObject | None = None
+    metadata_updated_at: datetime | None = None
+    userdata: bytes | None = None
+    userdata_updated_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class MetadataWrite:
+    """A full-replacement write of an instance's metadata and address list."""
+
+    id: str
+    addresses: tuple[Network, ...]
+    metadata: JsonObject
+
+
+@dataclass(frozen=True)
+class UserdataWrite:
+    """A full-replacement write of an instance's userdata and address list."""
+
+    id: str
+    addresses: tuple[Network, ...]
+    userdata: bytes
+
+
+@dataclass(frozen=True)
+class WriteResult:
+    """What a write did.
+
+    ``applied`` is False when the staleness guard refused it (nothing changed).
+    ``moved`` maps each address taken from another instance to that instance's id.
+    ``dropped`` lists this instance's addresses that the write removed.
+    """
+
+    instance_id: str
+    applied: bool
+    addresses: tuple[Network, ...] = ()
+    moved: dict[Network, str] = field(default_factory=dict)
+    dropped: tuple[Network, ...] = ()
+    reason: str | None = None
+
+
+@dataclass(frozen=True)
+class Change:
+    """One entry of the change feed: instance ``instance_id`` changed at ``seq``."""
+
+    seq: int
+    instance_id: str
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who is calling the admin API, and what they may do."""
+
+    subject: str
+    scopes: frozenset[str]

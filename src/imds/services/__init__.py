@@ -1,0 +1,97 @@
+"""The domain layer: knows models, errors and the Store protocol; never HTTP or SQL.
+
+``Services`` holds one of each service, built from Settings by ``build_services`` and
+started/stopped by the application's lifespan (or ``running()`` in tests).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import httpx
+
+from imds import log
+from imds.config import Settings
+from imds.metrics import Metrics
+from imds.services.auth import Authenticator, Chain, NoAuth, StaticTokens
+from imds.services.catalog import Catalog
+from imds.services.templates import Template, compile_all
+from imds.services.upsert import Records
+from imds.store import Store, open_store
+
+_log = log.get("services")
+
+
+@dataclass
+class Services:
+    """Everything the web layer calls, plus the resources they share."""
+
+    settings: Settings
+    store: Store
+    catalog: Catalog
+    records: Records
+    auth: Authenticator
+    templates: tuple[Template, ...]
+    metrics: Metrics
+    http: httpx.AsyncClient
+    _tasks: list[asyncio.Task[None]] = field(default_factory=list)
+
+    async def start(self) -> None:
+        """Load the catalog and start following the change feed."""
+        await self.catalog.load()
+        self._tasks.append(asyncio.create_task(self.catalog.follow(), name="imds-feed-follower"))
+
+    async def stop(self) -> None:
+        """Stop background work and close the store and HTTP client."""
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks.clear()
+        await self.http.aclose()
+        await self.store.close()
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[Services]:
+        """``start`` on entry and ``stop`` on exit."""
+        await self.start()
+        try:
+            yield self
+        finally:
+            await self.stop()
+
+
+def build_services(
+    settings: Settings, *, store: Store | None = None, http: httpx.AsyncClient | None = None
+) -> Services:
+    """Wire the services for ``settings``. Nothing connects until ``start``."""
+    store = store if store is not None else open_store(settings.db_url)
+    http = http if http is not None else httpx.AsyncClient(timeout=5.0)
+    metrics = Metrics()
+    catalog = Catalog(store, poll_interval=settings.feed_poll_interval)
+    return Services(
+        settings=settings,
+        store=store,
+        catalog=catalog,
+        records=Records(store, catalog, metrics),
+        auth=_authenticator(settings, http),
+        templates=compile_all(settings.templates),
+        metrics=metrics,
+        http=http,
+    )
+
+
+def _authenticator(settings: Settings, http: httpx.AsyncClient) -> Authenticator:
+    static = StaticTokens.from_settings(settings.admin_token, settings.admin_tokens_file)
+    jwt: Authenticator | None = None
+    if settings.oidc_issuer:
+        from imds.services.oidc import OidcVerifier  # noqa: PLC0415 - only when OIDC is configured
+
+        jwt = OidcVerifier(settings, http)
+    if not static and jwt is None:
+        return NoAuth()
+    return Chain(static, jwt)

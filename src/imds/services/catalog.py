@@ -1,0 +1,110 @@
+"""The in-memory view of every instance that the instance-facing path reads.
+
+Loaded from a store snapshot at startup and kept coherent two ways: a write on this
+replica refreshes the instances it touched before it answers, and a follower polls the
+store's change feed for writes made by other replicas. A read never touches the store.
+
+Refreshes run one at a time and read the store inside that critical section, so a later
+refresh never applies older state than an earlier one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from imds import log
+from imds.errors import StoreUnavailable
+from imds.models import Address, Instance
+from imds.services.addresses import AddressIndex
+from imds.store.interface import Store
+
+_log = log.get("catalog")
+
+
+@dataclass
+class Entry:
+    """One instance and the responses rendered from it so far (cleared on every change)."""
+
+    instance: Instance
+    rendered: dict[str, bytes] = field(default_factory=dict)
+
+    def render(self, key: str, build: Callable[[Instance], bytes]) -> bytes:
+        """The cached rendering ``key``, built once per version of the instance."""
+        body = self.rendered.get(key)
+        if body is None:
+            body = self.rendered[key] = build(self.instance)
+        return body
+
+
+class Catalog:
+    """Instances by id and by address (longest-prefix match)."""
+
+    def __init__(self, store: Store, *, poll_interval: float = 1.0) -> None:
+        self._store = store
+        self._poll_interval = poll_interval
+        self._entries: dict[str, Entry] = {}
+        self._index = AddressIndex()
+        self._lock = asyncio.Lock()
+        self.position = 0
+        self.loaded = False
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def lookup(self, address: Address) -> Entry | None:
+        """The instance whose longest matching prefix contains ``address``."""
+        instance_id = self._index.lookup(address)
+        return None if instance_id is None else self._entries.get(instance_id)
+
+    def get(self, instance_id: str) -> Entry | None:
+        """The instance with this id, if the catalog holds it."""
+        return self._entries.get(instance_id)
+
+    async def load(self) -> None:
+        """Replace everything with a fresh snapshot of the store."""
+        async with self._lock:
+            instances, position = await self._store.snapshot()
+            self._entries = {}
+            self._index = AddressIndex()
+            for instance in instances:
+                self._apply(instance.id, instance)
+            self.position = position
+            self.loaded = True
+        _log.info("catalog.loaded", instances=len(instances), position=position)
+
+    async def refresh(self, instance_ids: Iterable[str]) -> None:
+        """Re-read these instances from the store and apply what it holds now."""
+        ids = list(dict.fromkeys(instance_ids))
+        async with self._lock:
+            found = await self._store.get_many(ids)
+            for instance_id in ids:
+                self._apply(instance_id, found.get(instance_id))
+
+    async def catch_up(self) -> int:
+        """Apply change-feed entries written since the last position; returns how many."""
+        applied = 0
+        while True:
+            batch = await self._store.changes_since(self.position)
+            if not batch:
+                return applied
+            await self.refresh(change.instance_id for change in batch)
+            self.position = max(self.position, batch[-1].seq)
+            applied += len(batch)
+
+    async def follow(self) -> None:
+        """Poll the change feed until cancelled; a store outage only delays coherence."""
+        while True:
+            await asyncio.sleep(self._poll_interval)
+            with contextlib.suppress(StoreUnavailable):
+                await self.catch_up()
+
+    def _apply(self, instance_id: str, instance: Instance | None) -> None:
+        if instance is None:
+            self._entries.pop(instance_id, None)
+            self._index.forget(instance_id)
+            return
+        self._entries[instance_id] = Entry(instance)
+        self._index.assign(instance_id, instance.addresses)

@@ -1,0 +1,1 @@
+"""Pure renderers: ``Instance`` → documents or trees, shared by every flavor and the config drive."""

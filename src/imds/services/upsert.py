@@ -1,0 +1,130 @@
+"""Admin writes and reads by id: the rules of the canonical record.
+
+- The address list is the whole truth each time: unlisted addresses are dropped, and an
+  address held by another instance moves here (last write wins). Both record types
+  share the address table; the instance that loses an address keeps its records.
+- A metadata write whose ``updated_at`` is older than the stored document's changes
+  nothing, addresses included, and says so (``applied=False``).
+- Deleting one record type removes the addresses only when the other is absent too.
+- Each write is one store transaction; the catalog is refreshed before the caller hears
+  back, so the next instance read on this replica sees the write.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+from imds import log
+from imds.errors import RecordNotFound, StoreUnavailable
+from imds.metrics import Metrics
+from imds.models import METADATA, USERDATA, Instance, MetadataWrite, Network, UserdataWrite, WriteResult
+from imds.services.addresses import display
+from imds.services.catalog import Catalog
+from imds.services.wire import document_timestamp
+from imds.store.interface import Store, WriteTx
+
+_log = log.get("records")
+
+
+class Records:
+    """Create, replace, read and delete instance records."""
+
+    def __init__(self, store: Store, catalog: Catalog, metrics: Metrics) -> None:
+        self._store = store
+        self._catalog = catalog
+        self._metrics = metrics
+
+    async def put_metadata(self, write: MetadataWrite, *, subject: str) -> WriteResult:
+        """Replace the instance's metadata and address list, unless the write is stale."""
+
+        async def put(tx: WriteTx) -> None:
+            await tx.put_metadata(write.id, write.metadata)
+
+        async def stale(tx: WriteTx) -> str | None:
+            return _staleness(await tx.metadata_of(write.id), write.metadata)
+
+        return await self._put(METADATA, write.id, write.addresses, put=put, stale=stale, subject=subject)
+
+    async def put_userdata(self, write: UserdataWrite, *, subject: str) -> WriteResult:
+        """Replace the instance's userdata and address list."""
+
+        async def put(tx: WriteTx) -> None:
+            await tx.put_userdata(write.id, write.userdata)
+
+        async def never_stale(_tx: WriteTx) -> str | None:
+            return None
+
+        return await self._put(USERDATA, write.id, write.addresses, put=put, stale=never_stale, subject=subject)
+
+    async def delete(self, kind: str, instance_id: str, *, subject: str) -> None:
+        """Delete one record type; raise RecordNotFound when it is absent."""
+        other = USERDATA if kind == METADATA else METADATA
+        async with self._store.write() as tx:
+            if not await tx.remove_record(kind, instance_id):
+                raise RecordNotFound(kind, instance_id)
+            forgotten = not await tx.has_record(other, instance_id)
+            if forgotten:
+                await tx.forget_instance(instance_id)
+            await tx.mark_changed([instance_id])
+        await self._catalog.refresh([instance_id])
+        self._metrics.deletions.inc()
+        _log.info("record.deleted", kind=kind, instance_id=instance_id, subject=subject, addresses_removed=forgotten)
+
+    async def get(self, kind: str, instance_id: str) -> Instance:
+        """The stored instance, if it has a record of ``kind``; else RecordNotFound."""
+        instance = await self._store.get(instance_id)
+        record = None if instance is None else (instance.metadata if kind == METADATA else instance.userdata)
+        if instance is None or record is None:
+            raise RecordNotFound(kind, instance_id)
+        return instance
+
+    async def _put(  # noqa: PLR0913 - one private seam shared by both record types
+        self,
+        kind: str,
+        instance_id: str,
+        addresses: tuple[Network, ...],
+        *,
+        put: Callable[[WriteTx], Awaitable[None]],
+        stale: Callable[[WriteTx], Awaitable[str | None]],
+        subject: str,
+    ) -> WriteResult:
+        try:
+            async with self._store.write() as tx:
+                reason = await stale(tx)
+                if reason is not None:
+                    result = WriteResult(instance_id, applied=False, reason=reason)
+                else:
+                    await put(tx)
+                    moved, dropped = await tx.replace_addresses(instance_id, addresses)
+                    await tx.mark_changed([instance_id, *moved.values()])
+                    result = WriteResult(instance_id, applied=True, addresses=addresses, moved=moved, dropped=dropped)
+        except StoreUnavailable:
+            errors = self._metrics.metadata_store_errors if kind == METADATA else self._metrics.userdata_store_errors
+            errors.inc()
+            raise
+        if result.applied:
+            await self._catalog.refresh([instance_id, *result.moved.values()])
+            inserts = self._metrics.metadata_inserts if kind == METADATA else self._metrics.userdata_inserts
+            inserts.inc()
+        _log.info(
+            "record.written",
+            kind=kind,
+            instance_id=instance_id,
+            subject=subject,
+            applied=result.applied,
+            reason=result.reason,
+            addresses=len(result.addresses),
+            moved={display(a): held_by for a, held_by in result.moved.items()},
+            dropped=[display(a) for a in result.dropped],
+        )
+        return result
+
+
+def _staleness(stored: dict[str, object] | None, incoming: dict[str, object]) -> str | None:
+    """Why an incoming document is stale, or None when it may be applied."""
+    if stored is None:
+        return None
+    old, new = document_timestamp(stored), document_timestamp(incoming)
+    if old is None or new is None or new >= old:
+        return None
+    return f"stale: updated_at {incoming['updated_at']} is older than the stored {stored['updated_at']}"

@@ -1,0 +1,21 @@
+"""Storage: ``open_store(url)`` returns a ``Store`` for ``memory://`` or a database URL."""
+
+from __future__ import annotations
+
+from imds.store.interface import Store, WriteTx
+from imds.store.memory import MemoryStore
+
+__all__ = ["MemoryStore", "Store", "WriteTx", "open_store"]
+
+
+def open_store(url: str) -> Store:
+    """A store for ``memory://``, ``sqlite:///PATH`` or ``postgresql://...``.
+
+    SQL stores must already be migrated (``imds db upgrade``, or ``imds serve`` with
+    ``--migrate``).
+    """
+    if url.startswith("memory://"):
+        return MemoryStore()
+    from imds.store.sql.store import SqlStore  # noqa: PLC0415 - SQLAlchemy loads only when a database is used
+
+    return SqlStore(url)

@@ -1,0 +1,97 @@
+"""The storage protocol that ``imds.services`` owns and the stores implement.
+
+A store holds primitives only; the rules (full IP lists, last write wins, the staleness
+guard, delete semantics) live in ``imds.services.upsert`` and run inside ``write()``.
+
+Every ``write()`` block is one transaction: it is serialised against every other writer
+(across processes too), durable when the block exits, and leaves nothing behind if the
+block raises. Each block that changes an instance appends to the change feed, whose
+sequence numbers become visible in increasing order.
+
+All methods raise ``imds.errors.StoreUnavailable`` when the database fails.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from contextlib import AbstractAsyncContextManager
+from typing import Protocol, runtime_checkable
+
+from imds.models import Change, Instance, JsonObject, Network
+
+
+@runtime_checkable
+class WriteTx(Protocol):
+    """The operations available inside one write transaction."""
+
+    async def metadata_of(self, instance_id: str) -> JsonObject | None:
+        """The stored metadata document, or None when there is none."""
+        ...
+
+    async def has_record(self, kind: str, instance_id: str) -> bool:
+        """Whether a ``metadata`` or ``userdata`` record exists for the instance."""
+        ...
+
+    async def put_metadata(self, instance_id: str, document: JsonObject) -> None:
+        """Create or replace the metadata record (creating the instance if needed)."""
+        ...
+
+    async def put_userdata(self, instance_id: str, userdata: bytes) -> None:
+        """Create or replace the userdata record (creating the instance if needed)."""
+        ...
+
+    async def remove_record(self, kind: str, instance_id: str) -> bool:
+        """Delete one record type; False when it was absent."""
+        ...
+
+    async def replace_addresses(
+        self, instance_id: str, addresses: Sequence[Network]
+    ) -> tuple[dict[Network, str], tuple[Network, ...]]:
+        """Make ``addresses`` the instance's whole address list.
+
+        Addresses held by other instances move to this one. Returns (moved, dropped):
+        ``moved`` maps each taken address to its previous holder, ``dropped`` lists the
+        instance's former addresses that are no longer listed.
+        """
+        ...
+
+    async def forget_instance(self, instance_id: str) -> None:
+        """Remove the instance and its addresses (called when no record type remains)."""
+        ...
+
+    async def mark_changed(self, instance_ids: Iterable[str]) -> None:
+        """Append one change-feed entry per instance id."""
+        ...
+
+
+@runtime_checkable
+class Store(Protocol):
+    """Where canonical records live. ``memory.MemoryStore`` and ``sql.SqlStore`` implement it."""
+
+    def write(self) -> AbstractAsyncContextManager[WriteTx]:
+        """Open one serialised, durable write transaction."""
+        ...
+
+    async def get(self, instance_id: str) -> Instance | None:
+        """One instance with both record types and its addresses, or None."""
+        ...
+
+    async def get_many(self, instance_ids: Iterable[str]) -> dict[str, Instance]:
+        """The instances that exist among ``instance_ids``, by id."""
+        ...
+
+    async def snapshot(self) -> tuple[list[Instance], int]:
+        """Every instance, and the change-feed position the snapshot is consistent with."""
+        ...
+
+    async def changes_since(self, seq: int, limit: int = 1000) -> list[Change]:
+        """Change-feed entries after ``seq``, oldest first."""
+        ...
+
+    async def ping(self) -> None:
+        """Return when the store answers; raise StoreUnavailable otherwise."""
+        ...
+
+    async def close(self) -> None:
+        """Release connections."""
+        ...

@@ -1,0 +1,1 @@
+"""SQL storage: one schema for SQLite and PostgreSQL (SQLAlchemy 2 Core + Alembic)."""

@@ -1,0 +1,58 @@
+"""Engine creation: async drivers, SQLite pragmas and write locking."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import event
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+_DRIVERS = {"sqlite": "sqlite+aiosqlite", "postgresql": "postgresql+asyncpg", "postgres": "postgresql+asyncpg"}
+
+
+def async_url(url: str) -> str:
+    """Map a plain ``sqlite:///`` or ``postgresql://`` URL onto the async driver imds uses."""
+    parsed = make_url(url)
+    driver = _DRIVERS.get(parsed.drivername, parsed.drivername)
+    return parsed.set(drivername=driver).render_as_string(hide_password=False)
+
+
+def is_sqlite(url: str) -> bool:
+    """Whether the URL names an SQLite database."""
+    return make_url(url).get_backend_name() == "sqlite"
+
+
+def create_engine(url: str) -> AsyncEngine:
+    """An async engine. SQLite gets WAL, foreign keys, full fsync and BEGIN IMMEDIATE.
+
+    BEGIN IMMEDIATE takes SQLite's write lock when a transaction starts rather than at
+    its first write, so two writers never both read and then fail to upgrade their lock.
+    ``synchronous=FULL`` makes a commit durable before it returns, which WAL's default
+    (NORMAL) does not promise on power loss.
+    """
+    full = async_url(url)
+    if not is_sqlite(full):
+        return create_async_engine(full, pool_pre_ping=True)
+    database = make_url(full).database
+    if database and database != ":memory:":
+        Path(database).parent.mkdir(parents=True, exist_ok=True)
+    engine = create_async_engine(full, connect_args={"timeout": 30})
+
+    @event.listens_for(engine.sync_engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        # Let SQLAlchemy's "begin" event, not the driver, open transactions.
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        for pragma in ("journal_mode=WAL", "foreign_keys=ON", "synchronous=FULL", "busy_timeout=30000"):
+            cursor.execute(f"PRAGMA {pragma}")
+        cursor.close()
+
+    @event.listens_for(engine.sync_engine, "begin")
+    def _on_begin(conn: Any) -> None:
+        # Readers (marked with the imds_read execution option) take no write lock.
+        read_only = conn.get_execution_options().get("imds_read", False)
+        conn.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
+
+    return engine

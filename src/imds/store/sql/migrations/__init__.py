@@ -1,0 +1,1 @@
+"""Alembic migrations (``imds db upgrade``)."""

@@ -1,0 +1,231 @@
+"""``SqlStore``: the ``Store`` protocol over SQLAlchemy Core (SQLite or PostgreSQL).
+
+Rows become ``imds.models`` values here; SQLAlchemy errors become ``StoreUnavailable``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+from collections.abc import AsyncIterator, Iterable, Sequence
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from imds.errors import StoreUnavailable
+from imds.models import METADATA, Change, Instance, JsonObject, Network
+from imds.store.sql.engine import create_engine, is_sqlite
+from imds.store.sql.tables import (
+    changes,
+    feed_head,
+    instance_ip_addresses,
+    instance_metadata,
+    instance_userdata,
+    instances,
+)
+
+_CHUNK = 500  # stays far below SQLite's bound-parameter limit
+_RECORD_TABLES = {METADATA: instance_metadata}
+
+
+def _record_table(kind: str) -> sa.Table:
+    return _RECORD_TABLES.get(kind, instance_userdata)
+
+
+def _utc(value: datetime | None) -> datetime | None:
+    """SQLite hands back naive datetimes; every datetime imds stores is UTC."""
+    if value is None or value.tzinfo is not None:
+        return value
+    return value.replace(tzinfo=UTC)
+
+
+def _chunks(items: Sequence[str]) -> Iterable[Sequence[str]]:
+    for start in range(0, len(items), _CHUNK):
+        yield items[start : start + _CHUNK]
+
+
+class _SqlTx:
+    """One write transaction; ``seq`` is the feed head, advanced by ``mark_changed``."""
+
+    def __init__(self, conn: AsyncConnection, seq: int) -> None:
+        self._conn = conn
+        self.seq = seq
+
+    async def _ensure_instance(self, instance_id: str) -> None:
+        found = await self._conn.execute(sa.select(instances.c.id).where(instances.c.id == instance_id))
+        if found.first() is None:
+            await self._conn.execute(instances.insert().values(id=instance_id))
+
+    async def _put(self, table: sa.Table, instance_id: str, values: dict[str, Any]) -> None:
+        await self._ensure_instance(instance_id)
+        values = {**values, "updated_at": datetime.now(UTC)}
+        updated = await self._conn.execute(
+            table.update().where(table.c.instance_id == instance_id).values(**values)
+        )
+        if updated.rowcount == 0:
+            await self._conn.execute(table.insert().values(instance_id=instance_id, **values))
+
+    async def metadata_of(self, instance_id: str) -> JsonObject | None:
+        row = await self._conn.execute(
+            sa.select(instance_metadata.c.document).where(instance_metadata.c.instance_id == instance_id)
+        )
+        document: JsonObject | None = row.scalar_one_or_none()
+        return document
+
+    async def has_record(self, kind: str, instance_id: str) -> bool:
+        table = _record_table(kind)
+        row = await self._conn.execute(sa.select(table.c.instance_id).where(table.c.instance_id == instance_id))
+        return row.first() is not None
+
+    async def put_metadata(self, instance_id: str, document: JsonObject) -> None:
+        await self._put(instance_metadata, instance_id, {"document": document})
+
+    async def put_userdata(self, instance_id: str, userdata: bytes) -> None:
+        await self._put(instance_userdata, instance_id, {"userdata": userdata})
+
+    async def remove_record(self, kind: str, instance_id: str) -> bool:
+        table = _record_table(kind)
+        result = await self._conn.execute(table.delete().where(table.c.instance_id == instance_id))
+        return bool(result.rowcount)
+
+    async def replace_addresses(
+        self, instance_id: str, addresses: Sequence[Network]
+    ) -> tuple[dict[Network, str], tuple[Network, ...]]:
+        await self._ensure_instance(instance_id)
+        t = instance_ip_addresses
+        wanted = {str(a): a for a in addresses}
+        held = await self._conn.execute(sa.select(t.c.address).where(t.c.instance_id == instance_id))
+        dropped = sorted(row.address for row in held if row.address not in wanted)
+        if dropped:
+            await self._conn.execute(t.delete().where(t.c.address.in_(dropped)))
+        owners: dict[str, str] = {}
+        for chunk in _chunks(list(wanted)):
+            rows = await self._conn.execute(sa.select(t.c.address, t.c.instance_id).where(t.c.address.in_(chunk)))
+            owners.update({row.address: row.instance_id for row in rows})
+        moved = {wanted[a]: owner for a, owner in owners.items() if owner != instance_id}
+        if moved:
+            await self._conn.execute(
+                t.update().where(t.c.address.in_([str(a) for a in moved])).values(instance_id=instance_id)
+            )
+        new = [{"address": a, "instance_id": instance_id} for a in wanted if a not in owners]
+        if new:
+            await self._conn.execute(t.insert(), new)
+        return moved, tuple(ipaddress.ip_network(a) for a in dropped)
+
+    async def forget_instance(self, instance_id: str) -> None:
+        await self._conn.execute(
+            instance_ip_addresses.delete().where(instance_ip_addresses.c.instance_id == instance_id)
+        )
+        await self._conn.execute(instances.delete().where(instances.c.id == instance_id))
+
+    async def mark_changed(self, instance_ids: Iterable[str]) -> None:
+        rows = []
+        for instance_id in dict.fromkeys(instance_ids):
+            self.seq += 1
+            rows.append({"seq": self.seq, "instance_id": instance_id})
+        if rows:
+            await self._conn.execute(changes.insert(), rows)
+
+
+class SqlStore:
+    """Store over an SQLAlchemy async engine. The database must be migrated."""
+
+    def __init__(self, url: str) -> None:
+        self._engine = create_engine(url)
+        # One process has one SQLite writer at a time anyway; queueing here rather than
+        # in SQLite's busy handler keeps waits fair and short.
+        self._local_writer = asyncio.Lock() if is_sqlite(url) else None
+
+    @asynccontextmanager
+    async def write(self) -> AsyncIterator[_SqlTx]:
+        if self._local_writer is None:
+            async with self._write_tx() as tx:
+                yield tx
+            return
+        async with self._local_writer, self._write_tx() as tx:
+            yield tx
+
+    @asynccontextmanager
+    async def _write_tx(self) -> AsyncIterator[_SqlTx]:
+        try:
+            async with self._engine.begin() as conn:
+                head = await conn.execute(
+                    sa.select(feed_head.c.seq).where(feed_head.c.id == 1).with_for_update()
+                )
+                start = head.scalar_one()
+                tx = _SqlTx(conn, start)
+                yield tx
+                if tx.seq != start:
+                    await conn.execute(feed_head.update().where(feed_head.c.id == 1).values(seq=tx.seq))
+        except SQLAlchemyError as exc:
+            raise StoreUnavailable(f"database write failed: {type(exc).__name__}") from exc
+
+    @asynccontextmanager
+    async def _read(self) -> AsyncIterator[AsyncConnection]:
+        try:
+            async with self._engine.connect() as plain:
+                conn = await plain.execution_options(imds_read=True)
+                async with conn.begin():
+                    yield conn
+        except SQLAlchemyError as exc:
+            raise StoreUnavailable(f"database read failed: {type(exc).__name__}") from exc
+
+    async def _load(self, conn: AsyncConnection, ids: Sequence[str] | None) -> dict[str, Instance]:
+        def where(column: sa.Column[Any], chunk: Sequence[str] | None) -> Any:
+            return sa.true() if chunk is None else column.in_(chunk)
+
+        parts: dict[str, dict[str, Any]] = {}
+        for chunk in [None] if ids is None else list(_chunks(ids)):
+            for row in await conn.execute(sa.select(instances.c.id).where(where(instances.c.id, chunk))):
+                parts[row.id] = {"id": row.id, "addresses": []}
+            for row in await conn.execute(
+                sa.select(instance_metadata).where(where(instance_metadata.c.instance_id, chunk))
+            ):
+                parts[row.instance_id].update(metadata=row.document, metadata_updated_at=_utc(row.updated_at))
+            for row in await conn.execute(
+                sa.select(instance_userdata).where(where(instance_userdata.c.instance_id, chunk))
+            ):
+                parts[row.instance_id].update(userdata=bytes(row.userdata), userdata_updated_at=_utc(row.updated_at))
+            for row in await conn.execute(
+                sa.select(instance_ip_addresses).where(where(instance_ip_addresses.c.instance_id, chunk))
+            ):
+                parts[row.instance_id]["addresses"].append(ipaddress.ip_network(row.address))
+        return {
+            i: Instance(**{**p, "addresses": tuple(sorted(p["addresses"], key=str))}) for i, p in parts.items()
+        }
+
+    async def get(self, instance_id: str) -> Instance | None:
+        return (await self.get_many([instance_id])).get(instance_id)
+
+    async def get_many(self, instance_ids: Iterable[str]) -> dict[str, Instance]:
+        ids = list(dict.fromkeys(instance_ids))
+        if not ids:
+            return {}
+        async with self._read() as conn:
+            return await self._load(conn, ids)
+
+    async def snapshot(self) -> tuple[list[Instance], int]:
+        async with self._read() as conn:
+            seq = (await conn.execute(sa.select(feed_head.c.seq).where(feed_head.c.id == 1))).scalar_one()
+            return list((await self._load(conn, None)).values()), int(seq)
+
+    async def changes_since(self, seq: int, limit: int = 1000) -> list[Change]:
+        async with self._read() as conn:
+            rows = await conn.execute(
+                sa.select(changes.c.seq, changes.c.instance_id)
+                .where(changes.c.seq > seq)
+                .order_by(changes.c.seq)
+                .limit(limit)
+            )
+            return [Change(int(r.seq), r.instance_id) for r in rows]
+
+    async def ping(self) -> None:
+        async with self._read() as conn:
+            await conn.execute(sa.select(feed_head.c.seq).where(feed_head.c.id == 1))
+
+    async def close(self) -> None:
+        await self._engine.dispose()

@@ -1,0 +1,70 @@
+"""The schema, as SQLAlchemy Core tables. Alembic migrations must match it (``imds db check``)."""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+
+metadata_obj = sa.MetaData(
+    naming_convention={
+        "ix": "ix_%(column_0_label)s",
+        "uq": "uq_%(table_name)s_%(column_0_name)s",
+        "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+        "pk": "pk_%(table_name)s",
+    }
+)
+
+_ID = sa.String(36)
+_NOW = sa.func.current_timestamp()
+
+instances = sa.Table(
+    "instances",
+    metadata_obj,
+    sa.Column("id", _ID, primary_key=True),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False, server_default=_NOW),
+)
+
+instance_metadata = sa.Table(
+    "instance_metadata",
+    metadata_obj,
+    sa.Column("instance_id", _ID, sa.ForeignKey("instances.id", ondelete="CASCADE"), primary_key=True),
+    sa.Column("document", sa.JSON(none_as_null=True), nullable=False),
+    sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
+)
+
+instance_userdata = sa.Table(
+    "instance_userdata",
+    metadata_obj,
+    sa.Column("instance_id", _ID, sa.ForeignKey("instances.id", ondelete="CASCADE"), primary_key=True),
+    sa.Column("userdata", sa.LargeBinary, nullable=False),
+    sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
+)
+
+# One row per address: the primary key is what makes an address belong to one instance.
+instance_ip_addresses = sa.Table(
+    "instance_ip_addresses",
+    metadata_obj,
+    sa.Column("address", sa.String(64), primary_key=True),
+    sa.Column(
+        "instance_id", _ID, sa.ForeignKey("instances.id", ondelete="CASCADE"), nullable=False, index=True
+    ),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False, server_default=_NOW),
+)
+
+# The change feed. No foreign key: deleted instances stay in the feed.
+changes = sa.Table(
+    "changes",
+    metadata_obj,
+    sa.Column("seq", sa.BigInteger, primary_key=True, autoincrement=False),
+    sa.Column("instance_id", _ID, nullable=False),
+    sa.Column("changed_at", sa.DateTime(timezone=True), nullable=False, server_default=_NOW),
+)
+
+# A single row (id = 1). Every write transaction locks it first: that serialises writers
+# on every backend (SQLite has one writer anyway) and so makes feed sequence numbers
+# commit in order, which is what lets followers read the feed with "seq > last".
+feed_head = sa.Table(
+    "feed_head",
+    metadata_obj,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=False),
+    sa.Column("seq", sa.BigInteger, nullable=False),
+)

@@ -1,0 +1,1 @@
+"""HTTP only: parse, call one service, serialise. No business rules, no SQL."""

@@ -1,0 +1,134 @@
+"""The admin API: push, read and delete records by instance id (hollow's routes).
+
+Mounted at ``/`` and under ``/api/v1``. Every call needs a bearer token with a matching
+scope (see ``imds.services.auth``); credentials are checked before the body is read.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+from starlette.responses import Response
+
+from imds.models import METADATA, USERDATA, WriteResult
+from imds.services import Services
+from imds.services.addresses import display
+from imds.services.auth import delete_scopes, read_scopes, require, upsert_scopes
+from imds.services.render.json import encode, metadata_bytes
+from imds.services.wire import parse_instance_id, parse_json, parse_metadata_write, parse_userdata_write
+from imds.web.body import read_limited
+from imds.web.errors import JSON
+
+_ID_PARAM = {"name": "instance_id", "in": "path", "required": True, "schema": {"type": "string", "format": "uuid"}}
+_IP_LIST = {
+    "type": "array",
+    "items": {"type": "string", "description": "IPv4/IPv6 host address or CIDR"},
+    "description": "The complete list: unlisted addresses are dropped; listed ones move here.",
+}
+METADATA_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["id", "ipAddresses", "metadata"],
+    "properties": {
+        "id": {"type": "string", "format": "uuid"},
+        "ipAddresses": _IP_LIST,
+        "metadata": {
+            "oneOf": [{"type": "object"}, {"type": "string", "description": "a JSON-encoded object"}],
+            "description": "The Equinix-shaped document. A top-level updated_at older than the stored one "
+            "makes the write a no-op (applied: false).",
+        },
+    },
+}
+USERDATA_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["id", "ipAddresses", "userdata"],
+    "properties": {
+        "id": {"type": "string", "format": "uuid"},
+        "ipAddresses": _IP_LIST,
+        "userdata": {"type": "string", "description": "Text, or strict base64 (decoded)."},
+        "userdata_encoding": {"type": "string", "enum": ["text", "base64"], "description": "Overrides the guess."},
+    },
+}
+
+
+def _body(schema: dict[str, Any]) -> dict[str, Any]:
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
+
+
+def _bearer(request: Request) -> str | None:
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    return token.strip() or None if scheme.lower() == "bearer" else None
+
+
+def _write_response(result: WriteResult) -> Response:
+    body: dict[str, Any] = {"id": result.instance_id, "applied": result.applied}
+    if result.applied:
+        body["ipAddresses"] = [display(a) for a in result.addresses]
+        body["moved"] = {display(a): held_by for a, held_by in result.moved.items()}
+        body["dropped"] = [display(a) for a in result.dropped]
+    else:
+        body["reason"] = result.reason
+    header = {"X-Imds-Write": "applied" if result.applied else "stale"}
+    return Response(encode(body), media_type=JSON, headers=header)
+
+
+def _data_response(request: Request, body: bytes, media_type: str) -> Response:
+    if request.method == "HEAD":
+        return Response(media_type=media_type, headers={"content-length": str(len(body))})
+    return Response(body, media_type=media_type)
+
+
+def admin_router(services: Services) -> APIRouter:
+    """The admin routes, bound to ``services``."""
+    router = APIRouter(tags=["admin"])
+    records = services.records
+    limit = services.settings.max_body_bytes
+
+    async def principal_for(request: Request, needed: tuple[str, ...]) -> str:
+        principal = await services.auth.authenticate(_bearer(request))
+        require(principal, needed)
+        return principal.subject
+
+    @router.post("/device-metadata", openapi_extra=_body(METADATA_SCHEMA), summary="Create or replace metadata")
+    async def post_metadata(request: Request) -> Response:
+        subject = await principal_for(request, upsert_scopes(METADATA))
+        write = parse_metadata_write(parse_json(await read_limited(request, limit)))
+        return _write_response(await records.put_metadata(write, subject=subject))
+
+    @router.post("/device-userdata", openapi_extra=_body(USERDATA_SCHEMA), summary="Create or replace userdata")
+    async def post_userdata(request: Request) -> Response:
+        subject = await principal_for(request, upsert_scopes(USERDATA))
+        write = parse_userdata_write(parse_json(await read_limited(request, limit)))
+        return _write_response(await records.put_userdata(write, subject=subject))
+
+    @router.api_route(
+        "/device-metadata/{instance_id}", methods=["GET", "HEAD"], summary="Read metadata by instance id",
+        openapi_extra={"parameters": [_ID_PARAM]},
+    )
+    async def get_metadata(request: Request, instance_id: str) -> Response:
+        await principal_for(request, read_scopes(METADATA))
+        instance = await records.get(METADATA, parse_instance_id(instance_id))
+        return _data_response(request, metadata_bytes(instance, services.templates), JSON)
+
+    @router.api_route(
+        "/device-userdata/{instance_id}", methods=["GET", "HEAD"], summary="Read userdata by instance id",
+        openapi_extra={"parameters": [_ID_PARAM]},
+    )
+    async def get_userdata(request: Request, instance_id: str) -> Response:
+        await principal_for(request, read_scopes(USERDATA))
+        instance = await records.get(USERDATA, parse_instance_id(instance_id))
+        return _data_response(request, instance.userdata or b"", "application/octet-stream")
+
+    @router.delete("/device-metadata/{instance_id}", summary="Delete metadata")
+    async def delete_metadata(request: Request, instance_id: str) -> Response:
+        subject = await principal_for(request, delete_scopes(METADATA))
+        await records.delete(METADATA, parse_instance_id(instance_id), subject=subject)
+        return Response(encode({"id": instance_id.lower(), "deleted": METADATA}), media_type=JSON)
+
+    @router.delete("/device-userdata/{instance_id}", summary="Delete userdata")
+    async def delete_userdata(request: Request, instance_id: str) -> Response:
+        subject = await principal_for(request, delete_scopes(USERDATA))
+        await records.delete(USERDATA, parse_instance_id(instance_id), subject=subject)
+        return Response(encode({"id": instance_id.lower(), "deleted": USERDATA}), media_type=JSON)
+
+    return router

@@ -1,0 +1,77 @@
+"""The one table mapping imds errors to HTTP statuses, and the JSON error body.
+
+Body shape (hollow's, with named fields)::
+
+    {"message": "invalid request",
+     "errors": [{"field": "ipAddresses[3]", "message": "'x' is not an IP address or CIDR"}]}
+"""
+
+from __future__ import annotations
+
+import json
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from imds.errors import (
+    AuthNotConfigured,
+    Forbidden,
+    ImdsError,
+    InvalidInput,
+    NotFound,
+    PayloadTooLarge,
+    StoreUnavailable,
+    Unauthenticated,
+    UpstreamError,
+)
+
+# First match wins, so subclasses come before their bases.
+STATUS: tuple[tuple[type[ImdsError], int], ...] = (
+    (PayloadTooLarge, 413),
+    (InvalidInput, 400),
+    (NotFound, 404),
+    (Unauthenticated, 401),
+    (AuthNotConfigured, 401),
+    (Forbidden, 403),
+    (StoreUnavailable, 503),
+    (UpstreamError, 502),
+    (ImdsError, 500),
+)
+
+JSON = "application/json"
+
+
+def status_for(exc: ImdsError) -> int:
+    """The HTTP status for an imds error."""
+    return next(status for kind, status in STATUS if isinstance(exc, kind))
+
+
+def error_body(message: str, exc: ImdsError | None = None) -> bytes:
+    """The JSON error body; field problems are listed for InvalidInput."""
+    body: dict[str, object] = {"message": message}
+    if isinstance(exc, InvalidInput):
+        body["errors"] = [{"field": p.field, "message": p.message} for p in exc.problems]
+    return json.dumps(body).encode()
+
+
+def error_parts(exc: ImdsError) -> tuple[int, bytes, list[tuple[bytes, bytes]]]:
+    """(status, body, extra headers) for an imds error."""
+    status = status_for(exc)
+    headers = [(b"www-authenticate", b'Bearer realm="imds"')] if status == 401 else []
+    return status, error_body(exc.message, exc), headers
+
+
+async def handle_imds_error(_request: Request, exc: Exception) -> Response:
+    """Starlette exception handler for the admin app."""
+    assert isinstance(exc, ImdsError)  # noqa: S101 - registered for ImdsError only
+    status, body, headers = error_parts(exc)
+    return Response(body, status_code=status, media_type=JSON, headers={k.decode(): v.decode() for k, v in headers})
+
+
+async def handle_http_error(_request: Request, exc: Exception) -> Response:
+    """Framework errors (unknown route, wrong method) as JSON in the same shape."""
+    status = getattr(exc, "status_code", 500)
+    detail = getattr(exc, "detail", None) or "error"
+    message = "not found" if status == 404 else str(detail).lower()
+    headers = getattr(exc, "headers", None)
+    return Response(error_body(message), status_code=status, media_type=JSON, headers=headers)

@@ -1,0 +1,28 @@
+"""Shared fixtures. Database servers the tests need are started by the tests themselves."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+pytest_plugins = ["postgres_server"]
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    """Async tests run on asyncio (uvicorn's loop in production)."""
+    return "asyncio"
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
+    """A migrated SQLite database in a temporary directory."""
+    from imds.store.sql import migrate
+
+    url = f"sqlite:///{tmp_path / 'imds.db'}"
+    migrate.upgrade(url)
+    return url
