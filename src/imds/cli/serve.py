@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import signal
 import socket
 from typing import Any
 
@@ -18,10 +19,13 @@ from imds.store.sql.engine import async_url
 
 
 def bind(host: str, port: int) -> socket.socket:
-    """A listening TCP socket; IPv6 sockets are v6-only so ``[::]`` and ``0.0.0.0`` coexist."""
+    """A listening TCP socket (no Nagle); IPv6 sockets are v6-only so ``[::]`` and ``0.0.0.0`` coexist."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    # Accepted sockets inherit this on Linux. Without it, a response written as headers
+    # then body stalls on Nagle + the client's delayed ACK (~40 ms per request).
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     if family == socket.AF_INET6:
         sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
     try:
@@ -33,6 +37,11 @@ def bind(host: str, port: int) -> socket.socket:
     sock.listen(2048)
     sock.set_inheritable(True)
     return sock
+
+
+def _exit_cleanly(_signum: int, _frame: object) -> None:
+    """Exit 0 on a stop signal uvicorn is not handling (before it starts, or re-raised after it stopped)."""
+    raise SystemExit(0)
 
 
 def run(settings: Settings) -> None:
@@ -58,7 +67,14 @@ def run(settings: Settings) -> None:
     for host, port in settings.listen:
         logger.info("listening", address=f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
     server = uvicorn.Server(config)
-    asyncio.run(server.serve(sockets=sockets))
+    # uvicorn re-raises SIGINT/SIGTERM once it has shut down gracefully, which would end
+    # the process by that signal; this handler turns it into a clean exit with status 0.
+    previous = {sig: signal.signal(sig, _exit_cleanly) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        asyncio.run(server.serve(sockets=sockets))
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     if not server.started:
         raise click.ClickException("imds did not start; see the log above")
 
