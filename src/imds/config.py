@@ -71,6 +71,16 @@ OPTIONS: tuple[Option, ...] = (
            "JWT claim holding the scopes (a list, or a space-separated string)."),
     Option("oidc_username_claim", "IMDS_OIDC_USERNAME_CLAIM", "str", "sub",
            "JWT claim logged as the subject of each admin write."),
+    Option("imdsv2", "IMDS_IMDSV2", "str", "optional",
+           "EC2 IMDSv2 tokens: optional (tokenless GETs allowed) or required."),
+    Option("token_hop_limit", "IMDS_TOKEN_HOP_LIMIT", "int", 0,
+           "IP TTL / hop limit of every response on the listeners (AWS's PUT hop limit; 0: system default)."),
+    Option("imdsv2_key_file", "IMDS_IMDSV2_KEY_FILE", "path", None,
+           "HMAC key for IMDSv2 tokens (default: imdsv2.key in the data directory; replicas must share it)."),
+    Option("identity_key", "IMDS_IDENTITY_KEY", "path", None,
+           "RSA private key (PEM) signing EC2 identity documents (default: generated into the data directory)."),
+    Option("identity_cert", "IMDS_IDENTITY_CERT", "path", None,
+           "Certificate (PEM) for --identity-key (default: self-signed)."),
     Option("max_body_bytes", "IMDS_MAX_BODY_BYTES", "int", 1024 * 1024,
            "Largest admin request body accepted, in bytes."),
     Option("demo", "IMDS_DEMO", "bool", False,  # noqa: FBT003 - a table row, not a call site
@@ -86,6 +96,7 @@ OPTIONS: tuple[Option, ...] = (
 )
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
+IMDSV2_MODES = ("optional", "required")
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 
@@ -95,7 +106,7 @@ class Settings:
     """Validated configuration of ``imds serve``. Build it with ``load``."""
 
     listen: tuple[tuple[str, int], ...] = (("127.0.0.1", 8000),)
-    data_dir: Path = Path("imds-data")
+    data_dir: Path | None = None
     db_url: str = "memory://"
     migrate: bool = True
     trusted_proxies: tuple[Network, ...] = ()
@@ -109,12 +120,26 @@ class Settings:
     oidc_audience: str | None = None
     oidc_roles_claim: str = "scope"
     oidc_username_claim: str = "sub"
+    imdsv2: str = "optional"
+    token_hop_limit: int = 0
+    imdsv2_key_file: Path | None = None
+    identity_key: Path | None = None
+    identity_cert: Path | None = None
     max_body_bytes: int = 1024 * 1024
     demo: bool = False
     log_level: str = "info"
     log_instance_reads: bool = False
     feed_poll_interval: float = 1.0
     shutdown_timeout: float = 10.0
+
+    @property
+    def key_dir(self) -> Path | None:
+        """Where generated keys live: the data directory, except for the in-memory store.
+
+        None (keys generated in memory, lost on restart) also when no data directory is
+        set, which only happens when Settings is built directly rather than by ``load``.
+        """
+        return None if self.db_url.startswith("memory://") else self.data_dir
 
     @property
     def templates(self) -> dict[str, str]:
@@ -192,6 +217,17 @@ def _validate(raw: dict[str, Any], env: Mapping[str, str]) -> Settings:
     if raw["max_body_bytes"] <= 0:
         msg = "--max-body-bytes / IMDS_MAX_BODY_BYTES must be positive"
         raise ConfigError(msg)
+    if raw["imdsv2"] not in IMDSV2_MODES:
+        msg = f"--imdsv2 / IMDS_IMDSV2: {raw['imdsv2']!r} is not one of {', '.join(IMDSV2_MODES)}"
+        raise ConfigError(msg)
+    if not 0 <= raw["token_hop_limit"] <= 255:
+        msg = "--token-hop-limit / IMDS_TOKEN_HOP_LIMIT must be 0 (system default) to 255"
+        raise ConfigError(msg)
+    for name in ("imdsv2_key_file", "identity_key", "identity_cert"):
+        if raw[name] is not None and not Path(raw[name]).is_file():
+            flag = "--" + name.replace("_", "-")
+            msg = f"{flag} / IMDS_{name.upper()}: {raw[name]} is not a file"
+            raise ConfigError(msg)
     tokens_file = raw["admin_tokens_file"]
     if tokens_file is not None and not Path(tokens_file).is_file():
         msg = f"--admin-tokens-file / IMDS_ADMIN_TOKENS_FILE: {tokens_file} is not a file"
@@ -212,6 +248,11 @@ def _validate(raw: dict[str, Any], env: Mapping[str, str]) -> Settings:
         oidc_audience=raw["oidc_audience"],
         oidc_roles_claim=raw["oidc_roles_claim"],
         oidc_username_claim=raw["oidc_username_claim"],
+        imdsv2=raw["imdsv2"],
+        token_hop_limit=raw["token_hop_limit"],
+        imdsv2_key_file=raw["imdsv2_key_file"],
+        identity_key=raw["identity_key"],
+        identity_cert=raw["identity_cert"],
         max_body_bytes=raw["max_body_bytes"],
         demo=bool(raw["demo"]),
         log_level=level,

@@ -15,7 +15,8 @@ for them are chosen in exactly one place, ``imds.web.errors``.
     ├── AuthError
     │   ├── Unauthenticated      no credentials, or credentials that do not verify
     │   ├── AuthNotConfigured    the admin API has no way to check credentials
-    │   └── Forbidden            valid credentials without a required scope
+    │   ├── Forbidden            valid credentials without a required scope
+    │   └── Refused              a request that is never allowed in this form
     ├── StoreUnavailable         the database cannot be reached or answered with an error
     ├── UpstreamError            an upstream service failed (used by later capabilities)
     └── ConfigError              configuration is invalid; raised at startup only
@@ -113,6 +114,10 @@ class Forbidden(AuthError):
     def __init__(self, needed: tuple[str, ...]) -> None:
         super().__init__("token lacks a required scope; one of: " + ", ".join(needed))
         self.needed = needed
+
+
+class Refused(AuthError):
+    """A request that is never allowed in this form (e.g. an IMDSv2 token PUT through a proxy)."""
 
 
 class StoreUnavailable(ImdsError):

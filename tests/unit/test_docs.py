@@ -13,7 +13,7 @@ README = Path(__file__).parents[2] / "README.md"
 def _table_rows() -> dict[str, str]:
     rows = {}
     for line in README.read_text().splitlines():
-        match = re.match(r"^\| `(--[a-z-]+)[^`]*` \| `(IMDS_[A-Z_]+)` \|", line)
+        match = re.match(r"^\| `(--[a-z0-9-]+)[^`]*` \| `(IMDS_[A-Z0-9_]+)` \|", line)
         if match:
             rows[match.group(1)] = match.group(2)
     return rows

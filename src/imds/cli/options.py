@@ -9,6 +9,7 @@ import click
 
 from imds.config import OPTIONS, Option, Settings, load
 from imds.errors import ConfigError
+from imds.services.templates import compile_template
 
 _TYPES: dict[str, Any] = {"int": int, "float": float, "path": click.Path(), "str": str, "list": str}
 
@@ -39,9 +40,26 @@ def settings_options(names: tuple[str, ...] | None = None) -> Callable[[Any], An
     return apply
 
 
-def resolve(flags: dict[str, Any]) -> Settings:
-    """Settings from these flags plus the environment; a config error exits with status 2."""
+def resolve(flags: dict[str, Any], *, templates: bool = False) -> Settings:
+    """Settings from these flags plus the environment; a config error exits with status 2.
+
+    With ``templates``, the template fields must compile too (``imds serve`` renders them).
+    """
     try:
-        return load(flags)
+        settings = load(flags)
+        if templates:
+            _check_templates(settings)
     except ConfigError as exc:
         raise click.UsageError(exc.message) from exc
+    return settings
+
+
+def _check_templates(settings: Settings) -> None:
+    """Compile each template field now, so a bad one is a usage error naming its flag."""
+    options = {option.name: option for option in OPTIONS}
+    for key, source in settings.templates.items():
+        try:
+            compile_template(key, source)
+        except ConfigError as exc:
+            option = options[key]
+            raise ConfigError(f"{option.flag} / {option.env}: {exc.message}") from exc

@@ -18,8 +18,13 @@ from imds.errors import ImdsError
 from imds.store.sql.engine import async_url
 
 
-def bind(host: str, port: int) -> socket.socket:
-    """A listening TCP socket (no Nagle); IPv6 sockets are v6-only so ``[::]`` and ``0.0.0.0`` coexist."""
+def bind(host: str, port: int, *, hop_limit: int = 0) -> socket.socket:
+    """A listening TCP socket (no Nagle); IPv6 sockets are v6-only so ``[::]`` and ``0.0.0.0`` coexist.
+
+    ``hop_limit`` (1-255) sets the IP TTL / IPv6 hop limit that accepted connections
+    inherit, so answers (IMDSv2 tokens included) die N hops away, as AWS's PUT hop limit
+    intends. ASGI gives no per-response socket access, so it applies to every response.
+    """
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -28,6 +33,10 @@ def bind(host: str, port: int) -> socket.socket:
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     if family == socket.AF_INET6:
         sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        if hop_limit:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_UNICAST_HOPS, hop_limit)
+    elif hop_limit:
+        sock.setsockopt(socket.IPPROTO_IP, socket.IP_TTL, hop_limit)
     try:
         sock.bind((host, port))
     except OSError as exc:
@@ -52,7 +61,7 @@ def run(settings: Settings) -> None:
 
         migrate.upgrade(settings.db_url)
         logger.info("db.migrated", db=async_url(settings.db_url).split("://", 1)[0])
-    sockets = [bind(host, port) for host, port in settings.listen]
+    sockets = [bind(host, port, hop_limit=settings.token_hop_limit) for host, port in settings.listen]
     config = uvicorn.Config(
         build_app(settings),
         lifespan="on",
@@ -83,7 +92,7 @@ def run(settings: Settings) -> None:
 @settings_options()
 def serve(**flags: Any) -> None:
     """Serve instance metadata (all flavors) and the admin API."""
-    settings = resolve(flags)
+    settings = resolve(flags, templates=True)
     log.configure(settings.log_level)
     try:
         run(settings)

@@ -18,7 +18,9 @@ from imds.config import Settings
 from imds.metrics import Metrics
 from imds.services.auth import Authenticator, Chain, NoAuth, StaticTokens
 from imds.services.catalog import Catalog
+from imds.services.identity import IdentitySigner
 from imds.services.templates import Template, compile_all
+from imds.services.tokens import TokenIssuer
 from imds.services.upsert import Records
 from imds.store import Store, open_store
 
@@ -37,10 +39,22 @@ class Services:
     templates: tuple[Template, ...]
     metrics: Metrics
     http: httpx.AsyncClient
+    tokens: TokenIssuer
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    _signer: IdentitySigner | None = None
+
+    @property
+    def signer(self) -> IdentitySigner:
+        """The identity-document signer, loaded (or generated) on first use."""
+        if self._signer is None:
+            s = self.settings
+            self._signer = IdentitySigner.load(key_file=s.identity_key, cert_file=s.identity_cert, data_dir=s.key_dir)
+        return self._signer
 
     async def start(self) -> None:
-        """Load the catalog and start following the change feed."""
+        """Load keys and the catalog, and start following the change feed."""
+        if self.settings.identity_key or self.settings.key_dir:
+            _ = self.signer  # a bad key fails at startup, not at the first identity request
         await self.catalog.load()
         self._tasks.append(asyncio.create_task(self.catalog.follow(), name="imds-feed-follower"))
 
@@ -82,6 +96,7 @@ def build_services(
         templates=compile_all(settings.templates),
         metrics=metrics,
         http=http,
+        tokens=TokenIssuer.load(key_file=settings.imdsv2_key_file, data_dir=settings.key_dir),
     )
 
 

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import TypeVar, cast
 
 from imds import log
 from imds.errors import StoreUnavailable
@@ -22,21 +23,22 @@ from imds.services.addresses import AddressIndex
 from imds.store.interface import Store
 
 _log = log.get("catalog")
+T = TypeVar("T")
 
 
 @dataclass
 class Entry:
-    """One instance and the responses rendered from it so far (cleared on every change)."""
+    """One instance and what has been rendered from it so far (dropped on every change)."""
 
     instance: Instance
-    rendered: dict[str, bytes] = field(default_factory=dict)
+    rendered: dict[str, object] = field(default_factory=dict)
 
-    def render(self, key: str, build: Callable[[Instance], bytes]) -> bytes:
+    def render(self, key: str, build: Callable[[Instance], T]) -> T:
         """The cached rendering ``key``, built once per version of the instance."""
-        body = self.rendered.get(key)
-        if body is None:
-            body = self.rendered[key] = build(self.instance)
-        return body
+        if key in self.rendered:
+            return cast("T", self.rendered[key])
+        value = self.rendered[key] = build(self.instance)
+        return value
 
 
 class Catalog:

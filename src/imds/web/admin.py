@@ -21,6 +21,7 @@ from imds.web.body import read_limited
 from imds.web.errors import JSON
 
 _ID_PARAM = {"name": "instance_id", "in": "path", "required": True, "schema": {"type": "string", "format": "uuid"}}
+_ID_EXTRA: dict[str, Any] = {"parameters": [_ID_PARAM]}
 _IP_LIST = {
     "type": "array",
     "items": {"type": "string", "description": "IPv4/IPv6 host address or CIDR"},
@@ -101,19 +102,17 @@ def admin_router(services: Services) -> APIRouter:
         write = parse_userdata_write(parse_json(await read_limited(request, limit)))
         return _write_response(await records.put_userdata(write, subject=subject))
 
-    @router.api_route(
-        "/device-metadata/{instance_id}", methods=["GET", "HEAD"], summary="Read metadata by instance id",
-        openapi_extra={"parameters": [_ID_PARAM]},
-    )
+    # GET and HEAD are separate routes so each gets its own OpenAPI operation id.
+    @router.get("/device-metadata/{instance_id}", summary="Read metadata by instance id", openapi_extra=_ID_EXTRA)
+    @router.head("/device-metadata/{instance_id}", summary="Headers of the metadata read", openapi_extra=_ID_EXTRA)
     async def get_metadata(request: Request, instance_id: str) -> Response:
         await principal_for(request, read_scopes(METADATA))
         instance = await records.get(METADATA, parse_instance_id(instance_id))
         return _data_response(request, metadata_bytes(instance, services.templates), JSON)
 
-    @router.api_route(
-        "/device-userdata/{instance_id}", methods=["GET", "HEAD"], summary="Read userdata by instance id",
-        openapi_extra={"parameters": [_ID_PARAM]},
-    )
+    # GET and HEAD are separate routes so each gets its own OpenAPI operation id.
+    @router.get("/device-userdata/{instance_id}", summary="Read userdata by instance id", openapi_extra=_ID_EXTRA)
+    @router.head("/device-userdata/{instance_id}", summary="Headers of the userdata read", openapi_extra=_ID_EXTRA)
     async def get_userdata(request: Request, instance_id: str) -> Response:
         await principal_for(request, read_scopes(USERDATA))
         instance = await records.get(USERDATA, parse_instance_id(instance_id))
@@ -130,5 +129,12 @@ def admin_router(services: Services) -> APIRouter:
         subject = await principal_for(request, delete_scopes(USERDATA))
         await records.delete(USERDATA, parse_instance_id(instance_id), subject=subject)
         return Response(encode({"id": instance_id.lower(), "deleted": USERDATA}), media_type=JSON)
+
+    @router.get(
+        "/identity/certificate.pem", summary="Certificate that verifies EC2 identity documents (public, no token)",
+        response_class=Response,
+    )
+    async def identity_certificate() -> Response:
+        return Response(services.signer.certificate_pem, media_type="application/x-pem-file")
 
     return router

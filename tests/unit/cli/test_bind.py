@@ -42,3 +42,28 @@ def test_port_in_use_is_a_one_line_error():
             bind("127.0.0.1", port)
     finally:
         first.close()
+
+
+@pytest.mark.parametrize(("host", "level", "option"), [
+    ("127.0.0.1", socket.IPPROTO_IP, socket.IP_TTL),
+    ("::1", socket.IPPROTO_IPV6, socket.IPV6_UNICAST_HOPS),
+])
+def test_hop_limit_reaches_accepted_connections(host, level, option):
+    """--token-hop-limit N sets the TTL/hop limit of the connections the listener accepts."""
+    sock = bind(host, 0, hop_limit=2)
+    try:
+        peer = socket.create_connection(sock.getsockname()[:2])
+        conn, _ = sock.accept()
+        with peer, conn:
+            assert conn.getsockopt(level, option) == 2
+    finally:
+        sock.close()
+
+
+def test_no_hop_limit_keeps_the_system_default():
+    """Without --token-hop-limit the TTL is the kernel's default (64 here), not 0."""
+    sock = bind("127.0.0.1", 0)
+    try:
+        assert sock.getsockopt(socket.IPPROTO_IP, socket.IP_TTL) > 2
+    finally:
+        sock.close()

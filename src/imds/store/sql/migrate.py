@@ -54,4 +54,7 @@ def _run(action: object) -> None:
     except CommandError as exc:
         raise ConfigError(str(exc)) from exc
     except (SQLAlchemyError, OSError) as exc:
-        raise StoreUnavailable(f"migration failed: {exc}") from exc
+        # SQLAlchemy appends "(Background on this error at: ...)" and SQL on further lines;
+        # the CLI prints one line.
+        first_line = next(iter(str(exc).splitlines()), type(exc).__name__)
+        raise StoreUnavailable(f"migration failed: {first_line}") from exc

@@ -1,0 +1,298 @@
+"""The EC2 flavor: hollow's ``2009-04-04`` subset, and the AWS layout real clients crawl.
+
+Both are pure functions of the canonical record (and, for the identity document, a
+signer). Mapping from the Equinix-shaped document:
+
+| EC2 key | from |
+|---|---|
+| instance-id, hostname, local-hostname | ``id``, ``hostname`` |
+| instance-type | ``plan`` |
+| ami-id | ``operating_system.image_tag`` (else ``operating_system.slug``) |
+| placement/region | ``region``, else ``metro`` |
+| placement/availability-zone | ``availability_zone``, else ``facility`` |
+| local-ipv4 / public-ipv4 / ipv6s | ``network.addresses`` (family + ``public``) |
+| mac, network/interfaces/macs/… | ``network.interfaces`` (addresses go to the bond's MAC, else the first) |
+| public-keys/N/openssh-key | ``ssh_keys`` (name: the key's comment, made unique with ``-N``) |
+| tags/instance/KEY | ``tags`` entries of the form ``key=value`` |
+| spot/termination-time | ``spot.termination_time`` |
+| block-device-mapping/ami, root | ``storage.disks[0].device`` |
+
+botocore derives the region by dropping the availability zone's last character (as AWS
+names zones: ``us-east-1a``). Documents whose facility is not region + one letter should
+carry explicit ``region`` and ``availability_zone`` keys if SDK region detection matters.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from imds.models import Instance, JsonObject
+from imds.services.render.tree import Dir, Leaf
+
+HOLLOW_VERSION = "2009-04-04"
+AWS_VERSIONS = ("2016-09-02", "2018-09-24", "2021-03-23", "latest")
+VERSIONS = (HOLLOW_VERSION, *AWS_VERSIONS)
+
+
+class Signer(Protocol):
+    """Signs identity documents (see ``imds.services.identity``)."""
+
+    def signature(self, data: bytes) -> str:
+        """Base64 RSA-SHA256 signature of ``data``."""
+        ...
+
+    def pkcs7(self, data: bytes) -> str:
+        """Base64 DER PKCS#7 detached signature of ``data``, AWS-style line-wrapped."""
+        ...
+
+
+def _text(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, dict | list):
+        return json.dumps(value, separators=(",", ":"))
+    return str(value)
+
+
+def _obj(value: Any) -> JsonObject:
+    return value if isinstance(value, dict) else {}
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+@dataclass(frozen=True)
+class _Address:
+    address: str
+    family: int
+    public: bool
+    network: str | None
+
+
+def _addresses(doc: JsonObject) -> list[_Address]:
+    found = []
+    for item in _list(_obj(doc.get("network")).get("addresses")):
+        if not isinstance(item, dict) or not isinstance(item.get("address"), str):
+            continue
+        network = None
+        if item.get("network") is not None and item.get("cidr") is not None:
+            try:
+                network = str(ipaddress.ip_network(f"{item['network']}/{item['cidr']}", strict=False))
+            except ValueError:
+                network = None
+        found.append(_Address(item["address"], int(item.get("address_family") or 0), item.get("public") is True,
+                              network))
+    return found
+
+
+def _matching(doc: JsonObject, family: int, *, public: bool) -> list[str]:
+    return [a.address for a in _addresses(doc) if a.family == family and a.public is public]
+
+
+# ----------------------------------------------------------------------------------------
+# hollow's 2009-04-04 subset: exact text of hollow-metadataservice's EC2 router.
+
+
+def hollow_meta_data(doc: JsonObject) -> Dir:
+    """Hollow's ``/2009-04-04/meta-data`` tree (subtrees listed without ``/``, as hollow does)."""
+    os_ = _obj(doc.get("operating_system"))
+    items: list[tuple[str, Leaf | Dir]] = [
+        ("instance-id", _text(doc.get("id"))),
+        ("hostname", _text(doc.get("hostname"))),
+        ("iqn", _text(doc.get("iqn"))),
+        ("plan", _text(doc.get("plan"))),
+        ("facility", _text(doc.get("facility"))),
+        ("tags", "\n".join(_text(t) for t in _list(doc.get("tags")))),
+        (
+            "operating-system",
+            Dir(
+                [
+                    ("slug", _text(os_.get("slug"))),
+                    ("distro", _text(os_.get("distro"))),
+                    ("version", _text(os_.get("version"))),
+                    ("license-activation", Dir([("state", _text(_obj(os_.get("license_activation")).get("state")))],
+                                               bare=True)),
+                    ("image-tag", _text(os_.get("image_tag"))),
+                ],
+                bare=True,
+            ),
+        ),
+        ("public-keys", "\n".join(_text(k) for k in _list(doc.get("ssh_keys")))),
+    ]
+    if isinstance(doc.get("spot"), dict):
+        items.append(("spot", Dir([("termination-time", _text(doc["spot"].get("termination_time")))], bare=True)))
+    for key, family, public in (("public-ipv4", 4, True), ("public-ipv6", 6, True), ("local-ipv4", 4, False)):
+        values = _matching(doc, family, public=public)
+        if values:
+            items.append((key, "\n".join(values)))
+    return Dir(items, bare=True)
+
+
+# ----------------------------------------------------------------------------------------
+# The AWS layout.
+
+
+def placement(doc: JsonObject) -> tuple[str, str]:
+    """(region, availability zone) as the EC2 flavor reports them."""
+    region = _text(doc.get("region") or doc.get("metro"))
+    zone = _text(doc.get("availability_zone") or doc.get("facility"))
+    return region, zone
+
+
+def _key_name(key: str, index: int) -> str:
+    parts = key.split()
+    return parts[2] if len(parts) > 2 else f"key-{index}"
+
+
+def _public_keys(doc: JsonObject) -> Dir | None:
+    keys = [k for k in _list(doc.get("ssh_keys")) if isinstance(k, str) and k.strip()]
+    if not keys:
+        return None
+    # cloud-init keys public-keys by name: a repeated name would hide every key but the last.
+    names: list[str] = []
+    for i, key in enumerate(keys):
+        name = _key_name(key, i)
+        while name in names:
+            name = f"{name}-{i}"
+        names.append(name)
+    return Dir(
+        [(str(i), Dir([("openssh-key", key)])) for i, key in enumerate(keys)],
+        labels={str(i): f"{i}={name}" for i, name in enumerate(names)},
+    )
+
+
+def _interfaces(doc: JsonObject, hostname: str) -> tuple[str | None, Dir | None]:
+    """(primary MAC, ``network/interfaces/macs`` tree)."""
+    network = _obj(doc.get("network"))
+    nics = [n for n in _list(network.get("interfaces")) if isinstance(n, dict) and isinstance(n.get("mac"), str)]
+    if not nics:
+        return None, None
+    bond_mac = _obj(network.get("bonding")).get("mac")
+    primary = bond_mac if any(n["mac"] == bond_mac for n in nics) else nics[0]["mac"]
+    addresses = _addresses(doc)
+    macs = Dir()
+    for index, nic in enumerate(nics):
+        mac = str(nic["mac"]).lower()
+        mine = addresses if nic["mac"] == primary else []
+        entry: list[tuple[str, Leaf | Dir]] = [("device-number", str(index)), ("local-hostname", hostname)]
+        for key, picked in (
+            ("local-ipv4s", [a.address for a in mine if a.family == 4 and not a.public]),
+            ("public-ipv4s", [a.address for a in mine if a.family == 4 and a.public]),
+            ("ipv6s", [a.address for a in mine if a.family == 6]),
+        ):
+            if picked:
+                entry.append((key, "\n".join(picked)))
+        entry.append(("mac", mac))
+        v4_private = [a.network for a in mine if a.family == 4 and not a.public and a.network]
+        v6 = [a.network for a in mine if a.family == 6 and a.network]
+        if v4_private:
+            entry.append(("subnet-ipv4-cidr-block", v4_private[0]))
+        if v6:
+            entry.append(("subnet-ipv6-cidr-blocks", "\n".join(v6)))
+        macs[mac] = Dir(sorted(entry))
+    return str(primary).lower(), macs
+
+
+def _tags(doc: JsonObject) -> Dir | None:
+    split = [t.split("=", 1) for t in _list(doc.get("tags")) if isinstance(t, str) and "=" in t]
+    pairs: list[tuple[str, Leaf | Dir]] = [(k, v) for k, v in split if k and "/" not in k]
+    return Dir([("instance", Dir(pairs))]) if pairs else None
+
+
+def aws_meta_data(doc: JsonObject) -> Dir:
+    """The ``meta-data`` tree of the AWS layout (keys in AWS's alphabetical order)."""
+    os_ = _obj(doc.get("operating_system"))
+    hostname = _text(doc.get("hostname"))
+    region, zone = placement(doc)
+    mac, macs = _interfaces(doc, hostname)
+    items: dict[str, Leaf | Dir] = {
+        "ami-id": _text(os_.get("image_tag") or os_.get("slug")),
+        "ami-launch-index": "0",
+        "hostname": hostname,
+        "instance-action": "none",
+        "instance-id": _text(doc.get("id")),
+        "instance-life-cycle": "spot" if isinstance(doc.get("spot"), dict) else "on-demand",
+        "instance-type": _text(doc.get("plan")),
+        "local-hostname": hostname,
+        "public-hostname": hostname,
+    }
+    disks = [d for d in _list(_obj(doc.get("storage")).get("disks")) if isinstance(d, dict) and d.get("device")]
+    if disks:
+        items["block-device-mapping"] = Dir([("ami", _text(disks[0]["device"])), ("root", _text(disks[0]["device"]))])
+    if local := _matching(doc, 4, public=False):
+        items["local-ipv4"] = local[0]
+    if public := _matching(doc, 4, public=True):
+        items["public-ipv4"] = public[0]
+    if mac and macs:
+        items["mac"] = mac
+        items["network"] = Dir([("interfaces", Dir([("macs", macs)]))])
+    placement_items = [(k, v) for k, v in (("availability-zone", zone), ("region", region)) if v]
+    if placement_items:
+        items["placement"] = Dir(placement_items)
+    if (keys := _public_keys(doc)) is not None:
+        items["public-keys"] = keys
+    if isinstance(doc.get("spot"), dict) and doc["spot"].get("termination_time"):
+        items["spot"] = Dir([("termination-time", _text(doc["spot"]["termination_time"]))])
+    if (tags := _tags(doc)) is not None:
+        items["tags"] = tags
+    return Dir(sorted(items.items()))
+
+
+def identity_document(instance: Instance) -> bytes:
+    """``dynamic/instance-identity/document``: AWS's fields, pretty-printed like AWS."""
+    doc = instance.metadata or {}
+    region, zone = placement(doc)
+    private = _matching(doc, 4, public=False)
+    plan = _text(doc.get("plan"))
+    document = {
+        "accountId": _text(doc.get("project_id") or doc.get("account_id")),
+        "architecture": "arm64" if "arm" in plan.lower() else "x86_64",
+        "availabilityZone": zone,
+        "billingProducts": None,
+        "devpayProductCodes": None,
+        "marketplaceProductCodes": None,
+        "imageId": _text(_obj(doc.get("operating_system")).get("image_tag")
+                         or _obj(doc.get("operating_system")).get("slug")),
+        "instanceId": _text(doc.get("id") or instance.id),
+        "instanceType": plan,
+        "kernelId": None,
+        "pendingTime": instance.metadata_updated_at.strftime("%Y-%m-%dT%H:%M:%SZ")
+        if instance.metadata_updated_at else None,
+        "privateIp": private[0] if private else None,
+        "ramdiskId": None,
+        "region": region,
+        "version": "2017-09-30",
+    }
+    return json.dumps(document, indent=2).encode()
+
+
+def version_root(instance: Instance, version: str, signer: Signer) -> Dir:
+    """Everything under ``/<version>/`` for this instance."""
+    items: list[tuple[str, Leaf | Dir]] = []
+    doc = instance.metadata
+    if version == HOLLOW_VERSION:
+        if doc is not None:
+            items.append(("meta-data", hollow_meta_data(doc)))
+    elif doc is not None:
+        document = identity_document(instance)
+        identity = Dir([
+            ("document", document),
+            ("pkcs7", signer.pkcs7(document)),
+            ("rsa2048", signer.pkcs7(document)),
+            ("signature", signer.signature(document)),
+        ])
+        items += [("dynamic", Dir([("instance-identity", identity)])), ("meta-data", aws_meta_data(doc))]
+    if instance.userdata is not None:
+        items.append(("user-data", instance.userdata))
+    return Dir(items, bare=True)
+
+
+def versions_listing() -> str:
+    """What ``GET /`` answers: the versions, one per line."""
+    return "\n".join(VERSIONS)

@@ -1,0 +1,109 @@
+"""The EC2 flavor: ``/<version>/meta-data/…``, ``user-data``, ``dynamic/…``, IMDSv2 tokens.
+
+Errors answer with EC2's plain-text bodies (``404 - Not Found``), never JSON, never 500.
+IMDSv2: ``PUT /latest/api/token`` mints a token bound to the caller; a request that
+carries ``X-aws-ec2-metadata-token`` must carry a valid one for the same instance, and
+with ``--imdsv2 required`` every read must. A token PUT that came through a proxy
+(``X-Forwarded-For``) is refused, as AWS does.
+"""
+
+from __future__ import annotations
+
+from http import HTTPStatus
+
+from imds.errors import ImdsError, InstanceNotFound, NotFound, Refused, Unauthenticated
+from imds.services import Services
+from imds.services.render.ec2 import VERSIONS, version_root, versions_listing
+from imds.services.render.tree import body, resolve
+from imds.services.tokens import TOKEN_HEADER, TTL_HEADER, parse_ttl
+from imds.web.errors import status_for
+from imds.web.routing import READ_METHODS, Handler, Locator, Reply, Scope, header
+
+_TOKEN_PATH = "api/token"  # noqa: S105 - a path, not a secret
+_TTL = TTL_HEADER.encode()
+
+
+def _plain(status: int) -> Reply:
+    text = f"{status} - {HTTPStatus(status).phrase}"
+    return Reply(status, text.encode())
+
+
+class Ec2Flavor:
+    """Serves the EC2 trees rendered from the caller's record."""
+
+    def __init__(self, services: Services, locator: Locator) -> None:
+        self._services = services
+        self._locator = locator
+        self._tokens = services.tokens
+        self._required = services.settings.imdsv2 == "required"
+        self._metrics = services.metrics
+
+    def routes(self) -> dict[str, Handler]:
+        """Exact paths: ``/`` lists the versions."""
+        return {"/": self.versions}
+
+    def prefixes(self) -> dict[str, Handler]:
+        """First path segments this flavor answers: every version."""
+        return dict.fromkeys(VERSIONS, self.handle)
+
+    def versions(self, scope: Scope) -> Reply:
+        """``GET /``: the versions served, one per line."""
+        if scope["method"] not in READ_METHODS:
+            return _plain(405)
+        return Reply(200, versions_listing().encode())
+
+    def handle(self, scope: Scope) -> Reply:
+        """Any path under ``/<version>``."""
+        _, version, *rest = scope["path"].split("/", 2)
+        subpath = rest[0] if rest else ""
+        method = scope["method"]
+        try:
+            if method == "PUT" and version == "latest" and subpath.strip("/") == _TOKEN_PATH:
+                return self._mint(scope)
+            if method not in READ_METHODS:
+                return _plain(405)
+            return self._read(scope, version, subpath)
+        except ImdsError as exc:
+            return _plain(status_for(exc))
+
+    def _mint(self, scope: Scope) -> Reply:
+        if header(scope, b"x-forwarded-for") is not None:
+            raise Refused("IMDSv2 tokens cannot be requested through a proxy")
+        ttl = parse_ttl(header(scope, _TTL))
+        entry = self._locator.entry(scope)
+        token = self._tokens.issue(entry.instance.id, ttl)
+        return Reply(200, token.encode(), headers=((_TTL, str(ttl).encode()),))
+
+    def _read(self, scope: Scope, version: str, subpath: str) -> Reply:
+        kind = subpath.split("/", 1)[0]
+        try:
+            entry = self._locator.entry(scope)
+        except InstanceNotFound:
+            self._miss(kind)
+            raise
+        headers: tuple[tuple[bytes, bytes], ...] = ()
+        token = header(scope, TOKEN_HEADER.encode())
+        if token is not None:
+            left = self._tokens.check(token, entry.instance.id)
+            headers = ((_TTL, str(left).encode()),)
+        elif self._required:
+            raise Unauthenticated("an IMDSv2 token is required")
+        signer = self._services.signer
+        root = entry.render(f"ec2/{version}", lambda instance: version_root(instance, version, signer))
+        node = resolve(root, subpath)
+        if node is None:
+            raise NotFound(f"no {subpath!r} under /{version}")
+        self._hit(kind)
+        return Reply(200, body(node), headers=headers)
+
+    def _hit(self, kind: str) -> None:
+        if kind == "meta-data":
+            self._metrics.metadata_cache_hit.inc()
+        elif kind == "user-data":
+            self._metrics.userdata_cache_hit.inc()
+
+    def _miss(self, kind: str) -> None:
+        if kind == "meta-data":
+            self._metrics.metadata_cache_miss.inc()
+        elif kind == "user-data":
+            self._metrics.userdata_cache_miss.inc()
