@@ -21,7 +21,7 @@ def anyio_backend() -> str:
 @pytest.fixture
 def sqlite_url(tmp_path: Path) -> str:
     """A migrated SQLite database in a temporary directory."""
-    from imds.store.sql import migrate
+    from imds.store.sql import migrate  # noqa: PLC0415 - Alembic loads only for tests that use SQLite
 
     url = f"sqlite:///{tmp_path / 'imds.db'}"
     migrate.upgrade(url)

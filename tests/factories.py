@@ -33,6 +33,8 @@ def metadata_body(instance_id: str | None = None, ips: list[str] | None = None, 
     return {"id": instance_id, "ipAddresses": ips if ips is not None else [next_ipv4()], "metadata": doc}
 
 
-def userdata_body(instance_id: str, ips: list[str], userdata: str = "#!/bin/sh\necho hi\n", **extra: Any) -> dict[str, Any]:
+def userdata_body(
+    instance_id: str, ips: list[str], userdata: str = "#!/bin/sh\necho hi\n", **extra: Any
+) -> dict[str, Any]:
     """A POST /device-userdata body."""
     return {"id": instance_id, "ipAddresses": ips, "userdata": userdata, **extra}

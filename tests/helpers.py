@@ -25,14 +25,18 @@ def make_settings(**overrides: Any) -> Settings:
 
 
 @asynccontextmanager
-async def running_app(settings: Settings | None = None, *, store: Store | None = None) -> AsyncIterator[InstanceFront]:
+async def running_app(
+    settings: Settings | None = None, *, store: Store | None = None
+) -> AsyncIterator[InstanceFront]:
     """The app with its services started (the lifespan, without a server)."""
     app = build_app(settings or make_settings(), store=store)
     async with app.services.running():
         yield app
 
 
-def client_from(app: InstanceFront, ip: str = ADMIN_PEER, *, token: str | None = None, **kwargs: Any) -> httpx.AsyncClient:
+def client_from(
+    app: InstanceFront, ip: str = ADMIN_PEER, *, token: str | None = None, **kwargs: Any
+) -> httpx.AsyncClient:
     """An HTTP client whose requests reach ``app`` from source address ``ip``."""
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     transport = httpx.ASGITransport(app=app, client=(ip, 40000))

@@ -8,14 +8,11 @@ import socket
 from typing import Any
 
 import click
-import uvicorn
 
 from imds import log
-from imds.app import build_app
 from imds.cli.options import resolve, settings_options
 from imds.config import Settings
 from imds.errors import ImdsError
-from imds.store.sql.engine import async_url
 
 
 def bind(host: str, port: int, *, hop_limit: int = 0) -> socket.socket:
@@ -55,12 +52,17 @@ def _exit_cleanly(_signum: int, _frame: object) -> None:
 
 def run(settings: Settings) -> None:
     """Migrate if asked, bind every listen address, and serve until SIGINT/SIGTERM."""
+    # The server stack loads only when serving, so `imds --help` stays quick.
+    import uvicorn  # noqa: PLC0415
+
+    from imds.app import build_app  # noqa: PLC0415
+
     logger = log.get("serve")
     if settings.migrate and not settings.db_url.startswith("memory://"):
         from imds.store.sql import migrate  # noqa: PLC0415 - Alembic loads only when a database is used
 
         migrate.upgrade(settings.db_url)
-        logger.info("db.migrated", db=async_url(settings.db_url).split("://", 1)[0])
+        logger.info("db.migrated", db=settings.db_url.split(":", 1)[0])
     sockets = [bind(host, port, hop_limit=settings.token_hop_limit) for host, port in settings.listen]
     config = uvicorn.Config(
         build_app(settings),
