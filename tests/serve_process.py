@@ -1,0 +1,110 @@
+"""A real ``imds serve`` process on a free loopback port, for tests that drive real clients.
+
+The same approach as ``integration/test_serve_socket.py``: the process gets a clean
+environment (no inherited ``IMDS_*``, HOME and XDG dirs in the test's tmp dir), its output
+goes to a log file, the wait for health is bounded, and it is always stopped by its PID.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+IMDS = Path(sys.executable).parent / "imds"
+ADMIN_TOKEN = "serve-process-token"
+START_TIMEOUT = 20.0
+STOP_TIMEOUT = 10.0
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nobody listens on right now (the OS picks it)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def clean_env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    """The test's environment minus any IMDS_* setting and proxies, with HOME and XDG_DATA_HOME in tmp."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("IMDS_") and "proxy" not in k.lower()}
+    env.update(HOME=str(tmp_path / "home"), XDG_DATA_HOME=str(tmp_path / "xdg"), **extra)
+    return env
+
+
+class Server:
+    """One ``imds serve`` process: its URL, admin token and log."""
+
+    def __init__(self, process: subprocess.Popen[bytes], url: str, log: Path) -> None:
+        self.process = process
+        self.url = url
+        self.log = log
+        self.admin_headers = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+
+    def output(self) -> str:
+        """Everything the process wrote so far."""
+        return self.log.read_text(errors="replace")
+
+    def wait_healthy(self) -> None:
+        """Block (bounded) until ``/healthz`` answers 200; fail with the log otherwise."""
+        deadline = time.monotonic() + START_TIMEOUT
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                pytest.fail(f"imds serve exited with {self.process.returncode}:\n{self.output()}")
+            try:
+                if httpx.get(f"{self.url}/healthz", timeout=1.0).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.05)
+        pytest.fail(f"imds serve not healthy within {START_TIMEOUT}s:\n{self.output()}")
+
+    def post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        """An admin write from 127.0.0.1; fails the test unless it was applied."""
+        with httpx.Client(timeout=5.0) as admin:
+            answer = admin.post(f"{self.url}{path}", json=body, headers=self.admin_headers)
+        assert answer.status_code == 200, answer.text
+        result: dict[str, Any] = answer.json()
+        assert result["applied"] is True, result
+        return result
+
+    def stop(self) -> int:
+        """SIGTERM by PID, bounded; SIGKILL if it does not exit. Returns the exit status."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                return self.process.wait(timeout=STOP_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+        return self.process.wait(timeout=STOP_TIMEOUT)
+
+
+@contextmanager
+def serving(tmp_path: Path, *args: str, host: str = "127.0.0.1") -> Iterator[Server]:
+    """``imds serve *args`` on a free port of ``host``, stopped by PID afterwards whatever happens."""
+    port = free_port(host)
+    log = tmp_path / f"serve-{port}.log"
+    with log.open("wb") as sink:
+        process = subprocess.Popen(
+            [str(IMDS), "serve", "--listen", f"{host}:{port}", *args],
+            env=clean_env(tmp_path, IMDS_ADMIN_TOKEN=ADMIN_TOKEN),
+            stdin=subprocess.DEVNULL,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+        )
+    server = Server(process, f"http://{host}:{port}", log)
+    try:
+        server.wait_healthy()
+        yield server
+    finally:
+        server.stop()
