@@ -24,6 +24,7 @@ from imds.web.admin import admin_router
 from imds.web.errors import handle_http_error, handle_imds_error
 from imds.web.instance import InstanceFront
 from imds.web.ops import ops_router
+from imds.web.refresh import refresh_router
 
 _log = log.get("app")
 
@@ -53,8 +54,9 @@ def build_app(
         docs_url="/docs",
         redoc_url=None,
     )
-    admin.include_router(admin_router(services))
-    admin.include_router(admin_router(services), prefix="/api/v1", include_in_schema=False)
+    for router in (admin_router(services), refresh_router(services)):
+        admin.include_router(router)
+        admin.include_router(router, prefix="/api/v1", include_in_schema=False)
     admin.include_router(ops_router(services))
     return InstanceFront(services, admin)
 

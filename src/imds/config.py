@@ -81,6 +81,34 @@ OPTIONS: tuple[Option, ...] = (
            "RSA private key (PEM) signing EC2 identity documents (default: generated into the data directory)."),
     Option("identity_cert", "IMDS_IDENTITY_CERT", "path", None,
            "Certificate (PEM) for --identity-key (default: self-signed)."),
+    Option("lookup_url", "IMDS_LOOKUP_URL", "str", None,
+           "Upstream source of truth (hollow's lookup contract); unknown callers are fetched from it."),
+    Option("lookup_token", "IMDS_LOOKUP_TOKEN", "str", None,
+           "Static bearer token for the upstream.", secret=True),
+    Option("lookup_oidc_issuer", "IMDS_LOOKUP_OIDC_ISSUER", "str", None,
+           "OIDC issuer whose token endpoint grants upstream access tokens (client credentials)."),
+    Option("lookup_client_id", "IMDS_LOOKUP_CLIENT_ID", "str", None,
+           "OAuth2 client id for the upstream."),
+    Option("lookup_client_secret", "IMDS_LOOKUP_CLIENT_SECRET", "str", None,
+           "OAuth2 client secret for the upstream.", secret=True),
+    Option("lookup_scope", "IMDS_LOOKUP_SCOPES", "list", (),
+           "OAuth2 scope to request (repeatable; env: comma-separated)."),
+    Option("lookup_audience", "IMDS_LOOKUP_AUDIENCE", "str", None,
+           "OAuth2 audience to request."),
+    Option("lookup_timeout", "IMDS_LOOKUP_TIMEOUT", "float", 2.0,
+           "Seconds one upstream call may take."),
+    Option("lookup_negative_ttl", "IMDS_LOOKUP_NEGATIVE_TTL", "float", 30.0,
+           "Seconds an upstream 404 is remembered."),
+    Option("lookup_refresh_after", "IMDS_LOOKUP_REFRESH_AFTER", "float", 0.0,
+           "Refresh records fetched by lookup in the background after this many seconds (0: off)."),
+    Option("lookup_cache_ttl", "IMDS_LOOKUP_CACHE_TTL", "float", 300.0,
+           "Seconds a by-IP answer that does not list the asking address is reused."),
+    Option("lookup_concurrency", "IMDS_LOOKUP_CONCURRENCY", "int", 16,
+           "Most upstream calls in flight at once."),
+    Option("lookup_breaker_failures", "IMDS_LOOKUP_BREAKER_FAILURES", "int", 5,
+           "Consecutive upstream failures that open the circuit breaker."),
+    Option("lookup_breaker_reset", "IMDS_LOOKUP_BREAKER_RESET", "float", 10.0,
+           "Seconds the breaker first stays open (doubling on each reopening, jittered, at most 120)."),
     Option("max_body_bytes", "IMDS_MAX_BODY_BYTES", "int", 1024 * 1024,
            "Largest admin request body accepted, in bytes."),
     Option("demo", "IMDS_DEMO", "bool", False,  # noqa: FBT003 - a table row, not a call site
@@ -125,6 +153,20 @@ class Settings:
     imdsv2_key_file: Path | None = None
     identity_key: Path | None = None
     identity_cert: Path | None = None
+    lookup_url: str | None = None
+    lookup_token: str | None = None
+    lookup_oidc_issuer: str | None = None
+    lookup_client_id: str | None = None
+    lookup_client_secret: str | None = None
+    lookup_scopes: tuple[str, ...] = ()
+    lookup_audience: str | None = None
+    lookup_timeout: float = 2.0
+    lookup_negative_ttl: float = 30.0
+    lookup_refresh_after: float = 0.0
+    lookup_cache_ttl: float = 300.0
+    lookup_concurrency: int = 16
+    lookup_breaker_failures: int = 5
+    lookup_breaker_reset: float = 10.0
     max_body_bytes: int = 1024 * 1024
     demo: bool = False
     log_level: str = "info"
@@ -155,6 +197,27 @@ class Settings:
         """Never show secrets, even in a traceback."""
         token = "<set>" if self.admin_token else None
         return f"Settings(listen={self.listen!r}, db_url={_redact_url(self.db_url)!r}, admin_token={token})"
+
+
+def options_table() -> str:
+    """The README's configuration table, in Markdown (``tests/unit/test_docs.py`` keeps them equal).
+
+    Regenerate with ``python -c "from imds.config import options_table; print(options_table())"``.
+    """
+    rows = ["| flag | environment | default | meaning |", "|---|---|---|---|"]
+    for option in OPTIONS:
+        default = option.default
+        if isinstance(default, bool):
+            shown = "on" if default else "off"
+        elif isinstance(default, tuple):
+            shown = ",".join(default) if default else "none"
+        else:
+            shown = "—" if default is None else str(default)
+        flag = option.flag + (" (repeatable)" if option.kind == "list" else "")
+        if option.kind == "bool":
+            flag = f"{option.flag} / --no-{option.flag[2:]}"
+        rows.append(f"| `{flag}` | `{option.env}` | `{shown}` | {option.help} |")
+    return "\n".join(rows)
 
 
 def load(flags: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None) -> Settings:
@@ -228,6 +291,7 @@ def _validate(raw: dict[str, Any], env: Mapping[str, str]) -> Settings:
             flag = "--" + name.replace("_", "-")
             msg = f"{flag} / IMDS_{name.upper()}: {raw[name]} is not a file"
             raise ConfigError(msg)
+    _validate_lookup(raw)
     tokens_file = raw["admin_tokens_file"]
     if tokens_file is not None and not Path(tokens_file).is_file():
         msg = f"--admin-tokens-file / IMDS_ADMIN_TOKENS_FILE: {tokens_file} is not a file"
@@ -253,6 +317,20 @@ def _validate(raw: dict[str, Any], env: Mapping[str, str]) -> Settings:
         imdsv2_key_file=raw["imdsv2_key_file"],
         identity_key=raw["identity_key"],
         identity_cert=raw["identity_cert"],
+        lookup_url=raw["lookup_url"],
+        lookup_token=raw["lookup_token"],
+        lookup_oidc_issuer=raw["lookup_oidc_issuer"],
+        lookup_client_id=raw["lookup_client_id"],
+        lookup_client_secret=raw["lookup_client_secret"],
+        lookup_scopes=tuple(raw["lookup_scope"]),
+        lookup_audience=raw["lookup_audience"],
+        lookup_timeout=float(raw["lookup_timeout"]),
+        lookup_negative_ttl=float(raw["lookup_negative_ttl"]),
+        lookup_refresh_after=float(raw["lookup_refresh_after"]),
+        lookup_cache_ttl=float(raw["lookup_cache_ttl"]),
+        lookup_concurrency=int(raw["lookup_concurrency"]),
+        lookup_breaker_failures=int(raw["lookup_breaker_failures"]),
+        lookup_breaker_reset=float(raw["lookup_breaker_reset"]),
         max_body_bytes=raw["max_body_bytes"],
         demo=bool(raw["demo"]),
         log_level=level,
@@ -260,6 +338,35 @@ def _validate(raw: dict[str, Any], env: Mapping[str, str]) -> Settings:
         feed_poll_interval=float(raw["feed_poll_interval"]),
         shutdown_timeout=float(raw["shutdown_timeout"]),
     )
+
+
+def _validate_lookup(raw: dict[str, Any]) -> None:
+    """Upstream settings: an http(s) URL, one credential kind, complete client credentials."""
+    url = raw["lookup_url"]
+    if url is not None and not url.startswith(("http://", "https://")):
+        msg = f"--lookup-url / IMDS_LOOKUP_URL: {url!r} is not an http:// or https:// URL"
+        raise ConfigError(msg)
+    oauth = [raw[k] for k in ("lookup_oidc_issuer", "lookup_client_id", "lookup_client_secret")]
+    if any(oauth) and not all(oauth):
+        msg = ("--lookup-oidc-issuer, --lookup-client-id and --lookup-client-secret "
+               "(IMDS_LOOKUP_OIDC_ISSUER, IMDS_LOOKUP_CLIENT_ID, IMDS_LOOKUP_CLIENT_SECRET) go together")
+        raise ConfigError(msg)
+    if any(oauth) and raw["lookup_token"]:
+        msg = "--lookup-token / IMDS_LOOKUP_TOKEN and OAuth2 client credentials exclude each other"
+        raise ConfigError(msg)
+    for name in ("lookup_timeout", "lookup_negative_ttl", "lookup_cache_ttl", "lookup_breaker_reset"):
+        if raw[name] <= 0:
+            flag = "--" + name.replace("_", "-")
+            msg = f"{flag} / IMDS_{name.upper()} must be positive"
+            raise ConfigError(msg)
+    for name in ("lookup_concurrency", "lookup_breaker_failures"):
+        if raw[name] < 1:
+            flag = "--" + name.replace("_", "-")
+            msg = f"{flag} / IMDS_{name.upper()} must be at least 1"
+            raise ConfigError(msg)
+    if raw["lookup_refresh_after"] < 0:
+        msg = "--lookup-refresh-after / IMDS_LOOKUP_REFRESH_AFTER must be 0 (off) or positive"
+        raise ConfigError(msg)
 
 
 def parse_listen(value: str) -> tuple[str, int]:

@@ -17,8 +17,11 @@ for them are chosen in exactly one place, ``imds.web.errors``.
     │   ├── AuthNotConfigured    the admin API has no way to check credentials
     │   ├── Forbidden            valid credentials without a required scope
     │   └── Refused              a request that is never allowed in this form
+    ├── Conflict                 the request conflicts with the service's state or configuration
+    │   └── LookupDisabled       a refresh was asked for but no upstream is configured
     ├── StoreUnavailable         the database cannot be reached or answered with an error
-    ├── UpstreamError            an upstream service failed (used by later capabilities)
+    ├── UpstreamError            an upstream answered something unusable (4xx, bad JSON, bad record)
+    │   └── UpstreamUnavailable  an upstream could not be reached, timed out, failed (5xx), or its breaker is open
     └── ConfigError              configuration is invalid; raised at startup only
 """
 
@@ -120,12 +123,27 @@ class Refused(AuthError):
     """A request that is never allowed in this form (e.g. an IMDSv2 token PUT through a proxy)."""
 
 
+class Conflict(ImdsError):
+    """The request conflicts with the service's state or configuration."""
+
+
+class LookupDisabled(Conflict):
+    """A refresh from upstream was asked for, but no upstream is configured."""
+
+    def __init__(self) -> None:
+        super().__init__("no upstream is configured: set --lookup-url / IMDS_LOOKUP_URL to enable refreshes")
+
+
 class StoreUnavailable(ImdsError):
     """The database could not be reached or failed a statement."""
 
 
 class UpstreamError(ImdsError):
-    """An upstream service failed or answered something unusable."""
+    """An upstream service answered something unusable."""
+
+
+class UpstreamUnavailable(UpstreamError):
+    """An upstream could not be reached, timed out, failed (5xx), or its circuit breaker is open."""
 
 
 class ConfigError(ImdsError):

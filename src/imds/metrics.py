@@ -45,6 +45,31 @@ class Metrics:
             "metadata_userdata_inserts", "Userdata writes applied from the API.", registry=r
         )
         self.deletions = Counter("metadata_deletions", "Record deletions from the API.", registry=r)
+        self.lookup_requests = Counter("metadata_lookup_request", "Metadata lookups sent upstream.", registry=r)
+        self.lookup_errors = Counter("metadata_lookup_error", "Metadata lookups that failed.", registry=r)
+        self.userdata_lookup_requests = Counter(
+            "metadata_userdata_lookup_request", "Userdata lookups sent upstream.", registry=r
+        )
+        self.userdata_lookup_errors = Counter(
+            "metadata_userdata_lookup_error", "Userdata lookups that failed.", registry=r
+        )
+        self.lookup_latency = Histogram(
+            "imds_lookup_duration_seconds", "Time of upstream lookup calls.", buckets=_BUCKETS, registry=r
+        )
+        self.lookup_breaker = Gauge(
+            "imds_lookup_breaker_state", "Upstream circuit breaker: 0 closed, 1 open, 2 half-open.", registry=r
+        )
+        self.lookup_negative_hits = Counter(
+            "imds_lookup_negative_cache_hits", "Misses answered from the negative cache (no upstream call).",
+            registry=r,
+        )
+        self.lookup_joined = Counter(
+            "imds_lookup_singleflight_joined", "Misses that joined a lookup already in flight.", registry=r
+        )
+        self.lookup_stale = Counter(
+            "imds_lookup_stale", "Background refreshes that failed while the stored copy kept being served.",
+            registry=r,
+        )
         self.metadata_store_errors = Counter(
             "metadata_store_error", "Metadata writes that failed in the database.", registry=r
         )

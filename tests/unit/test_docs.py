@@ -2,27 +2,28 @@
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
-from imds.config import OPTIONS
+from imds.config import OPTIONS, options_table
 
 README = Path(__file__).parents[2] / "README.md"
 
 
-def _table_rows() -> dict[str, str]:
-    rows = {}
-    for line in README.read_text().splitlines():
-        match = re.match(r"^\| `(--[a-z0-9-]+)[^`]*` \| `(IMDS_[A-Z0-9_]+)` \|", line)
-        if match:
-            rows[match.group(1)] = match.group(2)
-    return rows
+def test_readme_configuration_table_is_the_generated_one():
+    """README's table is exactly options_table(): every option, its flag, env var, default and help."""
+    text = README.read_text()
+    start = text.index("| flag | environment |")
+    table = text[start : text.index("\n\n", start)]
+    assert table == options_table(), "regenerate: python -c 'from imds.config import options_table; ...'"
 
 
-def test_readme_configuration_table_matches_the_option_table():
-    """Each option appears in the README table with its flag and environment variable, and no others."""
-    expected = {option.flag: option.env for option in OPTIONS}
-    assert _table_rows() == expected
+def test_generated_table_has_one_row_per_option():
+    """The generator itself lists each option once with its flag and environment variable."""
+    rows = options_table().splitlines()[2:]
+    assert len(rows) == len(OPTIONS)
+    for option, row in zip(OPTIONS, rows, strict=True):
+        assert f"`{option.flag}" in row
+        assert f"`{option.env}`" in row
 
 
 def test_readme_has_exactly_two_setup_commands():

@@ -17,12 +17,16 @@ from imds import log
 from imds.config import Settings
 from imds.metrics import Metrics
 from imds.services.auth import Authenticator, Chain, NoAuth, StaticTokens
+from imds.services.breaker import Breaker
 from imds.services.catalog import Catalog
 from imds.services.identity import IdentitySigner
+from imds.services.lookup import Lookup, LookupPolicy
 from imds.services.templates import Template, compile_all
 from imds.services.tokens import TokenIssuer
 from imds.services.upsert import Records
 from imds.store import Store, open_store
+from imds.upstream.auth import ClientCredentials, NoCredentials, OAuth2ClientCredentials, StaticBearer, UpstreamAuth
+from imds.upstream.client import UpstreamClient
 
 _log = log.get("services")
 
@@ -40,6 +44,7 @@ class Services:
     metrics: Metrics
     http: httpx.AsyncClient
     tokens: TokenIssuer
+    lookup: Lookup | None = None
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
     _signer: IdentitySigner | None = None
 
@@ -57,6 +62,8 @@ class Services:
             _ = self.signer  # a bad key fails at startup, not at the first identity request
         await self.catalog.load()
         self._tasks.append(asyncio.create_task(self.catalog.follow(), name="imds-feed-follower"))
+        if self.lookup is not None and self.settings.lookup_refresh_after > 0:
+            self._tasks.append(asyncio.create_task(self.lookup.refresh_loop(), name="imds-lookup-refresh"))
 
     async def stop(self) -> None:
         """Stop background work and close the store and HTTP client."""
@@ -87,17 +94,45 @@ def build_services(
     http = http if http is not None else httpx.AsyncClient(timeout=5.0)
     metrics = Metrics()
     catalog = Catalog(store, poll_interval=settings.feed_poll_interval)
+    records = Records(store, catalog, metrics)
     return Services(
         settings=settings,
         store=store,
         catalog=catalog,
-        records=Records(store, catalog, metrics),
+        records=records,
+        lookup=_lookup(settings, http, records, catalog, metrics),
         auth=_authenticator(settings, http),
         templates=compile_all(settings.templates),
         metrics=metrics,
         http=http,
         tokens=TokenIssuer.load(key_file=settings.imdsv2_key_file, data_dir=settings.key_dir),
     )
+
+
+def _lookup(
+    settings: Settings, http: httpx.AsyncClient, records: Records, catalog: Catalog, metrics: Metrics
+) -> Lookup | None:
+    if not settings.lookup_url:
+        return None
+    auth: UpstreamAuth = NoCredentials()
+    if settings.lookup_token:
+        auth = StaticBearer(settings.lookup_token)
+    elif settings.lookup_oidc_issuer and settings.lookup_client_id and settings.lookup_client_secret:
+        credentials = ClientCredentials(
+            settings.lookup_oidc_issuer, settings.lookup_client_id, settings.lookup_client_secret,
+            settings.lookup_scopes, settings.lookup_audience,
+        )
+        auth = OAuth2ClientCredentials(http, credentials)
+    client = UpstreamClient(http, settings.lookup_url, auth=auth, timeout=settings.lookup_timeout)
+    policy = LookupPolicy(
+        timeout=settings.lookup_timeout,
+        negative_ttl=settings.lookup_negative_ttl,
+        refresh_after=settings.lookup_refresh_after,
+        cache_ttl=settings.lookup_cache_ttl,
+        concurrency=settings.lookup_concurrency,
+    )
+    breaker = Breaker(failures=settings.lookup_breaker_failures, reset=settings.lookup_breaker_reset)
+    return Lookup(client, records, catalog, metrics, policy=policy, breaker=breaker)
 
 
 def _authenticator(settings: Settings, http: httpx.AsyncClient) -> Authenticator:

@@ -20,8 +20,8 @@ from imds.services.wire import parse_instance_id, parse_json, parse_metadata_wri
 from imds.web.body import read_limited
 from imds.web.errors import JSON
 
-_ID_PARAM = {"name": "instance_id", "in": "path", "required": True, "schema": {"type": "string", "format": "uuid"}}
-_ID_EXTRA: dict[str, Any] = {"parameters": [_ID_PARAM]}
+ID_PARAM = {"name": "instance_id", "in": "path", "required": True, "schema": {"type": "string", "format": "uuid"}}
+_ID_EXTRA: dict[str, Any] = {"parameters": [ID_PARAM]}
 _IP_LIST = {
     "type": "array",
     "items": {"type": "string", "description": "IPv4/IPv6 host address or CIDR"},
@@ -61,6 +61,13 @@ def _bearer(request: Request) -> str | None:
     return token.strip() or None if scheme.lower() == "bearer" else None
 
 
+async def authorize(services: Services, request: Request, needed: tuple[str, ...]) -> str:
+    """The caller's subject, if its bearer token holds one of ``needed``; else an AuthError."""
+    principal = await services.auth.authenticate(_bearer(request))
+    require(principal, needed)
+    return principal.subject
+
+
 def _write_response(result: WriteResult) -> Response:
     body: dict[str, Any] = {"id": result.instance_id, "applied": result.applied}
     if result.applied:
@@ -86,9 +93,7 @@ def admin_router(services: Services) -> APIRouter:
     limit = services.settings.max_body_bytes
 
     async def principal_for(request: Request, needed: tuple[str, ...]) -> str:
-        principal = await services.auth.authenticate(_bearer(request))
-        require(principal, needed)
-        return principal.subject
+        return await authorize(services, request, needed)
 
     @router.post("/device-metadata", openapi_extra=_body(METADATA_SCHEMA), summary="Create or replace metadata")
     async def post_metadata(request: Request) -> Response:

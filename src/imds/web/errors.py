@@ -15,6 +15,7 @@ from starlette.responses import Response
 
 from imds.errors import (
     AuthNotConfigured,
+    Conflict,
     Forbidden,
     ImdsError,
     InvalidInput,
@@ -35,6 +36,7 @@ STATUS: tuple[tuple[type[ImdsError], int], ...] = (
     (AuthNotConfigured, 401),
     (Forbidden, 403),
     (Refused, 403),
+    (Conflict, 409),
     (StoreUnavailable, 503),
     (UpstreamError, 502),
     (ImdsError, 500),

@@ -13,11 +13,13 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from imds import log
+from imds.models import METADATA
 from imds.services import Services
+from imds.services.lookup import LookupNeeded
 from imds.web.ec2 import Ec2Flavor
 from imds.web.errors import error_body
 from imds.web.json import JsonFlavor
-from imds.web.routing import JSON, Handler, Locator, Reply, Scope
+from imds.web.routing import JSON, LOOKED_UP, Handler, Locator, Reply, Scope
 
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
@@ -42,7 +44,7 @@ class InstanceFront:
     def __init__(self, services: Services, admin: ASGIApp) -> None:
         self.services = services
         self.admin = admin
-        locator = Locator(services.catalog, services.settings.trusted_proxies)
+        locator = Locator(services.catalog, services.settings.trusted_proxies, services.lookup)
         json_flavor, ec2_flavor = JsonFlavor(services, locator), Ec2Flavor(services, locator)
         self._exact: dict[str, Handler] = {**json_flavor.routes(), **ec2_flavor.routes()}
         self._prefixes: dict[str, Handler] = {**ec2_flavor.prefixes()}
@@ -68,7 +70,10 @@ class InstanceFront:
     async def _serve(self, scope: Scope, send: Send, handler: Handler) -> None:
         started = time.perf_counter()
         try:
-            reply = handler(scope)
+            try:
+                reply = handler(scope)
+            except LookupNeeded as need:
+                reply = await self._after_lookup(scope, handler, need)
         except Exception:  # noqa: BLE001 - an instance must get an answer, never a dropped connection
             _log.exception("instance.error", path=scope["path"])
             reply = _INTERNAL
@@ -85,6 +90,15 @@ class InstanceFront:
         if self._log_reads:
             client = scope.get("client")
             _log.info("instance.read", path=scope["path"], peer=client[0] if client else None, status=reply.status)
+
+    async def _after_lookup(self, scope: Scope, handler: Handler, need: LookupNeeded) -> Reply:
+        """Fetch what the handler missed from upstream, then run it once more."""
+        metrics = self.services.metrics
+        (metrics.metadata_cache_miss if need.kind == METADATA else metrics.userdata_cache_miss).inc()
+        lookup = self.services.lookup
+        assert lookup is not None  # noqa: S101 - the Locator raises LookupNeeded only in pull mode
+        scope[LOOKED_UP] = await lookup.resolve(need) or True
+        return handler(scope)
 
     async def _measured(self, scope: Scope, receive: Receive, send: Send) -> None:
         started = time.perf_counter()

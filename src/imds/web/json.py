@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from imds.errors import ImdsError, InstanceNotFound
-from imds.models import Instance
+from collections.abc import Callable
+
+from imds.errors import ImdsError, InstanceNotFound, RecordNotFound
+from imds.models import METADATA, USERDATA, Instance
 from imds.services import Services
 from imds.services.render.json import metadata_bytes, userdata_bytes
 from imds.web.errors import error_body, error_parts
-from imds.web.routing import BINARY, JSON, READ_METHODS, TEXT, Handler, Locator, Reply, Scope
+from imds.web.routing import BINARY, JSON, LOOKED_UP, READ_METHODS, TEXT, Handler, Locator, Reply, Scope
 
 _NOT_ALLOWED = Reply(405, error_body("method not allowed"), JSON, ((b"allow", b"GET, HEAD"),))
 
@@ -38,34 +40,42 @@ class JsonFlavor:
 
     def metadata(self, scope: Scope) -> Reply:
         """The caller's metadata document."""
-        if scope["method"] not in READ_METHODS:
-            return _NOT_ALLOWED
-        try:
-            entry = self._locator.entry(scope)
-            templates = self._services.templates
-            body = entry.render("json/metadata", lambda instance: metadata_bytes(instance, templates))
-        except InstanceNotFound as exc:
-            self._metrics.metadata_cache_miss.inc()
-            return _error(exc)
-        except ImdsError as exc:
-            return _error(exc)
-        self._metrics.metadata_cache_hit.inc()
-        return Reply(200, body, JSON)
+        templates = self._services.templates
+        return self._serve(scope, METADATA, lambda instance: metadata_bytes(instance, templates), _json_type)
 
     def userdata(self, scope: Scope) -> Reply:
         """The caller's userdata, byte for byte."""
+        return self._serve(scope, USERDATA, userdata_bytes, _userdata_type)
+
+    def _serve(
+        self, scope: Scope, kind: str, build: Callable[[Instance], bytes], content_type: Callable[[Instance], bytes]
+    ) -> Reply:
         if scope["method"] not in READ_METHODS:
             return _NOT_ALLOWED
+        metrics = self._metrics
+        hit, miss = (
+            (metrics.metadata_cache_hit, metrics.metadata_cache_miss)
+            if kind == METADATA
+            else (metrics.userdata_cache_hit, metrics.userdata_cache_miss)
+        )
         try:
-            entry = self._locator.entry(scope)
-            body = entry.render("json/userdata", userdata_bytes)
+            entry = self._locator.entry(scope, kind)
+            try:
+                body = entry.render(f"json/{kind}", build)
+            except RecordNotFound as missing:
+                self._locator.record_missing(scope, missing)
         except InstanceNotFound as exc:
-            self._metrics.userdata_cache_miss.inc()
+            if LOOKED_UP not in scope:  # in pull mode the front counted the miss
+                miss.inc()
             return _error(exc)
         except ImdsError as exc:
             return _error(exc)
-        self._metrics.userdata_cache_hit.inc()
-        return Reply(200, body, entry.render("json/userdata-type", _userdata_type))
+        hit.inc()
+        return Reply(200, body, entry.render(f"json/{kind}:type", content_type))
+
+
+def _json_type(_instance: Instance) -> bytes:
+    return JSON
 
 
 def _error(exc: ImdsError) -> Reply:

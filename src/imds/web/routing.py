@@ -4,18 +4,21 @@ from __future__ import annotations
 
 from collections.abc import Callable, MutableMapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
-from imds.errors import InstanceNotFound
-from imds.models import Address, Network
+from imds.errors import ImdsError, InstanceNotFound, RecordNotFound
+from imds.models import METADATA, Address, Network
 from imds.services.catalog import Catalog, Entry
 from imds.services.identify import caller_address
+from imds.services.lookup import Lookup, LookupNeeded
 
 Scope = MutableMapping[str, Any]
 TEXT = b"text/plain; charset=utf-8"
 JSON = b"application/json"
 BINARY = b"application/octet-stream"
 READ_METHODS = frozenset({"GET", "HEAD"})
+# Set in the scope by the front after a lookup: True, or the error the lookup ended with.
+LOOKED_UP = "imds.looked_up"
 
 
 @dataclass(frozen=True)
@@ -40,11 +43,16 @@ def header(scope: Scope, name: bytes) -> str | None:
 
 
 class Locator:
-    """Finds the calling instance from the socket peer (and trusted proxies only)."""
+    """Finds the calling instance from the socket peer (and trusted proxies only).
 
-    def __init__(self, catalog: Catalog, trusted: Sequence[Network]) -> None:
+    With pull mode on, a miss raises ``LookupNeeded`` once per request; the front fetches
+    and runs the handler again, and the second miss is final (or the lookup's error).
+    """
+
+    def __init__(self, catalog: Catalog, trusted: Sequence[Network], lookup: Lookup | None = None) -> None:
         self._catalog = catalog
         self._trusted = tuple(trusted)
+        self._lookup = lookup
 
     def address(self, scope: Scope) -> Address | None:
         """The caller's address (see ``imds.services.identify``)."""
@@ -55,10 +63,29 @@ class Locator:
         forwarded = [v.decode("latin-1") for k, v in scope["headers"] if k == b"x-forwarded-for"]
         return caller_address(peer, forwarded, self._trusted)
 
-    def entry(self, scope: Scope) -> Entry:
-        """The calling instance, or InstanceNotFound."""
+    def entry(self, scope: Scope, kind: str = METADATA) -> Entry:
+        """The calling instance, or InstanceNotFound (or LookupNeeded in pull mode)."""
         address = self.address(scope)
         entry = self._catalog.lookup(address) if address is not None else None
+        if entry is None and address is not None and self._lookup is not None:
+            cached = self._lookup.cached(kind, address)
+            entry = self._catalog.get(cached) if cached is not None else None
+            if entry is None:
+                self._look_up(scope, LookupNeeded(kind, address=address))
         if entry is None:
             raise InstanceNotFound(str(address) if address is not None else None)
         return entry
+
+    def record_missing(self, scope: Scope, missing: RecordNotFound) -> NoReturn:
+        """The caller lacks a record type: look it up by id in pull mode, else re-raise."""
+        if self._lookup is not None:
+            self._look_up(scope, LookupNeeded(missing.kind, instance_id=missing.instance_id))
+        raise missing
+
+    @staticmethod
+    def _look_up(scope: Scope, need: LookupNeeded) -> None:
+        outcome = scope.get(LOOKED_UP)
+        if outcome is None:
+            raise need
+        if isinstance(outcome, ImdsError):
+            raise outcome

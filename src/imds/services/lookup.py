@@ -1,0 +1,241 @@
+"""Pull mode: records fetched from the upstream source of truth when instances ask.
+
+Used when the caller's address matches nothing (lookup by IP), or matches an instance
+that lacks the requested record type (lookup by id). Results go through the normal
+write path (``Records``: full-IP-list rules and the staleness guard apply).
+
+Protection, because one booting rack must not become a burst upstream and an upstream
+outage must not become 500s:
+
+- single flight: concurrent misses for one key share one upstream call;
+- negative cache: a 404 is remembered for ``negative_ttl`` seconds;
+- a per-call timeout and a cap on concurrent upstream calls;
+- a circuit breaker (``services.breaker``) after consecutive failures;
+- stale-if-error: anything fetched before stays in the store and keeps being served when a
+  refresh fails (counted); with nothing stored, the caller gets 502, never 500;
+- records fetched by lookup are refreshed in the background after ``refresh_after``.
+
+A record found by IP whose ``ipAddresses`` lack the asking address (hollow then misses
+on every later request) is served to that caller anyway, and the by-IP answer is kept
+for ``cache_ttl`` seconds so repeated requests do not each go upstream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from imds import log
+from imds.errors import ImdsError, InvalidInput, RecordNotFound, UpstreamError, UpstreamUnavailable
+from imds.metrics import Metrics
+from imds.models import METADATA, Address, Instance
+from imds.services.breaker import STATE_VALUES, Breaker
+from imds.services.catalog import Catalog
+from imds.services.upsert import Records
+from imds.services.wire import parse_metadata_write, parse_userdata_write
+from imds.upstream.client import UpstreamClient
+
+_log = log.get("lookup")
+Key = tuple[str, str, str]  # (kind, "ip" | "id", value)
+
+
+class LookupNeeded(Exception):
+    """Raised on the read path when a caller or record is unknown and a lookup may find it."""
+
+    def __init__(self, kind: str, *, address: Address | None = None, instance_id: str | None = None) -> None:
+        super().__init__(kind)
+        self.kind = kind
+        self.address = address
+        self.instance_id = instance_id
+
+
+@dataclass(frozen=True)
+class LookupPolicy:
+    """Timing and limits of upstream lookups."""
+
+    timeout: float = 2.0
+    negative_ttl: float = 30.0
+    refresh_after: float = 0.0
+    cache_ttl: float = 300.0
+    concurrency: int = 16
+
+
+class Lookup:
+    """Fetches unknown callers' records from upstream, with the protections above."""
+
+    def __init__(  # noqa: PLR0913 - collaborators and policy, all keyword-only after the first four
+        self,
+        client: UpstreamClient,
+        records: Records,
+        catalog: Catalog,
+        metrics: Metrics,
+        *,
+        policy: LookupPolicy | None = None,
+        breaker: Breaker | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._client = client
+        self._records = records
+        self._catalog = catalog
+        self._metrics = metrics
+        self.policy = policy or LookupPolicy()
+        self.breaker = breaker or Breaker()
+        self._clock = clock
+        self._semaphore = asyncio.Semaphore(self.policy.concurrency)
+        self._flights: dict[Key, asyncio.Future[str | None]] = {}
+        self._negative: dict[Key, float] = {}
+        self._by_ip: dict[tuple[str, str], tuple[str, float]] = {}
+        self._fetched: dict[tuple[str, str], float] = {}
+
+    # -- read path --------------------------------------------------------------------
+
+    def cached(self, kind: str, address: Address) -> str | None:
+        """The instance a recent by-IP lookup returned for an address its record does not list."""
+        hit = self._by_ip.get((kind, str(address)))
+        if hit is None or hit[1] <= self._clock():
+            return None
+        return hit[0]
+
+    async def resolve(self, need: LookupNeeded) -> ImdsError | None:
+        """Fetch what the read path missed; return the error to answer with, if any."""
+        if need.instance_id is not None:
+            key: Key = (need.kind, "id", need.instance_id)
+        else:
+            key = (need.kind, "ip", str(need.address))
+        if self._negative.get(key, 0.0) > self._clock():
+            self._metrics.lookup_negative_hits.inc()
+            return None
+        try:
+            await self._single_flight(key, need.address)
+        except UpstreamError as exc:
+            return exc
+        return None
+
+    # -- admin refresh ------------------------------------------------------------------
+
+    async def refresh(self, kind: str, instance_id: str, *, subject: str) -> Instance:
+        """Fetch by id now and store (logged as ``subject``); RecordNotFound on an upstream 404."""
+        key: Key = (kind, "id", instance_id)
+        self._negative.pop(key, None)
+        if await self._single_flight(key, None, subject) is None:
+            raise RecordNotFound(kind, instance_id)
+        return await self._records.get(kind, instance_id)
+
+    # -- background refresh -------------------------------------------------------------
+
+    async def refresh_loop(self) -> None:
+        """Re-fetch records that lookups brought in, every ``refresh_after`` seconds, until cancelled."""
+        period = self.policy.refresh_after
+        while True:
+            await asyncio.sleep(max(period / 4, 0.05))
+            now = self._clock()
+            due = [(kind, i) for (kind, i), at in list(self._fetched.items()) if now - at >= period]
+            for kind, instance_id in due:
+                await self._refresh_quietly(kind, instance_id)
+
+    async def _refresh_quietly(self, kind: str, instance_id: str) -> None:
+        try:
+            found = await self._single_flight((kind, "id", instance_id), None)
+        except UpstreamError as exc:
+            self._metrics.lookup_stale.inc()
+            self._fetched[(kind, instance_id)] = self._clock()  # try again next period, not every tick
+            _log.warning("lookup.refresh_failed", kind=kind, instance_id=instance_id, error=exc.message)
+            return
+        if found is None:
+            # Deleting on an upstream 404 would turn a flapping upstream into data loss; keep it.
+            self._fetched[(kind, instance_id)] = self._clock()
+            _log.warning("lookup.refresh_not_found", kind=kind, instance_id=instance_id)
+
+    # -- internals ----------------------------------------------------------------------
+
+    async def _single_flight(self, key: Key, address: Address | None, subject: str = "lookup") -> str | None:
+        flight = self._flights.get(key)
+        if flight is not None:
+            self._metrics.lookup_joined.inc()
+            return await asyncio.shield(flight)
+        flight = asyncio.get_running_loop().create_future()
+        self._flights[key] = flight
+        try:
+            result = await self._fetch_and_store(key, address, subject)
+        except asyncio.CancelledError:
+            flight.cancel()
+            raise
+        except Exception as exc:
+            flight.set_exception(exc)
+            flight.exception()  # mark it retrieved: joiners re-raise it, nobody else must
+            raise
+        else:
+            flight.set_result(result)
+            return result
+        finally:
+            del self._flights[key]
+
+    async def _fetch_and_store(self, key: Key, address: Address | None, subject: str) -> str | None:
+        kind, by, value = key
+        if by == "ip":
+            body = await self._call(kind, lambda: self._client.by_ip(kind, value))
+        else:
+            body = await self._call(kind, lambda: self._client.by_id(kind, value))
+        if body is None:
+            self._negative[key] = self._clock() + self.policy.negative_ttl
+            return None
+        instance_id = await self._store(kind, body, subject)
+        self._fetched[(kind, instance_id)] = self._clock()
+        if address is not None:
+            entry = self._catalog.lookup(address)
+            if entry is None or entry.instance.id != instance_id:
+                self._by_ip[(kind, str(address))] = (instance_id, self._clock() + self.policy.cache_ttl)
+        return instance_id
+
+    async def _call(self, kind: str, call: Callable[[], Awaitable[Any]]) -> Any:
+        requests, errors = self._counters(kind)
+        if not self.breaker.allow():
+            self._publish_breaker()
+            errors.inc()
+            msg = f"upstream circuit breaker is open for {self.breaker.seconds_left():.1f} s more"
+            raise UpstreamUnavailable(msg)
+        async with self._semaphore:
+            requests.inc()
+            started = self._clock()
+            try:
+                body = await asyncio.wait_for(call(), self.policy.timeout)
+            except (UpstreamError, TimeoutError) as exc:
+                self.breaker.failure()
+                errors.inc()
+                if isinstance(exc, TimeoutError):
+                    msg = f"upstream timed out after {self.policy.timeout:g} s"
+                    raise UpstreamUnavailable(msg) from exc
+                raise
+            else:
+                self.breaker.success()
+                return body
+            finally:
+                self._metrics.lookup_latency.observe(self._clock() - started)
+                self._publish_breaker()
+
+    async def _store(self, kind: str, body: Any, subject: str) -> str:
+        try:
+            if kind == METADATA:
+                metadata = parse_metadata_write(body)
+                await self._records.put_metadata(metadata, subject=subject)
+                return metadata.id
+            userdata = parse_userdata_write(body)
+            await self._records.put_userdata(userdata, subject=subject)
+        except InvalidInput as exc:
+            fields = ", ".join(p.field for p in exc.problems)
+            msg = f"upstream sent an invalid {kind} record ({fields})"
+            raise UpstreamError(msg) from exc
+        return userdata.id
+
+    def _counters(self, kind: str) -> tuple[Any, Any]:
+        m = self._metrics
+        if kind == METADATA:
+            return m.lookup_requests, m.lookup_errors
+        return m.userdata_lookup_requests, m.userdata_lookup_errors
+
+    def _publish_breaker(self) -> None:
+        self._metrics.lookup_breaker.set(STATE_VALUES[self.breaker.state])
+
