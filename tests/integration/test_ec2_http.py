@@ -353,13 +353,20 @@ async def test_percent_encoded_non_ascii_and_long_paths_through_a_client_are_pla
         assert_plain(await get(app, "/2009-04-04/meta-data/" + "b" * 8000), 404, "404 - Not Found")
 
 
-@pytest.mark.parametrize("path", ["//", "//latest/meta-data/", "/2010-01-01/meta-data/", "/latestx/meta-data/"])
+@pytest.mark.parametrize("path", ["//", "//latest/meta-data/", "/nope/meta-data/"])
 async def test_paths_outside_the_ec2_namespace_are_404_never_500(path):
-    """'//' and unknown versions are not EC2 paths: they fall through to the admin app's JSON 404."""
+    """'//' and segments that are not version-shaped are not EC2 paths: the admin app's JSON 404."""
     async with seeded() as app:
         status, headers, body = await raw(app, path)
         assert (status, json.loads(body)) == (404, {"message": "not found"})
         assert headers["content-type"] == "application/json"
+
+
+@pytest.mark.parametrize("path", ["/2010-01-01/meta-data/", "/1.0/meta-data/", "/latestx/meta-data/", "/2099-12-31"])
+async def test_unknown_ec2_versions_get_the_plain_ec2_404(path):
+    """A version-shaped first segment we do not serve is EC2's plain 404, as EC2 clients expect."""
+    async with seeded() as app:
+        assert_plain(await get(app, path), 404, "404 - Not Found")
 
 
 @pytest.mark.parametrize(

@@ -9,6 +9,7 @@ with ``--imdsv2 required`` every read must. A token PUT that came through a prox
 
 from __future__ import annotations
 
+import re
 from http import HTTPStatus
 
 from imds.errors import ImdsError, InstanceNotFound, NotFound, RecordNotFound, Refused, Unauthenticated
@@ -23,6 +24,7 @@ from imds.web.routing import LOOKED_UP, READ_METHODS, Handler, Locator, Reply, S
 _TOKEN_PATH = "api/token"  # noqa: S105 - a path, not a secret
 _TTL = TTL_HEADER.encode()
 _NEEDS_METADATA = frozenset({"meta-data", "dynamic"})
+_VERSION_SHAPE = re.compile(r"^(?:\d{4}-\d{2}-\d{2}|1\.0|latest.*)$")
 
 
 def _plain(status: int) -> Reply:
@@ -48,6 +50,10 @@ class Ec2Flavor:
         """First path segments this flavor answers: every version."""
         return dict.fromkeys(VERSIONS, self.handle)
 
+    def claims(self, segment: str) -> bool:
+        """Whether an unknown first segment looks like an EC2 version (so 404s are EC2-style)."""
+        return _VERSION_SHAPE.match(segment) is not None
+
     def versions(self, scope: Scope) -> Reply:
         """``GET /``: the versions served, one per line."""
         if scope["method"] not in READ_METHODS:
@@ -59,6 +65,8 @@ class Ec2Flavor:
         _, version, *rest = scope["path"].split("/", 2)
         subpath = rest[0] if rest else ""
         method = scope["method"]
+        if version not in VERSIONS:
+            return _plain(404)
         try:
             if method == "PUT" and version == "latest" and subpath.strip("/") == _TOKEN_PATH:
                 return self._mint(scope)

@@ -46,6 +46,7 @@ class InstanceFront:
         self.admin = admin
         locator = Locator(services.catalog, services.settings.trusted_proxies, services.lookup)
         json_flavor, ec2_flavor = JsonFlavor(services, locator), Ec2Flavor(services, locator)
+        self._ec2 = ec2_flavor
         self._exact: dict[str, Handler] = {**json_flavor.routes(), **ec2_flavor.routes()}
         self._prefixes: dict[str, Handler] = {**ec2_flavor.prefixes()}
         self._log_reads = services.settings.log_instance_reads
@@ -61,7 +62,10 @@ class InstanceFront:
         path = scope["path"]
         handler = self._exact.get(path)
         if handler is None:
-            handler = self._prefixes.get(path.split("/", 2)[1] if path.count("/") > 1 else path[1:])
+            segment = path.split("/", 2)[1] if path.count("/") > 1 else path[1:]
+            handler = self._prefixes.get(segment)
+            if handler is None and self._ec2.claims(segment):
+                handler = self._ec2.handle
         if handler is None:
             await self._measured(scope, receive, send)
             return
