@@ -20,6 +20,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
 
+from ec2_expected import HOLLOW_SEED, seed
 from helpers import admin_client, client_from, make_settings, running_app
 from imds import config
 from imds.errors import ConfigError
@@ -28,7 +29,6 @@ from imds.web.instance import InstanceFront
 
 pytestmark = pytest.mark.anyio
 
-SEED_FILE = Path(__file__).parents[2].parent / "shared" / "fixtures" / "metadata-example.json"
 SEED_IP = "10.70.17.9"
 OTHER_ID = "5b0c6f0e-7d4e-4a38-9d0c-0a4f1c1e0b22"
 OTHER_IP = "10.70.99.1"
@@ -41,10 +41,6 @@ TTL = "X-aws-ec2-metadata-token-ttl-seconds"
 TOKEN = "X-aws-ec2-metadata-token"
 TEXT = "text/plain; charset=utf-8"
 OPENSSL = shutil.which("openssl")
-
-
-def seed() -> dict[str, Any]:
-    return json.loads(SEED_FILE.read_text())
 
 
 @asynccontextmanager
@@ -134,43 +130,18 @@ async def crawl(client: httpx.AsyncClient, directory: str, tree: dict[str, bytes
 # --- hollow's 2009-04-04 subset -----------------------------------------------------------------------------------
 
 
-def hollow_seed_tree() -> dict[str, str]:
-    """Hollow's documented answers for the seed document (keys as stored, one per line)."""
-    return {
-        "": "instance-id\nhostname\niqn\nplan\nfacility\ntags\noperating-system\npublic-keys\n"
-        "public-ipv4\npublic-ipv6\nlocal-ipv4",
-        "instance-id": "cc40301c-4038-4011-af55-6eae3ba60246",
-        "hostname": "metadata-example-01",
-        "iqn": "iqn.2022-02.net.packet:device.cc40301c",
-        "plan": "c3.medium.x86",
-        "facility": "da11",
-        "tags": "",
-        "operating-system": "slug\ndistro\nversion\nlicense-activation\nimage-tag",
-        "operating-system/slug": "ubuntu_20_04",
-        "operating-system/distro": "ubuntu",
-        "operating-system/version": "20.04",
-        "operating-system/license-activation": "state",
-        "operating-system/license-activation/state": "unlicensed",
-        "operating-system/image-tag": "31853a2b0b2fcc4ee7fd5da5e53611303b60aafa",
-        "public-keys": "\n".join(seed()["ssh_keys"]),
-        "public-ipv4": "40.91.78.229",
-        "public-ipv6": "2001:0db8:8583:0000::9",
-        "local-ipv4": "10.70.17.9",
-    }
-
-
 async def test_hollow_2009_04_04_text_tree_of_the_seed_document():
     """Every listing and item of /2009-04-04/meta-data is hollow's exact text, with or without a trailing slash."""
     async with seeded() as app, client_from(app, SEED_IP) as guest:
         root = await guest.get("/2009-04-04/")
         assert (root.status_code, root.text) == (200, "meta-data\nuser-data")
-        for item, text in hollow_seed_tree().items():
+        for item, text in HOLLOW_SEED.items():
             for path in (f"/2009-04-04/meta-data/{item}", f"/2009-04-04/meta-data/{item}/".replace("//", "/")):
                 answer = await guest.get(path)
                 assert (answer.status_code, answer.text) == (200, text), path
                 assert answer.headers["content-type"] == TEXT
         no_slash = await guest.get("/2009-04-04/meta-data")
-        assert no_slash.text == hollow_seed_tree()[""]
+        assert no_slash.text == HOLLOW_SEED[""]
         userdata = await guest.get("/2009-04-04/user-data")
         assert (userdata.status_code, userdata.content) == (200, USERDATA.encode())
 
@@ -299,7 +270,7 @@ async def test_head_answers_every_get_path_with_the_same_length_and_no_body():
             "/latest/user-data",
             "/2009-04-04/",
             "/2009-04-04/user-data",
-            *(f"/2009-04-04/meta-data/{item}" for item in hollow_seed_tree()),
+            *(f"/2009-04-04/meta-data/{item}" for item in HOLLOW_SEED),
             "/latest/meta-data/nope",
             "/2009-04-04/meta-data/spot",
         ]
