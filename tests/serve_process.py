@@ -43,12 +43,14 @@ def clean_env(tmp_path: Path, **extra: str) -> dict[str, str]:
 
 
 class Server:
-    """One ``imds serve`` process: its URL, admin token and log."""
+    """One ``imds serve`` process: its URLs (IPv4, optional IPv6), admin token and log."""
 
-    def __init__(self, process: subprocess.Popen[bytes], url: str, log: Path) -> None:
+    def __init__(self, process: subprocess.Popen[bytes], url: str, log: Path, v6: str | None = None) -> None:
         self.process = process
         self.url = url
+        self.v6 = v6
         self.log = log
+        self.data_dir: Path | None = None
         self.admin_headers = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 
     def output(self) -> str:
@@ -62,12 +64,20 @@ class Server:
             if self.process.poll() is not None:
                 pytest.fail(f"imds serve exited with {self.process.returncode}:\n{self.output()}")
             try:
-                if httpx.get(f"{self.url}/healthz", timeout=1.0).status_code == 200:
-                    return
+                with client_at() as client:
+                    if client.get(f"{self.url}/healthz", timeout=1.0).status_code == 200:
+                        return
             except httpx.TransportError:
                 pass
             time.sleep(0.05)
         pytest.fail(f"imds serve not healthy within {START_TIMEOUT}s:\n{self.output()}")
+
+    def terminate(self) -> tuple[int, float]:
+        """SIGTERM by PID; (exit status, seconds it took)."""
+        started = time.monotonic()
+        self.process.send_signal(signal.SIGTERM)
+        code = self.process.wait(timeout=STOP_TIMEOUT)
+        return code, time.monotonic() - started
 
     def post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         """An admin write from 127.0.0.1; fails the test unless it was applied."""
@@ -90,21 +100,40 @@ class Server:
 
 
 @contextmanager
-def serving(tmp_path: Path, *args: str, host: str = "127.0.0.1") -> Iterator[Server]:
-    """``imds serve *args`` on a free port of ``host``, stopped by PID afterwards whatever happens."""
+def serving(tmp_path: Path, *args: str, host: str = "127.0.0.1", v6: bool = False) -> Iterator[Server]:
+    """``imds serve *args`` on a free port of ``host`` (and of ``[::1]`` with ``v6``), stopped by PID afterwards."""
     port = free_port(host)
+    listen = ["--listen", f"{host}:{port}"]
+    v6_url = None
+    if v6:
+        port6 = free_port("::1")
+        listen += ["--listen", f"[::1]:{port6}"]
+        v6_url = f"http://[::1]:{port6}"
     log = tmp_path / f"serve-{port}.log"
     with log.open("wb") as sink:
         process = subprocess.Popen(
-            [str(IMDS), "serve", "--listen", f"{host}:{port}", *args],
+            [str(IMDS), "serve", *listen, *args],
             env=clean_env(tmp_path, IMDS_ADMIN_TOKEN=ADMIN_TOKEN),
             stdin=subprocess.DEVNULL,
             stdout=sink,
             stderr=subprocess.STDOUT,
         )
-    server = Server(process, f"http://{host}:{port}", log)
+    server = Server(process, f"http://{host}:{port}", log, v6_url)
     try:
         server.wait_healthy()
         yield server
     finally:
         server.stop()
+
+
+def client_at(local_address: str | None = None) -> httpx.Client:
+    """A client whose connections leave from ``local_address`` (a real source address on loopback)."""
+    transport = httpx.HTTPTransport(local_address=local_address) if local_address else httpx.HTTPTransport()
+    return httpx.Client(transport=transport, timeout=5.0, trust_env=False)
+
+
+def run_imds(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """Run the ``imds`` executable to completion (bounded) with a clean environment."""
+    return subprocess.run(
+        [str(IMDS), *args], env=clean_env(tmp_path, **env), capture_output=True, text=True, timeout=30, check=False
+    )

@@ -9,117 +9,19 @@ import os
 import signal
 import socket
 import subprocess
-import sys
-import time
 from collections.abc import Iterator
-from contextlib import contextmanager
-from pathlib import Path
 
-import httpx
 import pytest
 from click.testing import CliRunner, Result
 
 import imds
 from factories import metadata_body, new_id, userdata_body
 from imds.cli import cli
+from serve_process import ADMIN_TOKEN, IMDS, STOP_TIMEOUT, Server, clean_env, client_at, run_imds, serving
 
-IMDS = Path(sys.executable).parent / "imds"
-TOKEN = "socket-test-token"
+TOKEN = ADMIN_TOKEN
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 DEMO_ID = "cc40301c-4038-4011-af55-6eae3ba60246"
-START_TIMEOUT = 20.0
-STOP_TIMEOUT = 10.0
-
-
-def free_port(host: str) -> int:
-    """A port nobody listens on right now (the OS picks it)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
-
-
-def clean_env(tmp_path: Path, **extra: str) -> dict[str, str]:
-    """The test's environment minus any IMDS_* setting, with HOME and XDG_DATA_HOME in tmp."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("IMDS_")}
-    env.update(HOME=str(tmp_path / "home"), XDG_DATA_HOME=str(tmp_path / "xdg"), **extra)
-    return env
-
-
-class Server:
-    """One ``imds serve`` process and where to reach it."""
-
-    def __init__(self, process: subprocess.Popen[bytes], v4: str, v6: str | None, log: Path) -> None:
-        self.process = process
-        self.v4 = v4
-        self.v6 = v6
-        self.log = log
-        self.data_dir: Path | None = None
-
-    def output(self) -> str:
-        return self.log.read_text(errors="replace")
-
-    def wait_healthy(self) -> None:
-        deadline = time.monotonic() + START_TIMEOUT
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                pytest.fail(f"imds serve exited with {self.process.returncode}:\n{self.output()}")
-            try:
-                with client_at() as client:
-                    if client.get(f"{self.v4}/healthz", timeout=1.0).status_code == 200:
-                        return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.05)
-        pytest.fail(f"imds serve not healthy within {START_TIMEOUT}s:\n{self.output()}")
-
-    def terminate(self) -> tuple[int, float]:
-        """SIGTERM; (exit status, seconds it took)."""
-        started = time.monotonic()
-        self.process.send_signal(signal.SIGTERM)
-        code = self.process.wait(timeout=STOP_TIMEOUT)
-        return code, time.monotonic() - started
-
-
-@contextmanager
-def serving(tmp_path: Path, *args: str, v6: bool = False) -> Iterator[Server]:
-    """Start ``imds serve`` with ``args`` on free loopback ports; always stopped by PID afterwards."""
-    port4 = free_port("127.0.0.1")
-    listen = ["--listen", f"127.0.0.1:{port4}"]
-    v6_url = None
-    if v6:
-        port6 = free_port("::1")
-        listen += ["--listen", f"[::1]:{port6}"]
-        v6_url = f"http://[::1]:{port6}"
-    log = tmp_path / f"serve-{port4}.log"
-    with log.open("wb") as sink:
-        process = subprocess.Popen(
-            [str(IMDS), "serve", *listen, *args],
-            env=clean_env(tmp_path, IMDS_ADMIN_TOKEN=TOKEN),
-            stdin=subprocess.DEVNULL,
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-        )
-    server = Server(process, f"http://127.0.0.1:{port4}", v6_url, log)
-    try:
-        server.wait_healthy()
-        yield server
-    finally:
-        if process.poll() is None:
-            process.kill()
-        process.wait(timeout=STOP_TIMEOUT)
-
-
-def client_at(local_address: str | None = None) -> httpx.Client:
-    """A client whose connections leave from ``local_address`` (a real source address on loopback)."""
-    transport = httpx.HTTPTransport(local_address=local_address) if local_address else httpx.HTTPTransport()
-    return httpx.Client(transport=transport, timeout=5.0, trust_env=False)
-
-
-def run_imds(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [str(IMDS), *args], env=clean_env(tmp_path, **env), capture_output=True, text=True, timeout=30, check=False
-    )
 
 
 # --- one long-lived server with an SQLite database in a temporary data dir ---------------------------------
@@ -138,7 +40,7 @@ def test_first_start_creates_and_migrates_the_default_sqlite_database(server):
     """With only --data-dir, the SQLite file appears there, migrated, and readiness says so."""
     assert (server.data_dir / "imds.db").is_file()
     with client_at() as client:
-        ready = client.get(f"{server.v4}/readyz")
+        ready = client.get(f"{server.url}/readyz")
     assert ready.status_code == 200
     assert ready.json()["status"] == "ready"
     assert "db.migrated" in server.output()
@@ -148,25 +50,25 @@ def test_the_server_identifies_the_real_socket_peer(server):
     """A record bound to 127.0.0.2 is served to a client whose socket is bound to 127.0.0.2, and only to it."""
     body = metadata_body(ips=["127.0.0.2"], plan="c3.small")
     with client_at("127.0.0.1") as admin:
-        posted = admin.post(f"{server.v4}/device-metadata", json=body, headers=AUTH)
+        posted = admin.post(f"{server.url}/device-metadata", json=body, headers=AUTH)
         assert posted.status_code == 200
         assert posted.json()["ipAddresses"] == ["127.0.0.2"]
         script = "#!/bin/sh\necho from-127.0.0.2\n"
         assert (
             admin.post(
-                f"{server.v4}/device-userdata", json=userdata_body(body["id"], ["127.0.0.2"], script), headers=AUTH
+                f"{server.url}/device-userdata", json=userdata_body(body["id"], ["127.0.0.2"], script), headers=AUTH
             ).status_code
             == 200
         )
     with client_at("127.0.0.2") as guest:
-        got = guest.get(f"{server.v4}/metadata")
+        got = guest.get(f"{server.url}/metadata")
         assert got.status_code == 200
         assert got.json() == body["metadata"]
-        user = guest.get(f"{server.v4}/api/v1/userdata/")
+        user = guest.get(f"{server.url}/api/v1/userdata/")
         assert user.content == script.encode()
         assert user.headers["content-type"] == "text/plain; charset=utf-8"
     with client_at("127.0.0.3") as stranger:
-        spoofed = stranger.get(f"{server.v4}/metadata", headers={"X-Forwarded-For": "127.0.0.2"})
+        spoofed = stranger.get(f"{server.url}/metadata", headers={"X-Forwarded-For": "127.0.0.2"})
         assert spoofed.status_code == 404
         assert spoofed.json() == {"message": "no instance is associated with 127.0.0.3"}
 
@@ -182,7 +84,7 @@ def test_reads_over_ipv6_identify_the_v6_peer(server):
         assert got.json() == body["metadata"]
         head = admin.head(f"{server.v6}/metadata")
         assert head.headers["content-length"] == str(len(got.content))
-        over_v4 = admin.get(f"{server.v4}/metadata")
+        over_v4 = admin.get(f"{server.url}/metadata")
         assert over_v4.status_code == 404
         assert over_v4.json() == {"message": "no instance is associated with 127.0.0.1"}
 
@@ -190,11 +92,11 @@ def test_reads_over_ipv6_identify_the_v6_peer(server):
 def test_unknown_paths_and_errors_are_json_over_the_wire(server):
     """Through uvicorn too, an unknown path is 404 JSON and a bad write 400 JSON naming the field."""
     with client_at() as client:
-        missing = client.get(f"{server.v4}/nope")
+        missing = client.get(f"{server.url}/nope")
         assert missing.status_code == 404
         assert missing.json() == {"message": "not found"}
         bad = client.post(
-            f"{server.v4}/device-metadata", json={"id": new_id(), "ipAddresses": ["x"], "metadata": {}}, headers=AUTH
+            f"{server.url}/device-metadata", json={"id": new_id(), "ipAddresses": ["x"], "metadata": {}}, headers=AUTH
         )
         assert bad.status_code == 400
         assert [e["field"] for e in bad.json()["errors"]] == ["ipAddresses[0]"]
@@ -206,7 +108,7 @@ def test_unknown_paths_and_errors_are_json_over_the_wire(server):
 def test_demo_mode_serves_the_demo_instance_to_loopback(tmp_path):
     """--demo binds the example instance to 127.0.0.1 and ::1; Ctrl-C (SIGINT) then exits 0."""
     with serving(tmp_path, "--demo", "--db", "memory://", v6=True) as server, client_at() as client:
-        for base in (server.v4, server.v6):
+        for base in (server.url, server.v6):
             metadata = client.get(f"{base}/metadata")
             assert metadata.status_code == 200
             assert metadata.json()["id"] == DEMO_ID
@@ -224,17 +126,17 @@ def test_sigterm_exits_zero_promptly_and_acknowledged_writes_survive_a_restart(t
     script = "#!/bin/sh\necho durable\n"
     with serving(tmp_path, "--data-dir", str(data)) as first:
         with client_at() as admin:
-            assert admin.post(f"{first.v4}/device-metadata", json=body, headers=AUTH).json()["applied"] is True
+            assert admin.post(f"{first.url}/device-metadata", json=body, headers=AUTH).json()["applied"] is True
             admin.post(
-                f"{first.v4}/device-userdata", json=userdata_body(body["id"], ["127.0.0.4"], script), headers=AUTH
+                f"{first.url}/device-userdata", json=userdata_body(body["id"], ["127.0.0.4"], script), headers=AUTH
             )
         code, seconds = first.terminate()
         assert code == 0, first.output()
         assert seconds < 5.0
         assert "Application shutdown complete" in first.output()
     with serving(tmp_path, "--data-dir", str(data)) as second, client_at("127.0.0.4") as guest:
-        assert guest.get(f"{second.v4}/metadata").json() == body["metadata"]
-        assert guest.get(f"{second.v4}/userdata").content == script.encode()
+        assert guest.get(f"{second.url}/metadata").json() == body["metadata"]
+        assert guest.get(f"{second.url}/userdata").content == script.encode()
         code, _ = second.terminate()
         assert code == 0
 
@@ -244,11 +146,11 @@ def test_an_acknowledged_write_survives_sigkill(tmp_path):
     data = tmp_path / "data"
     body = metadata_body(ips=["127.0.0.5"], generation=2)
     with serving(tmp_path, "--data-dir", str(data)) as first, client_at() as admin:
-        assert admin.post(f"{first.v4}/device-metadata", json=body, headers=AUTH).json()["applied"] is True
+        assert admin.post(f"{first.url}/device-metadata", json=body, headers=AUTH).json()["applied"] is True
         first.process.kill()
         assert first.process.wait(timeout=STOP_TIMEOUT) == -signal.SIGKILL
     with serving(tmp_path, "--data-dir", str(data)) as second, client_at("127.0.0.5") as guest:
-        assert guest.get(f"{second.v4}/metadata").json() == body["metadata"]
+        assert guest.get(f"{second.url}/metadata").json() == body["metadata"]
 
 
 # --- the real executable: usage errors, help, version, busy port ----------------------------------------------------
