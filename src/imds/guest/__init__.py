@@ -1,0 +1,14 @@
+"""``imds guest``: tools that run inside the instance, on the system python alone.
+
+Everything under ``imds.guest`` imports the standard library only (a test checks every
+import against ``sys.stdlib_module_names``), so the package can ship in an image without
+imds's server dependencies: copy ``imds/__init__.py`` and ``imds/guest/`` onto the
+image's ``sys.path``, or build one ``.pyz`` file with ``zipapp`` (see docs/guest.md).
+
+Entry points: ``python3 -m imds.guest udev …`` and, where imds is installed,
+``imds guest udev …`` (the click command hands its arguments to the same argparse main).
+
+Modules: ``sources`` (config drive, metadata URL) → ``devices`` (the ``devices`` document)
+→ ``sysfs`` (what this machine has) → ``match`` → ``rules`` (udev text) → ``apply``
+(atomic write, udevadm). ``testing`` builds fake sysfs/dev trees for tests.
+"""
