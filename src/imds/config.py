@@ -343,7 +343,7 @@ def _validate(raw: dict[str, Any], env: Mapping[str, str]) -> Settings:
 def _validate_lookup(raw: dict[str, Any]) -> None:
     """Upstream settings: an http(s) URL, one credential kind, complete client credentials."""
     url = raw["lookup_url"]
-    if url is not None and not url.startswith(("http://", "https://")):
+    if url is not None and not url.lower().startswith(("http://", "https://")):
         msg = f"--lookup-url / IMDS_LOOKUP_URL: {url!r} is not an http:// or https:// URL"
         raise ConfigError(msg)
     oauth = [raw[k] for k in ("lookup_oidc_issuer", "lookup_client_id", "lookup_client_secret")]

@@ -57,10 +57,17 @@ class Breaker:
     def failure(self) -> None:
         """A call failed: open after the threshold, or at once from half-open."""
         self._consecutive += 1
+        if self.state == OPEN:
+            return  # a call that went out before it opened: the interval (and its doubling) stands
         if self.state == HALF_OPEN or self._consecutive >= self._threshold:
             interval = min(self._reset * 2**self._opened, self._max_reset) * self._jitter()
             self.state, self._until, self._trial_out = OPEN, self._clock() + interval, False
             self._opened += 1
+
+    def abandon(self) -> None:
+        """A call that was let through ended without an outcome (cancelled): free the half-open trial."""
+        if self.state == HALF_OPEN:
+            self._trial_out = False
 
     def seconds_left(self) -> float:
         """How long the breaker stays open (0 when it is not open)."""

@@ -40,6 +40,7 @@ from imds.upstream.client import UpstreamClient
 
 _log = log.get("lookup")
 Key = tuple[str, str, str]  # (kind, "ip" | "id", value)
+_PRUNE_FLOOR = 1024
 
 
 class LookupNeeded(Exception):
@@ -89,6 +90,7 @@ class Lookup:
         self._negative: dict[Key, float] = {}
         self._by_ip: dict[tuple[str, str], tuple[str, float]] = {}
         self._fetched: dict[tuple[str, str], float] = {}
+        self._prune_at = _PRUNE_FLOOR
 
     # -- read path --------------------------------------------------------------------
 
@@ -108,9 +110,10 @@ class Lookup:
         if self._negative.get(key, 0.0) > self._clock():
             self._metrics.lookup_negative_hits.inc()
             return None
+        self._prune()
         try:
             await self._single_flight(key, need.address)
-        except UpstreamError as exc:
+        except ImdsError as exc:  # upstream failures (502), and a store that cannot take the write (503)
             return exc
         return None
 
@@ -134,12 +137,22 @@ class Lookup:
             now = self._clock()
             due = [(kind, i) for (kind, i), at in list(self._fetched.items()) if now - at >= period]
             for kind, instance_id in due:
+                if not self._still_held(kind, instance_id):
+                    # Deleted by an admin since it was fetched: refreshing would bring it back.
+                    self._fetched.pop((kind, instance_id), None)
+                    continue
                 await self._refresh_quietly(kind, instance_id)
+
+    def _still_held(self, kind: str, instance_id: str) -> bool:
+        entry = self._catalog.get(instance_id)
+        if entry is None:
+            return False
+        return (entry.instance.metadata if kind == METADATA else entry.instance.userdata) is not None
 
     async def _refresh_quietly(self, kind: str, instance_id: str) -> None:
         try:
             found = await self._single_flight((kind, "id", instance_id), None)
-        except UpstreamError as exc:
+        except ImdsError as exc:  # the upstream or the store failed: keep serving, keep the loop alive
             self._metrics.lookup_stale.inc()
             self._fetched[(kind, instance_id)] = self._clock()  # try again next period, not every tick
             _log.warning("lookup.refresh_failed", kind=kind, instance_id=instance_id, error=exc.message)
@@ -150,6 +163,19 @@ class Lookup:
             _log.warning("lookup.refresh_not_found", kind=kind, instance_id=instance_id)
 
     # -- internals ----------------------------------------------------------------------
+
+    def _prune(self) -> None:
+        """Drop expired cache entries once the caches have doubled since the last sweep.
+
+        Unknown callers are unbounded in number; without this the negative and by-IP caches
+        would grow for ever. Amortised O(1) per miss.
+        """
+        if len(self._negative) + len(self._by_ip) < self._prune_at:
+            return
+        now = self._clock()
+        self._negative = {k: until for k, until in self._negative.items() if until > now}
+        self._by_ip = {k: hit for k, hit in self._by_ip.items() if hit[1] > now}
+        self._prune_at = max(_PRUNE_FLOOR, 2 * (len(self._negative) + len(self._by_ip)))
 
     async def _single_flight(self, key: Key, address: Address | None, subject: str = "lookup") -> str | None:
         flight = self._flights.get(key)
@@ -182,6 +208,10 @@ class Lookup:
         if body is None:
             self._negative[key] = self._clock() + self.policy.negative_ttl
             return None
+        answered = body.get("id") if isinstance(body, dict) else None
+        if by == "id" and isinstance(answered, str) and answered.lower() != value:
+            msg = f"upstream answered the {kind} of instance {answered} when asked for {value}"
+            raise UpstreamError(msg)
         instance_id = await self._store(kind, body, subject)
         self._fetched[(kind, instance_id)] = self._clock()
         if address is not None:
@@ -197,6 +227,14 @@ class Lookup:
             errors.inc()
             msg = f"upstream circuit breaker is open for {self.breaker.seconds_left():.1f} s more"
             raise UpstreamUnavailable(msg)
+        self._publish_breaker()  # half-open while this call is the trial
+        try:
+            return await self._limited(call, requests, errors)
+        except BaseException:
+            self.breaker.abandon()  # cancelled (or a bug) with no outcome: a claimed trial must not stick
+            raise
+
+    async def _limited(self, call: Callable[[], Awaitable[Any]], requests: Any, errors: Any) -> Any:
         async with self._semaphore:
             requests.inc()
             started = self._clock()
