@@ -23,6 +23,7 @@ from imds.store import Store
 from imds.web.admin import admin_router
 from imds.web.errors import handle_http_error, handle_imds_error
 from imds.web.instance import InstanceFront
+from imds.web.openstack_admin import openstack_admin_router
 from imds.web.ops import ops_router
 from imds.web.refresh import refresh_router
 
@@ -54,7 +55,7 @@ def build_app(
         docs_url="/docs",
         redoc_url=None,
     )
-    for router in (admin_router(services), refresh_router(services)):
+    for router in (admin_router(services), refresh_router(services), openstack_admin_router(services)):
         admin.include_router(router)
         admin.include_router(router, prefix="/api/v1", include_in_schema=False)
     admin.include_router(ops_router(services))

@@ -30,6 +30,7 @@ class Instance:
     metadata_updated_at: datetime | None = None
     userdata: bytes | None = None
     userdata_updated_at: datetime | None = None
+    password: bytes | None = None  # OpenStack: posted once by the instance, cleared by an admin
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,9 @@ import pytest
 from imds.store import open_store
 
 IMDS = Path(sys.executable).with_name("imds")
-TABLES = {"instances", "instance_metadata", "instance_userdata", "instance_ip_addresses", "changes", "feed_head"}
+TABLES = {"instances", "instance_metadata", "instance_userdata", "instance_ip_addresses", "changes", "feed_head",
+          "instance_passwords"}
+HEAD = "0002"
 NOT_MIGRATED = "(none: the database is not migrated)"
 
 
@@ -92,7 +94,7 @@ def closed_port() -> int:
 
 
 def test_upgrade_current_check_on_fresh_sqlite(tmp_path: Path) -> None:
-    """On a new SQLite file, upgrade creates the schema, current prints "0001 (head)" and check passes."""
+    """On a new SQLite file, upgrade creates the schema, current prints "<head> (head)" and check passes."""
     path = tmp_path / "nested" / "imds.db"
     url = f"sqlite:///{path}"
     upgraded = one(["upgrade", "--db", url], tmp_path)
@@ -103,14 +105,14 @@ def test_upgrade_current_check_on_fresh_sqlite(tmp_path: Path) -> None:
     with sqlite3.connect(path) as conn:
         tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
         assert tables == TABLES | {"alembic_version"}
-        assert conn.execute("SELECT version_num FROM alembic_version").fetchall() == [("0001",)]
+        assert conn.execute("SELECT version_num FROM alembic_version").fetchall() == [(HEAD,)]
         assert conn.execute("SELECT id, seq FROM feed_head").fetchall() == [(1, 0)]
         assert conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)
     conn.close()
     assert asyncio.run(empty_snapshot(url)) == ([], 0)
 
     current, check = imds_db(["current", "--db", url], ["check", "--db", url], home=tmp_path)
-    assert (current.returncode, current.stdout.strip()) == (0, "0001 (head)"), current
+    assert (current.returncode, current.stdout.strip()) == (0, f"{HEAD} (head)"), current
     assert check.returncode == 0, check
     assert check.stdout.strip().splitlines()[-1] == "schema matches migrations"
 
@@ -130,19 +132,19 @@ def test_current_on_empty_sqlite_says_not_migrated(tmp_path: Path) -> None:
 
 @pytest.mark.postgres
 def test_upgrade_current_check_on_fresh_postgres(postgres_empty_url: str, tmp_path: Path) -> None:
-    """On a new PostgreSQL database, upgrade creates the schema, current prints "0001 (head)" and check passes."""
+    """On a new PostgreSQL database, upgrade creates the schema, current prints "<head> (head)" and check passes."""
     url = postgres_empty_url
     upgraded = one(["upgrade", "--db", url], tmp_path)
     assert upgraded.returncode == 0, upgraded
     assert upgraded.stdout.strip() == "database upgraded to head"
     found = asyncio.run(postgres_tables(url))
     assert found["tables"] == TABLES | {"alembic_version"}
-    assert found["version"] == "0001"
+    assert found["version"] == HEAD
     assert found["feed_head"] == [(1, 0)]
     assert asyncio.run(empty_snapshot(url)) == ([], 0)
 
     current, check = imds_db(["current", "--db", url], ["check", "--db", url], home=tmp_path)
-    assert (current.returncode, current.stdout.strip()) == (0, "0001 (head)"), current
+    assert (current.returncode, current.stdout.strip()) == (0, f"{HEAD} (head)"), current
     assert check.returncode == 0, check
     assert check.stdout.strip().splitlines()[-1] == "schema matches migrations"
 

@@ -6,6 +6,8 @@
 - A metadata write whose ``updated_at`` is older than the stored document's changes
   nothing, addresses included, and says so (``applied=False``).
 - Deleting one record type removes the addresses only when the other is absent too.
+- The OpenStack password is set once, by the instance itself (a second set is a
+  Conflict), and cleared by an admin; it goes when the instance goes.
 - Each write is one store transaction; the catalog is refreshed before the caller hears
   back, so the next instance read on this replica sees the write.
 """
@@ -15,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 
 from imds import log
-from imds.errors import RecordNotFound, StoreUnavailable
+from imds.errors import Conflict, InvalidInput, RecordNotFound, StoreUnavailable
 from imds.metrics import Metrics
 from imds.models import METADATA, USERDATA, Instance, MetadataWrite, Network, UserdataWrite, WriteResult
 from imds.services.addresses import display
@@ -24,6 +26,8 @@ from imds.services.wire import document_timestamp
 from imds.store.interface import Store, WriteTx
 
 _log = log.get("records")
+PASSWORD = "password"  # noqa: S105 - a record name, not a secret
+PASSWORD_MAX_BYTES = 1020  # Nova's limit: four 255-character chunks of system metadata
 
 
 class Records:
@@ -118,6 +122,36 @@ class Records:
             dropped=[display(a) for a in result.dropped],
         )
         return result
+
+    # --- the OpenStack password: written by the instance once, cleared by an admin ---------
+
+    async def set_password(self, instance_id: str, password: bytes) -> None:
+        """Store the password the instance posted; Conflict when one is already set.
+
+        One transaction that checks and writes, so two replicas racing on the same
+        instance store exactly one password.
+        """
+        if not password:
+            raise InvalidInput.one("body", "is empty: post the (encrypted) password")
+        if len(password) > PASSWORD_MAX_BYTES:
+            raise InvalidInput.one("body", f"a password is at most {PASSWORD_MAX_BYTES} bytes")
+        async with self._store.write() as tx:
+            if not (await tx.has_record(METADATA, instance_id) or await tx.has_record(USERDATA, instance_id)):
+                raise RecordNotFound(METADATA, instance_id)
+            if not await tx.put_password(instance_id, password):
+                raise Conflict(f"instance {instance_id} already has a password; an admin must clear it first")
+            await tx.mark_changed([instance_id])
+        await self._catalog.refresh([instance_id])
+        _log.info("password.set", instance_id=instance_id, size=len(password))
+
+    async def clear_password(self, instance_id: str, *, subject: str) -> None:
+        """Delete the instance's password; RecordNotFound when it has none."""
+        async with self._store.write() as tx:
+            if not await tx.remove_password(instance_id):
+                raise RecordNotFound(PASSWORD, instance_id)
+            await tx.mark_changed([instance_id])
+        await self._catalog.refresh([instance_id])
+        _log.info("password.cleared", instance_id=instance_id, subject=subject)
 
 
 def _staleness(stored: dict[str, object] | None, incoming: dict[str, object]) -> str | None:

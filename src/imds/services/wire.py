@@ -17,6 +17,7 @@ from typing import Any
 from imds.errors import InvalidInput, Problem
 from imds.models import JsonObject, MetadataWrite, Network, UserdataWrite
 from imds.services.addresses import parse_network
+from imds.services.parts import check_parts
 
 _UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$", re.IGNORECASE)
 _BASE64 = re.compile(r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$")
@@ -133,6 +134,7 @@ def _metadata(value: Any, problems: list[Problem]) -> JsonObject | None:
         return None
     if "updated_at" in value and document_timestamp(value) is None:
         problems.append(Problem("metadata.updated_at", "must be an RFC 3339 timestamp string"))
+    problems.extend(check_parts(value))  # devices, network_data, vendor_data (OpenStack parts)
     return value
 
 

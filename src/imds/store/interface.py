@@ -63,6 +63,17 @@ class WriteTx(Protocol):
         """Append one change-feed entry per instance id."""
         ...
 
+    async def put_password(self, instance_id: str, password: bytes) -> bool:
+        """Store the instance's password unless one is set; False (nothing changes) when one is.
+
+        The instance must exist (the caller checks ``has_record`` first).
+        """
+        ...
+
+    async def remove_password(self, instance_id: str) -> bool:
+        """Delete the instance's password; False when it had none."""
+        ...
+
 
 @runtime_checkable
 class Store(Protocol):

@@ -22,6 +22,7 @@ class _Row:
     metadata_updated_at: datetime | None = None
     userdata: bytes | None = None
     userdata_updated_at: datetime | None = None
+    password: bytes | None = None
 
 
 @dataclass
@@ -88,6 +89,20 @@ class _MemoryTx:
             seq = self._s.changes[-1].seq + 1 if self._s.changes else 1
             self._s.changes.append(Change(seq, instance_id))
 
+    async def put_password(self, instance_id: str, password: bytes) -> bool:
+        row = self._s.rows[instance_id]
+        if row.password is not None:
+            return False
+        row.password = bytes(password)
+        return True
+
+    async def remove_password(self, instance_id: str) -> bool:
+        row = self._s.rows.get(instance_id)
+        if row is None or row.password is None:
+            return False
+        row.password = None
+        return True
+
 
 class MemoryStore:
     """Dict-backed store; each write works on a copy that replaces the state on success."""
@@ -115,6 +130,7 @@ class MemoryStore:
             metadata_updated_at=row.metadata_updated_at,
             userdata=row.userdata,
             userdata_updated_at=row.userdata_updated_at,
+            password=row.password,
         )
 
     async def get(self, instance_id: str) -> Instance | None:

@@ -34,9 +34,22 @@ METADATA_SCHEMA: dict[str, Any] = {
         "id": {"type": "string", "format": "uuid"},
         "ipAddresses": _IP_LIST,
         "metadata": {
-            "oneOf": [{"type": "object"}, {"type": "string", "description": "a JSON-encoded object"}],
+            "oneOf": [
+                {"type": "object", "properties": {
+                    "devices": {"type": "array", "items": {"type": "object"}, "description":
+                                "OpenStack device role tags (meta_data.json devices), checked against "
+                                "device-role-tagging.schema.json (Draft 2020-12) and the rule that a tag names one "
+                                "device per type (same-serial disks excepted)."},
+                    "network_data": {"type": "object", "description":
+                                     "OpenStack network_data.json (links, networks, services); derived from "
+                                     "network when absent."},
+                    "vendor_data": {"type": "object", "description": "OpenStack vendor_data.json."},
+                }},
+                {"type": "string", "description": "a JSON-encoded object"},
+            ],
             "description": "The Equinix-shaped document. A top-level updated_at older than the stored one "
-            "makes the write a no-op (applied: false).",
+            "makes the write a no-op (applied: false). The optional top-level devices, network_data and "
+            "vendor_data keys are the OpenStack parts of the record (a 400 names any offending field).",
         },
     },
 }

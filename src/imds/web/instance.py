@@ -19,7 +19,9 @@ from imds.services.lookup import LookupNeeded
 from imds.web.ec2 import Ec2Flavor
 from imds.web.errors import error_body
 from imds.web.json import JsonFlavor
-from imds.web.routing import JSON, LOOKED_UP, Handler, Locator, Reply, Scope
+from imds.web.nocloud import NoCloudFlavor
+from imds.web.openstack import OpenStackFlavor
+from imds.web.routing import JSON, LOOKED_UP, Handler, Locator, Pending, Reply, Scope
 
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
@@ -49,6 +51,8 @@ class InstanceFront:
         self._ec2 = ec2_flavor
         self._exact: dict[str, Handler] = {**json_flavor.routes(), **ec2_flavor.routes()}
         self._prefixes: dict[str, Handler] = {**ec2_flavor.prefixes()}
+        self._prefixes.update(OpenStackFlavor(services, locator).prefixes())
+        self._prefixes.update(NoCloudFlavor(services, locator).prefixes())
         self._log_reads = services.settings.log_instance_reads
         metrics = services.metrics
         self._observe = metrics.latency.labels("instance").observe
@@ -69,15 +73,17 @@ class InstanceFront:
         if handler is None:
             await self._measured(scope, receive, send)
             return
-        await self._serve(scope, send, handler)
+        await self._serve(scope, send, handler, receive)
 
-    async def _serve(self, scope: Scope, send: Send, handler: Handler) -> None:
+    async def _serve(self, scope: Scope, send: Send, handler: Handler, receive: Receive) -> None:
         started = time.perf_counter()
         try:
             try:
                 reply = handler(scope)
             except LookupNeeded as need:
                 reply = await self._after_lookup(scope, handler, need)
+            if isinstance(reply, Pending) and reply.complete is not None:
+                reply = await reply.complete(receive)  # a write that needs the body (OpenStack password)
         except Exception:  # noqa: BLE001 - an instance must get an answer, never a dropped connection
             _log.exception("instance.error", path=scope["path"])
             reply = _INTERNAL

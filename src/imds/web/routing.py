@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, MutableMapping, Sequence
+from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
@@ -89,3 +89,19 @@ class Locator:
             raise need
         if isinstance(outcome, ImdsError):
             raise outcome
+
+
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+
+
+@dataclass(frozen=True)
+class Pending(Reply):
+    """A reply that still needs the request body (an instance's write, e.g. its OpenStack password).
+
+    Handlers stay synchronous: one returns ``Pending(complete=...)`` after identifying the
+    caller, and the front awaits ``complete(receive)`` for the real reply.
+    """
+
+    status: int = 500
+    body: bytes = b""
+    complete: Callable[[Receive], Awaitable[Reply]] | None = None

@@ -24,6 +24,7 @@ from imds.store.sql.tables import (
     feed_head,
     instance_ip_addresses,
     instance_metadata,
+    instance_passwords,
     instance_userdata,
     instances,
 )
@@ -120,6 +121,7 @@ class _SqlTx:
         await self._conn.execute(
             instance_ip_addresses.delete().where(instance_ip_addresses.c.instance_id == instance_id)
         )
+        await self.remove_password(instance_id)  # the foreign key cascades too; this does not rely on it
         await self._conn.execute(instances.delete().where(instances.c.id == instance_id))
 
     async def mark_changed(self, instance_ids: Iterable[str]) -> None:
@@ -129,6 +131,21 @@ class _SqlTx:
             rows.append({"seq": self.seq, "instance_id": instance_id})
         if rows:
             await self._conn.execute(changes.insert(), rows)
+
+    async def put_password(self, instance_id: str, password: bytes) -> bool:
+        t = instance_passwords
+        held = await self._conn.execute(sa.select(t.c.instance_id).where(t.c.instance_id == instance_id))
+        if held.first() is not None:
+            return False
+        await self._conn.execute(
+            t.insert().values(instance_id=instance_id, password=password, updated_at=datetime.now(UTC))
+        )
+        return True
+
+    async def remove_password(self, instance_id: str) -> bool:
+        t = instance_passwords
+        result = await self._conn.execute(t.delete().where(t.c.instance_id == instance_id))
+        return bool(result.rowcount)
 
 
 class SqlStore:
@@ -194,6 +211,10 @@ class SqlStore:
                 sa.select(instance_ip_addresses).where(where(instance_ip_addresses.c.instance_id, chunk))
             ):
                 parts[row.instance_id]["addresses"].append(ipaddress.ip_network(row.address))
+            for row in await conn.execute(
+                sa.select(instance_passwords).where(where(instance_passwords.c.instance_id, chunk))
+            ):
+                parts[row.instance_id]["password"] = bytes(row.password)
         return {
             i: Instance(**{**p, "addresses": tuple(sorted(p["addresses"], key=str))}) for i, p in parts.items()
         }

@@ -68,3 +68,12 @@ feed_head = sa.Table(
     sa.Column("id", sa.Integer, primary_key=True, autoincrement=False),
     sa.Column("seq", sa.BigInteger, nullable=False),
 )
+
+# The OpenStack password an instance posts once (revision 0002); an admin may clear it.
+instance_passwords = sa.Table(
+    "instance_passwords",
+    metadata_obj,
+    sa.Column("instance_id", _ID, sa.ForeignKey("instances.id", ondelete="CASCADE"), primary_key=True),
+    sa.Column("password", sa.LargeBinary, nullable=False),
+    sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
+)

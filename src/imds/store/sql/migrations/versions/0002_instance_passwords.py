@@ -1,0 +1,39 @@
+"""Instance passwords: the OpenStack password an instance posts once.
+
+Revision ID: 0002
+Revises: 0001
+Create Date: 2026-11-23
+
+Compatibility: adds one table and changes none. A replica still running revision 0001
+keeps working against this schema: it never reads the new table (it serves no
+``/openstack/.../password``), and deleting an instance there still removes its password
+row through the foreign key's ON DELETE CASCADE. Downgrading drops stored passwords.
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from alembic import op
+
+revision = "0002"
+down_revision = "0001"
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    op.create_table(
+        "instance_passwords",
+        sa.Column("instance_id", sa.String(36), nullable=False),
+        sa.Column("password", sa.LargeBinary(), nullable=False),
+        sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
+        sa.ForeignKeyConstraint(
+            ["instance_id"], ["instances.id"], name=op.f("fk_instance_passwords_instance_id_instances"),
+            ondelete="CASCADE",
+        ),
+        sa.PrimaryKeyConstraint("instance_id", name=op.f("pk_instance_passwords")),
+    )
+
+
+def downgrade() -> None:
+    op.drop_table("instance_passwords")

@@ -1,0 +1,164 @@
+"""The OpenStack flavor: ``/openstack``, ``/openstack/<version>/…`` and the instance's password.
+
+Reads answer from the catalog's per-version trees (``imds.services.render.openstack``);
+``meta_data.json`` gets a fresh ``random_seed`` on every request. ``POST
+/openstack/<version>/password`` (2013-04-04 and later) stores the password the instance
+posts, once: 200 with an empty body, 409 when one is already set, 400 over 1020 bytes.
+Errors are plain text (``404 - Not Found``), never JSON, never 500.
+"""
+
+from __future__ import annotations
+
+import os
+from http import HTTPStatus
+
+from imds.errors import Conflict, ImdsError, InstanceNotFound, InvalidInput, NotFound, RecordNotFound
+from imds.models import METADATA, USERDATA, Instance
+from imds.services import Services
+from imds.services.render.openstack import (
+    GRIZZLY,
+    PASSWORD,
+    SEED_BYTES,
+    USER_DATA,
+    VERSIONS,
+    SeededJson,
+    since,
+    version_dir,
+    versions_listing,
+)
+from imds.services.render.tree import body, resolve
+from imds.services.upsert import PASSWORD_MAX_BYTES
+from imds.web.errors import status_for
+from imds.web.routing import (
+    BINARY,
+    JSON,
+    LOOKED_UP,
+    READ_METHODS,
+    TEXT,
+    Handler,
+    Locator,
+    Pending,
+    Receive,
+    Reply,
+    Scope,
+    header,
+)
+
+PREFIX = "openstack"
+
+
+def plain(status: int) -> Reply:
+    """A plain-text error reply, EC2/Nova style: ``404 - Not Found``."""
+    return Reply(status, f"{status} - {HTTPStatus(status).phrase}".encode())
+
+
+def text_or_binary(data: bytes) -> bytes:
+    """The content type for userdata: text when it is UTF-8, else octet-stream."""
+    try:
+        data.decode()
+    except UnicodeDecodeError:
+        return BINARY
+    return TEXT
+
+
+async def read_body(receive: Receive, limit: int) -> bytes:
+    """The request body, or InvalidInput as soon as it is over ``limit`` bytes."""
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            raise InvalidInput.one("body", "the client went away before sending the whole body")
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise InvalidInput.one("body", f"a password is at most {limit} bytes")
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+class OpenStackFlavor:
+    """Serves Nova's metadata layout rendered from the caller's record."""
+
+    def __init__(self, services: Services, locator: Locator) -> None:
+        self._records = services.records
+        self._locator = locator
+        self._metrics = services.metrics
+
+    def prefixes(self) -> dict[str, Handler]:
+        """First path segments this flavor answers."""
+        return {PREFIX: self.handle}
+
+    def handle(self, scope: Scope) -> Reply:
+        """Any path under ``/openstack``."""
+        parts = [part for part in scope["path"].split("/")[2:] if part]
+        method = scope["method"]
+        try:
+            if not parts:
+                return Reply(200, versions_listing().encode()) if method in READ_METHODS else plain(405)
+            version, rest = parts[0], "/".join(parts[1:])
+            if version not in VERSIONS:
+                raise NotFound(f"no OpenStack metadata version {version!r}")
+            if rest == PASSWORD and not since(version, GRIZZLY):
+                raise NotFound(f"/openstack/{version} has no password")
+            if method == "POST" and rest == PASSWORD:
+                return self._post_password(scope)
+            if method not in READ_METHODS:
+                return plain(405)
+            return self._read(scope, version, rest)
+        except ImdsError as exc:
+            return plain(status_for(exc))
+
+    def _read(self, scope: Scope, version: str, rest: str) -> Reply:
+        kind = USERDATA if rest == USER_DATA else METADATA
+        try:
+            entry = self._locator.entry(scope, kind)
+        except InstanceNotFound:
+            if LOOKED_UP not in scope:  # in pull mode the front counted the miss
+                self._count(kind, hit=False)
+            raise
+        instance = entry.instance
+        if (instance.userdata if kind == USERDATA else instance.metadata) is None:
+            self._locator.record_missing(scope, RecordNotFound(kind, instance.id))
+        root = entry.render(f"openstack/{version}", lambda found: version_dir(found, version))
+        node = resolve(root, rest)
+        if node is None:
+            raise NotFound(f"no {rest!r} under /openstack/{version}")
+        self._count(kind, hit=True)
+        if isinstance(node, SeededJson):
+            return Reply(200, node.with_seed(os.urandom(SEED_BYTES)), JSON)
+        if rest.endswith(".json"):
+            return Reply(200, body(node), JSON)
+        if kind == USERDATA:
+            return Reply(200, body(node), entry.render("openstack/user_data:type", _userdata_type))
+        return Reply(200, body(node))
+
+    def _post_password(self, scope: Scope) -> Reply:
+        instance = self._locator.entry(scope).instance
+        if instance.password is not None:  # the store checks again, inside the write
+            raise Conflict(f"instance {instance.id} already has a password")
+        declared = header(scope, b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > PASSWORD_MAX_BYTES:
+            raise InvalidInput.one("body", f"a password is at most {PASSWORD_MAX_BYTES} bytes")
+        records, instance_id = self._records, instance.id
+
+        async def complete(receive: Receive) -> Reply:
+            try:
+                await records.set_password(instance_id, await read_body(receive, PASSWORD_MAX_BYTES))
+            except ImdsError as exc:
+                return plain(status_for(exc))
+            return Reply(200, b"")
+
+        return Pending(complete=complete)
+
+    def _count(self, kind: str, *, hit: bool) -> None:
+        metrics = self._metrics
+        if kind == USERDATA:
+            (metrics.userdata_cache_hit if hit else metrics.userdata_cache_miss).inc()
+        else:
+            (metrics.metadata_cache_hit if hit else metrics.metadata_cache_miss).inc()
+
+
+def _userdata_type(instance: Instance) -> bytes:
+    return text_or_binary(instance.userdata or b"")
