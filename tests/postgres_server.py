@@ -21,12 +21,14 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
 import pytest
+
+from imds.store import Store, open_store
 
 SUPERUSER = "postgres"
 DEBIAN_ROOT = Path("/usr/lib/postgresql")
@@ -288,3 +290,13 @@ def store_url(request: pytest.FixtureRequest) -> str:
     if request.param == "sqlite":
         return request.getfixturevalue("sqlite_url")
     return request.getfixturevalue("postgres_url")
+
+
+@pytest.fixture
+async def store(store_url: str) -> AsyncIterator[Store]:
+    """An empty store of each kind, closed after the test."""
+    opened = open_store(store_url)
+    try:
+        yield opened
+    finally:
+        await opened.close()

@@ -21,6 +21,7 @@ from typing import Any
 import httpx
 import pytest
 
+from cloudinit_guard import GUEST_GUARD
 from serve_process import Server, clean_env, serving
 
 SEED_FILE = Path(__file__).parents[2].parent / "shared" / "fixtures" / "metadata-example.json"
@@ -81,15 +82,7 @@ import base64, json, sys, time
 
 cfg = json.loads(sys.argv[1])
 
-# Every connection leaves from the guest's loopback address, and only to the test server.
-import urllib3.util.connection as _connection
-_create = _connection.create_connection
-def _from_guest(address, *args, **kwargs):
-    if address[0] != "127.0.0.1":
-        raise OSError(f"test guard: refusing to connect to {address[0]}")
-    kwargs["source_address"] = (cfg["source"], 0)
-    return _create(address, *args, **kwargs)
-_connection.create_connection = _from_guest
+""" + GUEST_GUARD + r"""
 
 from cloudinit import url_helper, util
 from cloudinit.sources.helpers import ec2

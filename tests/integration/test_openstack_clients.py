@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from cloudinit_guard import GUEST_GUARD
 from iso_reader import extract, read_iso, volume_label
 from openstack_data import SEED_ID, USERDATA, VENDOR_DATA, devices, openstack_document, seed_document
 from serve_process import Server, clean_env, serving
@@ -34,15 +35,7 @@ import base64, json, os, sys
 
 cfg = json.loads(sys.argv[1])
 
-# Every connection leaves from the guest's loopback address, and only to the test server.
-import urllib3.util.connection as _connection
-_create = _connection.create_connection
-def _from_guest(address, *args, **kwargs):
-    if address[0] != "127.0.0.1":
-        raise OSError(f"test guard: refusing to connect to {address[0]}")
-    kwargs["source_address"] = (cfg["source"], 0)
-    return _create(address, *args, **kwargs)
-_connection.create_connection = _from_guest
+""" + GUEST_GUARD + r"""
 
 from cloudinit import distros, helpers, util
 from cloudinit.sources import DataSourceConfigDrive, DataSourceNoCloud, DataSourceOpenStack

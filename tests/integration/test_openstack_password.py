@@ -18,7 +18,7 @@ from imds.errors import Conflict, RecordNotFound
 from imds.metrics import Metrics
 from imds.services.catalog import Catalog
 from imds.services.upsert import Records
-from imds.store import Store, open_store
+from imds.store import open_store
 from imds.store.sql import migrate
 from openstack_data import SEED_ID, openstack_document, push
 
@@ -140,16 +140,6 @@ async def test_the_password_outlives_record_rewrites_but_not_the_instance(app):
 
 
 # --- the store primitives and the service, on memory, SQLite and PostgreSQL --------------------------------------
-
-
-@pytest.fixture
-async def store(store_url: str) -> AsyncIterator[Store]:
-    """An empty store of each kind, closed after the test."""
-    opened = open_store(store_url)
-    try:
-        yield opened
-    finally:
-        await opened.close()
 
 
 async def test_password_primitives_and_records_in_every_store(store):

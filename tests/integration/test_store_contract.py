@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import ipaddress
 import itertools
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 
 import pytest
@@ -19,7 +18,7 @@ from imds.metrics import Metrics
 from imds.models import METADATA, USERDATA, MetadataWrite, Network, UserdataWrite
 from imds.services.catalog import Catalog
 from imds.services.upsert import Records
-from imds.store import Store, WriteTx, open_store
+from imds.store import Store, WriteTx
 
 pytestmark = pytest.mark.anyio
 
@@ -30,16 +29,6 @@ def net(text: str) -> Network:
 
 def nets(*texts: str) -> tuple[Network, ...]:
     return tuple(net(t) for t in texts)
-
-
-@pytest.fixture
-async def store(store_url: str) -> AsyncIterator[Store]:
-    """An empty store of each kind, closed after the test."""
-    opened = open_store(store_url)
-    try:
-        yield opened
-    finally:
-        await opened.close()
 
 
 async def holders(store: Store) -> dict[Network, str]:
