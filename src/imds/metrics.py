@@ -76,3 +76,10 @@ class Metrics:
         self.userdata_store_errors = Counter(
             "metadata_userdata_store_error", "Userdata writes that failed in the database.", registry=r
         )
+
+    def count_read(self, kind: str, *, hit: bool) -> None:
+        """Hollow's cache counters: an instance read of ``metadata``/``userdata`` found (hit) or not."""
+        if kind == "userdata":
+            (self.userdata_cache_hit if hit else self.userdata_cache_miss).inc()
+        else:
+            (self.metadata_cache_hit if hit else self.metadata_cache_miss).inc()

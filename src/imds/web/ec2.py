@@ -24,6 +24,7 @@ from imds.web.routing import LOOKED_UP, READ_METHODS, Handler, Locator, Reply, S
 _TOKEN_PATH = "api/token"  # noqa: S105 - a path, not a secret
 _TTL = TTL_HEADER.encode()
 _NEEDS_METADATA = frozenset({"meta-data", "dynamic"})
+_COUNTED = frozenset({"meta-data", "user-data"})  # reads that count as hollow's metadata/userdata hits
 _VERSION_SHAPE = re.compile(r"^(?:\d{4}-\d{2}-\d{2}|1\.0|latest.*)$")
 
 
@@ -90,8 +91,8 @@ class Ec2Flavor:
         try:
             entry = self._locator.entry(scope, record)
         except InstanceNotFound:
-            if LOOKED_UP not in scope:  # in pull mode the front counted the miss
-                self._miss(kind)
+            if LOOKED_UP not in scope and kind in _COUNTED:  # in pull mode the front counted the miss
+                self._metrics.count_read(record, hit=False)
             raise
         instance = entry.instance
         if kind in _NEEDS_METADATA and instance.metadata is None:
@@ -110,17 +111,6 @@ class Ec2Flavor:
         node = resolve(root, subpath)
         if node is None:
             raise NotFound(f"no {subpath!r} under /{version}")
-        self._hit(kind)
+        if kind in _COUNTED:
+            self._metrics.count_read(record, hit=True)
         return Reply(200, body(node), headers=headers)
-
-    def _hit(self, kind: str) -> None:
-        if kind == "meta-data":
-            self._metrics.metadata_cache_hit.inc()
-        elif kind == "user-data":
-            self._metrics.userdata_cache_hit.inc()
-
-    def _miss(self, kind: str) -> None:
-        if kind == "meta-data":
-            self._metrics.metadata_cache_miss.inc()
-        elif kind == "user-data":
-            self._metrics.userdata_cache_miss.inc()

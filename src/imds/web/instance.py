@@ -13,7 +13,6 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from imds import log
-from imds.models import METADATA
 from imds.services import Services
 from imds.services.lookup import LookupNeeded
 from imds.web.ec2 import Ec2Flavor
@@ -104,7 +103,7 @@ class InstanceFront:
     async def _after_lookup(self, scope: Scope, handler: Handler, need: LookupNeeded) -> Reply:
         """Fetch what the handler missed from upstream, then run it once more."""
         metrics = self.services.metrics
-        (metrics.metadata_cache_miss if need.kind == METADATA else metrics.userdata_cache_miss).inc()
+        metrics.count_read(need.kind, hit=False)
         lookup = self.services.lookup
         assert lookup is not None  # noqa: S101 - the Locator raises LookupNeeded only in pull mode
         scope[LOOKED_UP] = await lookup.resolve(need) or True

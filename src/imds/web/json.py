@@ -52,12 +52,6 @@ class JsonFlavor:
     ) -> Reply:
         if scope["method"] not in READ_METHODS:
             return _NOT_ALLOWED
-        metrics = self._metrics
-        hit, miss = (
-            (metrics.metadata_cache_hit, metrics.metadata_cache_miss)
-            if kind == METADATA
-            else (metrics.userdata_cache_hit, metrics.userdata_cache_miss)
-        )
         try:
             entry = self._locator.entry(scope, kind)
             try:
@@ -66,11 +60,11 @@ class JsonFlavor:
                 self._locator.record_missing(scope, missing)
         except InstanceNotFound as exc:
             if LOOKED_UP not in scope:  # in pull mode the front counted the miss
-                miss.inc()
+                self._metrics.count_read(kind, hit=False)
             return _error(exc)
         except ImdsError as exc:
             return _error(exc)
-        hit.inc()
+        self._metrics.count_read(kind, hit=True)
         return Reply(200, body, entry.render(f"json/{kind}:type", content_type))
 
 

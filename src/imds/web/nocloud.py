@@ -44,7 +44,7 @@ class NoCloudFlavor:
                 entry = self._locator.entry(scope, kind)
             except InstanceNotFound:
                 if LOOKED_UP not in scope:  # in pull mode the front counted the miss
-                    (self._metrics.userdata_cache_miss if kind == USERDATA else self._metrics.metadata_cache_miss).inc()
+                    self._metrics.count_read(kind, hit=False)
                 raise
             instance = entry.instance
             if kind == METADATA and instance.metadata is None:
@@ -58,7 +58,7 @@ class NoCloudFlavor:
                 raise NotFound(f"no {rest!r} under /nocloud")
         except ImdsError as exc:
             return plain(status_for(exc))
-        (self._metrics.userdata_cache_hit if kind == USERDATA else self._metrics.metadata_cache_hit).inc()
+        self._metrics.count_read(kind, hit=True)
         if kind == USERDATA:
             return Reply(200, body(node), entry.render("nocloud/user-data:type", _userdata_type))
         return Reply(200, body(node))

@@ -116,7 +116,7 @@ class OpenStackFlavor:
             entry = self._locator.entry(scope, kind)
         except InstanceNotFound:
             if LOOKED_UP not in scope:  # in pull mode the front counted the miss
-                self._count(kind, hit=False)
+                self._metrics.count_read(kind, hit=False)
             raise
         instance = entry.instance
         if (instance.userdata if kind == USERDATA else instance.metadata) is None:
@@ -125,7 +125,7 @@ class OpenStackFlavor:
         node = resolve(root, rest)
         if node is None:
             raise NotFound(f"no {rest!r} under /openstack/{version}")
-        self._count(kind, hit=True)
+        self._metrics.count_read(kind, hit=True)
         if isinstance(node, SeededJson):
             return Reply(200, node.with_seed(os.urandom(SEED_BYTES)), JSON)
         if rest.endswith(".json"):
@@ -151,13 +151,6 @@ class OpenStackFlavor:
             return Reply(200, b"")
 
         return Pending(complete=complete)
-
-    def _count(self, kind: str, *, hit: bool) -> None:
-        metrics = self._metrics
-        if kind == USERDATA:
-            (metrics.userdata_cache_hit if hit else metrics.userdata_cache_miss).inc()
-        else:
-            (metrics.metadata_cache_hit if hit else metrics.metadata_cache_miss).inc()
 
 
 def _userdata_type(instance: Instance) -> bytes:
