@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
+from urllib.parse import quote
 
 import httpx
 
@@ -99,7 +100,9 @@ class OAuth2ClientCredentials:
             form["scope"] = " ".join(self._credentials.scopes)
         if self._credentials.audience:
             form["audience"] = self._credentials.audience
-        auth = (self._credentials.client_id, self._credentials.client_secret)
+        # RFC 6749 section 2.3.1: id and secret are form-encoded before HTTP Basic, so ":" or
+        # "%" in a secret survives servers that decode them (as the RFC says they must).
+        auth = (quote(self._credentials.client_id, safe=""), quote(self._credentials.client_secret, safe=""))
         body = await self._json("POST", url, data=form, auth=auth)
         token = body.get("access_token")
         if not isinstance(token, str) or not token:

@@ -212,3 +212,15 @@ def test_the_credentials_repr_hides_the_secret():
     assert SECRET not in shown
     assert CLIENT_ID in shown
     assert base64.b64encode(SECRET.encode()).decode() not in shown
+
+
+async def test_client_id_and_secret_are_form_encoded_inside_basic_auth(upstream, clock):
+    """RFC 6749 2.3.1: ':' '%' '/' and spaces in the id or secret reach the server intact once decoded."""
+    upstream.enable_oauth("svc:imds/1", "p@ss:w%rd/ +x")
+    credentials = ClientCredentials(upstream.issuer, "svc:imds/1", "p@ss:w%rd/ +x")
+    async with httpx.AsyncClient(trust_env=False) as http:
+        auth = OAuth2ClientCredentials(http, credentials, clock=clock)
+        assert await auth.headers() == {"Authorization": "Bearer access-1"}
+    (grant,) = upstream.log(TOKEN_PATH)
+    assert grant.headers["authorization"] != "Basic " + base64.b64encode(b"svc:imds/1:p@ss:w%rd/ +x").decode()
+    assert grant.basic_auth() == ("svc:imds/1", "p@ss:w%rd/ +x")
