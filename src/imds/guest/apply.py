@@ -11,12 +11,12 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import subprocess
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
 from imds.guest.errors import ApplyError
+from imds.guest.process import failure
 
 UDEVADM_TIMEOUT = 120.0
 _SUBSYSTEM = re.compile(r'^[^#\n]*\bSUBSYSTEM=="([a-z0-9_]+)"', re.MULTILINE)
@@ -88,12 +88,5 @@ def reload_commands(udevadm: str, subsystems: Iterable[str]) -> list[list[str]]:
 def reload_udev(udevadm: str, subsystems: Iterable[str]) -> None:
     """Ask udev to reread its rules and replay ``add`` for ``subsystems``; ApplyError on failure."""
     for command in reload_commands(udevadm, subsystems):
-        try:
-            done = subprocess.run(  # noqa: S603 - fixed argument list, no shell
-                command, capture_output=True, text=True, timeout=UDEVADM_TIMEOUT, check=False
-            )
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            raise ApplyError(f"`{' '.join(command)}` failed: {exc}") from exc
-        if done.returncode != 0:
-            detail = done.stderr.strip() or f"exit status {done.returncode}"
-            raise ApplyError(f"`{' '.join(command)}` failed: {detail}")
+        if (why := failure(command, UDEVADM_TIMEOUT)) is not None:
+            raise ApplyError(f"`{' '.join(command)}` failed: {why}")

@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import http.client
 import json
-import subprocess
 import tempfile
 import urllib.error
 import urllib.parse
@@ -24,6 +23,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from imds.guest.errors import SourceError
+from imds.guest.process import failure
 
 META_DATA = "openstack/latest/meta_data.json"
 LABELS = ("config-2", "CONFIG-2")  # Nova writes lower case; vfat tools may show upper case
@@ -89,15 +89,8 @@ def from_config_drive_label(
 
 
 def _run(command: list[str], doing: str) -> None:
-    try:
-        done = subprocess.run(  # noqa: S603 - fixed argument list, no shell
-            command, capture_output=True, text=True, timeout=MOUNT_TIMEOUT, check=False
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise SourceError(f"{doing}: {exc}") from exc
-    if done.returncode != 0:
-        detail = done.stderr.strip() or f"exit status {done.returncode}"
-        raise SourceError(f"{doing}: {' '.join(command)}: {detail}")
+    if (why := failure(command, MOUNT_TIMEOUT)) is not None:
+        raise SourceError(f"{doing}: {' '.join(command)}: {why}")
 
 
 def from_url(base: str, *, timeout: float) -> object:

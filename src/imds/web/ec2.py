@@ -12,14 +12,14 @@ from __future__ import annotations
 import re
 from http import HTTPStatus
 
-from imds.errors import ImdsError, InstanceNotFound, NotFound, RecordNotFound, Refused, Unauthenticated
+from imds.errors import ImdsError, NotFound, RecordNotFound, Refused, Unauthenticated
 from imds.models import METADATA, USERDATA
 from imds.services import Services
 from imds.services.render.ec2 import VERSIONS, version_root, versions_listing
 from imds.services.render.tree import body, resolve
 from imds.services.tokens import TOKEN_HEADER, TTL_HEADER, parse_ttl
 from imds.web.errors import status_for
-from imds.web.routing import LOOKED_UP, READ_METHODS, Handler, Locator, Reply, Scope, header
+from imds.web.routing import READ_METHODS, Handler, Locator, Reply, Scope, header
 
 _TOKEN_PATH = "api/token"  # noqa: S105 - a path, not a secret
 _TTL = TTL_HEADER.encode()
@@ -88,12 +88,7 @@ class Ec2Flavor:
     def _read(self, scope: Scope, version: str, subpath: str) -> Reply:
         kind = subpath.split("/", 1)[0]
         record = USERDATA if kind == "user-data" else METADATA
-        try:
-            entry = self._locator.entry(scope, record)
-        except InstanceNotFound:
-            if LOOKED_UP not in scope and kind in _COUNTED:  # in pull mode the front counted the miss
-                self._metrics.count_read(record, hit=False)
-            raise
+        entry = self._locator.entry(scope, record, count=kind in _COUNTED)
         instance = entry.instance
         if kind in _NEEDS_METADATA and instance.metadata is None:
             self._locator.record_missing(scope, RecordNotFound(METADATA, instance.id))

@@ -45,7 +45,7 @@ class InstanceFront:
     def __init__(self, services: Services, admin: ASGIApp) -> None:
         self.services = services
         self.admin = admin
-        locator = Locator(services.catalog, services.settings.trusted_proxies, services.lookup)
+        locator = Locator(services.catalog, services.settings.trusted_proxies, services.metrics, services.lookup)
         json_flavor, ec2_flavor = JsonFlavor(services, locator), Ec2Flavor(services, locator)
         self._ec2 = ec2_flavor
         self._exact: dict[str, Handler] = {**json_flavor.routes(), **ec2_flavor.routes()}
@@ -102,8 +102,6 @@ class InstanceFront:
 
     async def _after_lookup(self, scope: Scope, handler: Handler, need: LookupNeeded) -> Reply:
         """Fetch what the handler missed from upstream, then run it once more."""
-        metrics = self.services.metrics
-        metrics.count_read(need.kind, hit=False)
         lookup = self.services.lookup
         assert lookup is not None  # noqa: S101 - the Locator raises LookupNeeded only in pull mode
         scope[LOOKED_UP] = await lookup.resolve(need) or True

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from imds.errors import ImdsError, InstanceNotFound, RecordNotFound
+from imds.errors import ImdsError, RecordNotFound
 from imds.models import METADATA, USERDATA, Instance
 from imds.services import Services
 from imds.services.render.json import metadata_bytes, userdata_bytes
 from imds.web.errors import error_body, error_parts
-from imds.web.routing import BINARY, JSON, LOOKED_UP, READ_METHODS, TEXT, Handler, Locator, Reply, Scope
+from imds.web.routing import BINARY, JSON, READ_METHODS, TEXT, Handler, Locator, Reply, Scope
 
 _NOT_ALLOWED = Reply(405, error_body("method not allowed"), JSON, ((b"allow", b"GET, HEAD"),))
 
@@ -58,10 +58,6 @@ class JsonFlavor:
                 body = entry.render(f"json/{kind}", build)
             except RecordNotFound as missing:
                 self._locator.record_missing(scope, missing)
-        except InstanceNotFound as exc:
-            if LOOKED_UP not in scope:  # in pull mode the front counted the miss
-                self._metrics.count_read(kind, hit=False)
-            return _error(exc)
         except ImdsError as exc:
             return _error(exc)
         self._metrics.count_read(kind, hit=True)

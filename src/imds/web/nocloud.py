@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import contextlib
 
-from imds.errors import ImdsError, InstanceNotFound, NotFound, RecordNotFound
+from imds.errors import ImdsError, NotFound, RecordNotFound
 from imds.models import METADATA, USERDATA, Instance
 from imds.services import Services
 from imds.services.render.nocloud import USER_DATA, nocloud_tree
 from imds.services.render.tree import body, resolve
 from imds.web.errors import status_for
 from imds.web.openstack import plain, text_or_binary
-from imds.web.routing import LOOKED_UP, READ_METHODS, Handler, Locator, Reply, Scope
+from imds.web.routing import READ_METHODS, Handler, Locator, Reply, Scope
 
 PREFIX = "nocloud"
 
@@ -40,12 +40,7 @@ class NoCloudFlavor:
         rest = "/".join(part for part in scope["path"].split("/")[2:] if part)
         kind = USERDATA if rest == USER_DATA else METADATA
         try:
-            try:
-                entry = self._locator.entry(scope, kind)
-            except InstanceNotFound:
-                if LOOKED_UP not in scope:  # in pull mode the front counted the miss
-                    self._metrics.count_read(kind, hit=False)
-                raise
+            entry = self._locator.entry(scope, kind)
             instance = entry.instance
             if kind == METADATA and instance.metadata is None:
                 self._locator.record_missing(scope, RecordNotFound(METADATA, instance.id))

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from http import HTTPStatus
 
-from imds.errors import Conflict, ImdsError, InstanceNotFound, InvalidInput, NotFound, RecordNotFound
+from imds.errors import Conflict, ImdsError, InvalidInput, NotFound, RecordNotFound
 from imds.models import METADATA, USERDATA, Instance
 from imds.services import Services
 from imds.services.render.openstack import (
@@ -32,7 +32,6 @@ from imds.web.errors import status_for
 from imds.web.routing import (
     BINARY,
     JSON,
-    LOOKED_UP,
     READ_METHODS,
     TEXT,
     Handler,
@@ -112,12 +111,7 @@ class OpenStackFlavor:
 
     def _read(self, scope: Scope, version: str, rest: str) -> Reply:
         kind = USERDATA if rest == USER_DATA else METADATA
-        try:
-            entry = self._locator.entry(scope, kind)
-        except InstanceNotFound:
-            if LOOKED_UP not in scope:  # in pull mode the front counted the miss
-                self._metrics.count_read(kind, hit=False)
-            raise
+        entry = self._locator.entry(scope, kind)
         instance = entry.instance
         if (instance.userdata if kind == USERDATA else instance.metadata) is None:
             self._locator.record_missing(scope, RecordNotFound(kind, instance.id))

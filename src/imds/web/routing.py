@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from imds.errors import ImdsError, InstanceNotFound, RecordNotFound
+from imds.metrics import Metrics
 from imds.models import METADATA, Address, Network
 from imds.services.catalog import Catalog, Entry
 from imds.services.identify import caller_address
@@ -49,9 +50,12 @@ class Locator:
     and runs the handler again, and the second miss is final (or the lookup's error).
     """
 
-    def __init__(self, catalog: Catalog, trusted: Sequence[Network], lookup: Lookup | None = None) -> None:
+    def __init__(
+        self, catalog: Catalog, trusted: Sequence[Network], metrics: Metrics, lookup: Lookup | None = None
+    ) -> None:
         self._catalog = catalog
         self._trusted = tuple(trusted)
+        self._metrics = metrics
         self._lookup = lookup
 
     def address(self, scope: Scope) -> Address | None:
@@ -63,29 +67,36 @@ class Locator:
         forwarded = [v.decode("latin-1") for k, v in scope["headers"] if k == b"x-forwarded-for"]
         return caller_address(peer, forwarded, self._trusted)
 
-    def entry(self, scope: Scope, kind: str = METADATA) -> Entry:
-        """The calling instance, or InstanceNotFound (or LookupNeeded in pull mode)."""
+    def entry(self, scope: Scope, kind: str = METADATA, *, count: bool = True) -> Entry:
+        """The calling instance, or InstanceNotFound (or LookupNeeded in pull mode).
+
+        A miss is counted once per request (hollow's ``*_cache_miss_total``) unless ``count``
+        is False; the flavor counts the hit once it has answered.
+        """
         address = self.address(scope)
         entry = self._catalog.lookup(address) if address is not None else None
         if entry is None and address is not None and self._lookup is not None:
             cached = self._lookup.cached(kind, address)
             entry = self._catalog.get(cached) if cached is not None else None
             if entry is None:
-                self._look_up(scope, LookupNeeded(kind, address=address))
+                self._look_up(scope, LookupNeeded(kind, address=address), count=count)
         if entry is None:
+            if count and LOOKED_UP not in scope:
+                self._metrics.count_read(kind, hit=False)
             raise InstanceNotFound(str(address) if address is not None else None)
         return entry
 
     def record_missing(self, scope: Scope, missing: RecordNotFound) -> NoReturn:
         """The caller lacks a record type: look it up by id in pull mode, else re-raise."""
         if self._lookup is not None:
-            self._look_up(scope, LookupNeeded(missing.kind, instance_id=missing.instance_id))
+            self._look_up(scope, LookupNeeded(missing.kind, instance_id=missing.instance_id), count=True)
         raise missing
 
-    @staticmethod
-    def _look_up(scope: Scope, need: LookupNeeded) -> None:
+    def _look_up(self, scope: Scope, need: LookupNeeded, *, count: bool) -> None:
         outcome = scope.get(LOOKED_UP)
         if outcome is None:
+            if count:
+                self._metrics.count_read(need.kind, hit=False)
             raise need
         if isinstance(outcome, ImdsError):
             raise outcome
