@@ -1,9 +1,10 @@
 """Benchmark the instance read path against nginx serving the same bytes.
 
 Starts ``imds serve --demo`` (in-memory store, one process) and nginx (one worker) on
-loopback ports, checks that both answer ``/metadata`` with identical bytes, loads each
-with wrk for the same duration and connection count, prints requests/s and latency
-percentiles with the imds/nginx ratio, and writes them to ``bench/results.md``.
+loopback ports, checks that both answer each path (``/metadata`` and an EC2 leaf by
+default) with identical bytes, loads each with wrk for the same duration and connection
+count, prints requests/s and latency percentiles with the imds/nginx ratio per path, and
+writes them to ``bench/results.md``.
 
 Run on demand (never in CI)::
 
@@ -32,6 +33,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 IMDS = Path(sys.executable).with_name("imds")
+PATHS = ("/metadata", "/latest/meta-data/instance-id")
 
 
 def free_port() -> int:
@@ -65,13 +67,19 @@ def stop(process: subprocess.Popen[bytes]) -> None:
             process.wait()
 
 
-def start_nginx(workdir: Path, body: bytes, port: int) -> subprocess.Popen[bytes]:
-    """Start nginx with one worker serving ``body`` at /metadata as application/json."""
+def start_nginx(workdir: Path, bodies: dict[str, bytes], port: int) -> subprocess.Popen[bytes]:
+    """Start nginx with one worker serving each path's bytes (JSON paths as application/json)."""
     www = workdir / "www"
     www.mkdir()
-    (www / "metadata").write_bytes(body)
-    for path in (workdir, www, www / "metadata"):
+    for path in (workdir, www):
         path.chmod(0o755)
+    locations = []
+    for index, (url_path, body) in enumerate(bodies.items()):
+        file = www / f"body-{index}"
+        file.write_bytes(body)
+        file.chmod(0o644)
+        kind = "application/json" if url_path == "/metadata" else "text/plain"
+        locations.append(f"location = {url_path} {{ default_type {kind}; alias {file}; }}")
     scratch = workdir / "scratch"
     conf = workdir / "nginx.conf"
     conf.write_text(f"""
@@ -89,7 +97,7 @@ http {{
     scgi_temp_path {scratch};
     server {{
         listen 127.0.0.1:{port};
-        location = /metadata {{ default_type application/json; alias {www}/metadata; }}
+        {" ".join(locations)}
     }}
 }}
 """)
@@ -115,20 +123,23 @@ def run_wrk(url: str, duration: int, connections: int, threads: int) -> dict[str
 
 
 def main() -> int:
-    """Run both servers, load them, print and record the ratio."""
+    """Run both servers, load them on each path, print and record the ratios."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--duration", type=int, default=10, help="seconds of load per server")
+    parser.add_argument("--duration", type=int, default=10, help="seconds of load per server and path")
     parser.add_argument("--connections", type=int, default=64)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--path", action="append", help=f"path to load (repeatable; default: {', '.join(PATHS)})")
     parser.add_argument("--output", type=Path, default=ROOT / "bench" / "results.md")
     args = parser.parse_args()
+    paths = tuple(args.path or PATHS)
     for tool in ("wrk", "nginx"):
         if not shutil.which(tool) and not Path(f"/usr/sbin/{tool}").exists():
             print(f"{tool} is not installed: apt-get install nginx-light wrk", file=sys.stderr)
             return 2
 
+    results: dict[str, dict[str, dict[str, float]]] = {}
+    sizes: dict[str, int] = {}
     with tempfile.TemporaryDirectory(prefix="imds-bench-") as tmp:
-        workdir = Path(tmp)
         imds_port, nginx_port = free_port(), free_port()
         env = {**os.environ, "IMDS_LOG_LEVEL": "warning"}
         imds = subprocess.Popen(
@@ -136,29 +147,34 @@ def main() -> int:
         )
         nginx = None
         try:
-            body = wait_for(f"http://127.0.0.1:{imds_port}/metadata")
-            nginx = start_nginx(workdir, body, nginx_port)
-            if wait_for(f"http://127.0.0.1:{nginx_port}/metadata") != body:
-                print("nginx and imds disagree on the bytes", file=sys.stderr)
-                return 1
-            print(f"body: {len(body)} bytes; {args.duration}s per server, {args.connections} connections")
-            results = {}
-            for name, port in (("nginx", nginx_port), ("imds", imds_port)):
-                results[name] = run_wrk(f"http://127.0.0.1:{port}/metadata", args.duration, args.connections,
-                                        args.threads)
-                print(f"{name:6} {results[name]['rps']:>10.0f} req/s  p50 {results[name].get('p50', 0):.2f} ms  "
-                      f"p99 {results[name].get('p99', 0):.2f} ms  non-2xx {results[name]['non2xx']:.0f}")
+            bodies = {path: wait_for(f"http://127.0.0.1:{imds_port}{path}") for path in paths}
+            nginx = start_nginx(Path(tmp), bodies, nginx_port)
+            for path, body in bodies.items():
+                if wait_for(f"http://127.0.0.1:{nginx_port}{path}") != body:
+                    print(f"nginx and imds disagree on the bytes of {path}", file=sys.stderr)
+                    return 1
+                sizes[path] = len(body)
+            print(f"{args.duration}s per server and path, {args.connections} connections")
+            for path in paths:
+                results[path] = {}
+                for name, port in (("nginx", nginx_port), ("imds", imds_port)):
+                    r = run_wrk(f"http://127.0.0.1:{port}{path}", args.duration, args.connections, args.threads)
+                    results[path][name] = r
+                    print(f"{path:32} {name:6} {r['rps']:>9.0f} req/s  p50 {r.get('p50', 0):.2f} ms  "
+                          f"p99 {r.get('p99', 0):.2f} ms  non-2xx {r['non2xx']:.0f}")
+                ratio = results[path]["imds"]["rps"] / results[path]["nginx"]["rps"]
+                print(f"{path:32} imds/nginx throughput ratio: {ratio:.3f}")
         finally:
             stop(imds)
             if nginx is not None:
                 stop(nginx)
-    ratio = results["imds"]["rps"] / results["nginx"]["rps"]
-    print(f"imds/nginx throughput ratio: {ratio:.3f}")
-    write_results(args, results, ratio, len(body))
+    write_results(args, results, sizes)
     return 0
 
 
-def write_results(args: argparse.Namespace, results: dict[str, dict[str, float]], ratio: float, size: int) -> None:
+def write_results(
+    args: argparse.Namespace, results: dict[str, dict[str, dict[str, float]]], sizes: dict[str, int]
+) -> None:
     """Replace bench/results.md with this run."""
     nginx_version = subprocess.run(["nginx", "-v"], capture_output=True, text=True, check=False).stderr.strip()
     lines = [
@@ -172,20 +188,22 @@ def write_results(args: argparse.Namespace, results: dict[str, dict[str, float]]
         ),
         "",
         (
-            f"`GET /metadata` of the demo instance ({size} bytes), loopback, wrk on the same machine; "
-            "imds is one `imds serve` process (uvicorn + uvloop + httptools), nginx one worker."
+            "The demo instance's answers, loopback, wrk on the same machine; imds is one `imds serve` "
+            "process (uvicorn + uvloop + httptools), nginx one worker serving the same bytes at the same paths."
         ),
         "",
-        "| server | req/s | p50 ms | p90 ms | p99 ms | non-2xx |",
-        "|---|---|---|---|---|---|",
+        "| path | bytes | server | req/s | p50 ms | p90 ms | p99 ms | non-2xx | imds/nginx |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
-    lines += [
-        f"| {name} | {r['rps']:.0f} | {r.get('p50', 0):.2f} | {r.get('p90', 0):.2f} | {r.get('p99', 0):.2f} | "
-        f"{r['non2xx']:.0f} |"
-        for name, r in results.items()
-    ]
-    lines += ["", f"**imds / nginx throughput: {ratio:.3f}**", ""]
-    args.output.write_text("\n".join(lines))
+    for path, by_server in results.items():
+        ratio = by_server["imds"]["rps"] / by_server["nginx"]["rps"]
+        for name, r in by_server.items():
+            shown = f"**{ratio:.3f}**" if name == "imds" else ""
+            lines.append(
+                f"| `{path}` | {sizes[path]} | {name} | {r['rps']:.0f} | {r.get('p50', 0):.2f} | "
+                f"{r.get('p90', 0):.2f} | {r.get('p99', 0):.2f} | {r['non2xx']:.0f} | {shown} |"
+            )
+    args.output.write_text("\n".join([*lines, ""]))
 
 
 if __name__ == "__main__":
