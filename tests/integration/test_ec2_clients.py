@@ -12,7 +12,6 @@ import base64
 import copy
 import importlib
 import json
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,11 +20,10 @@ from typing import Any
 import httpx
 import pytest
 
-from cloudinit_guard import GUEST_GUARD
-from serve_process import Server, clean_env, serving
+from cloudinit_guard import GUEST_GUARD, run_cloud_init
+from serve_process import Server, serving
 
 SEED_FILE = Path(__file__).parents[2].parent / "shared" / "fixtures" / "metadata-example.json"
-SYSTEM_PYTHON = "/usr/bin/python3"
 GUEST = "127.0.0.3"  # holds the seed document
 AWS_GUEST = "127.0.0.5"  # holds a document with AWS-style placement
 STRANGER = "127.0.0.9"  # holds nothing
@@ -142,17 +140,7 @@ print(json.dumps(out))
 def cloud_init(server: Server, tmp_path: Path, **cfg: Any) -> dict[str, Any]:
     """Run the cloud-init script in the system interpreter; returns what it printed."""
     cfg.update(url=server.url, source=GUEST, tmp=str(tmp_path), token_header=TOKEN, ttl_header=TTL)
-    try:
-        result = subprocess.run(
-            [SYSTEM_PYTHON, "-c", CLOUD_INIT_SCRIPT, json.dumps(cfg)],
-            env=clean_env(tmp_path), capture_output=True, text=True, timeout=CLIENT_TIMEOUT, check=False,
-        )
-    except FileNotFoundError:
-        pytest.fail(f"{SYSTEM_PYTHON} does not exist: cloud-init tests need Debian's python3 with cloud-init")
-    if "No module named 'cloudinit" in result.stderr:
-        pytest.fail(f"cloud-init is not importable by {SYSTEM_PYTHON} (apt-get install cloud-init):\n{result.stderr}")
-    assert result.returncode == 0, result.stderr
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    return run_cloud_init(CLOUD_INIT_SCRIPT, cfg, tmp_path, CLIENT_TIMEOUT)
 
 
 def test_cloud_init_helpers_read_the_tree_and_userdata_with_a_token(server, tmp_path):

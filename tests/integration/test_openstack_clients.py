@@ -10,7 +10,6 @@ cloud-init runs once, in one subprocess, through every reader below; no boot sta
 from __future__ import annotations
 
 import base64
-import json
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -19,12 +18,11 @@ from typing import Any
 
 import pytest
 
-from cloudinit_guard import GUEST_GUARD
+from cloudinit_guard import GUEST_GUARD, run_cloud_init
 from iso_reader import extract, read_iso, volume_label
 from openstack_data import SEED_ID, USERDATA, VENDOR_DATA, devices, openstack_document, seed_document
 from serve_process import Server, clean_env, serving
 
-SYSTEM_PYTHON = "/usr/bin/python3"
 IMDS = Path(sys.executable).parent / "imds"
 GUEST = "127.0.0.7"
 HOSTNAME = "metadata-example-01"
@@ -184,18 +182,7 @@ def crawled(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
             "seed_tree": str(extract(built["nocloud"], tmp / "cidata")),
             "macs": {"40:a6:b7:74:9f:10": "enp1s0f0", "40:a6:b7:74:9f:11": "enp1s0f1"},
         }
-        try:
-            result = subprocess.run(
-                [SYSTEM_PYTHON, "-c", CLOUD_INIT_SCRIPT, json.dumps(cfg)],
-                env=clean_env(tmp), capture_output=True, text=True, timeout=CLIENT_TIMEOUT, check=False,
-            )
-        except FileNotFoundError:
-            pytest.fail(f"{SYSTEM_PYTHON} does not exist: cloud-init tests need Debian's python3 with cloud-init")
-        if "No module named 'cloudinit" in result.stderr:
-            pytest.fail(f"cloud-init is not importable by {SYSTEM_PYTHON} (apt-get install cloud-init):\n"
-                        f"{result.stderr}")
-        assert result.returncode == 0, result.stderr
-        seen: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
+        seen = run_cloud_init(CLOUD_INIT_SCRIPT, cfg, tmp, CLIENT_TIMEOUT)
         seen["_built"] = built
         seen["_server"] = server
         seen["_data_dir"] = data_dir
