@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import httpx
-from fastapi import FastAPI
+from fastapi import APIRouter, FastAPI
 from starlette.exceptions import HTTPException
 
 from imds import __version__, log
@@ -22,6 +22,7 @@ from imds.services.demo import load_demo
 from imds.store import Store
 from imds.web.admin import admin_router
 from imds.web.errors import handle_http_error, handle_imds_error
+from imds.web.ganeti_admin import ganeti_admin_router
 from imds.web.instance import InstanceFront
 from imds.web.openstack_admin import openstack_admin_router
 from imds.web.ops import ops_router
@@ -55,7 +56,9 @@ def build_app(
         docs_url="/docs",
         redoc_url=None,
     )
-    for router in (admin_router(services), refresh_router(services), openstack_admin_router(services)):
+    routers: list[APIRouter] = [admin_router(services), refresh_router(services), openstack_admin_router(services)]
+    routers.append(ganeti_admin_router(services))  # Ganeti OS records
+    for router in routers:
         admin.include_router(router)
         admin.include_router(router, prefix="/api/v1", include_in_schema=False)
     admin.include_router(ops_router(services))

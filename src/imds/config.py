@@ -121,6 +121,19 @@ OPTIONS: tuple[Option, ...] = (
            "Seconds between polls of the change feed written by other replicas."),
     Option("shutdown_timeout", "IMDS_SHUTDOWN_TIMEOUT", "float", 10.0,
            "Seconds to let in-flight requests finish on shutdown."),
+    # Ganeti OS installation (services/os_records.py)
+    Option("private_key_file", "IMDS_PRIVATE_KEY_FILE", "path", None,
+           "Fernet keys (one per line; the first encrypts, all decrypt) encrypting private OS parameters at rest."),
+    Option("os_definitions_dir", "IMDS_OS_DEFINITIONS_DIR", "path", None,
+           "Directory of Ganeti OS definitions (DIR/<os>/create, export, import, rename, verify, parameters.list, "
+           "ganeti_api_version)."),
+    Option("os_param_max_bytes", "IMDS_OS_PARAM_MAX_BYTES", "int", 4096,
+           "Largest OS parameter value accepted, in bytes (UTF-8)."),
+    Option("os_package_max_bytes", "IMDS_OS_PACKAGE_MAX_BYTES", "int", 64 * 1024 * 1024,
+           "Largest personalization package fetched for /ganeti/.../os/package, in bytes (held in memory, "
+           "never on disk)."),
+    Option("os_package_timeout", "IMDS_OS_PACKAGE_TIMEOUT", "float", 30.0,
+           "Seconds a personalization package fetch may take."),
 )
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -173,6 +186,11 @@ class Settings:
     log_instance_reads: bool = False
     feed_poll_interval: float = 1.0
     shutdown_timeout: float = 10.0
+    private_key_file: Path | None = None
+    os_definitions_dir: Path | None = None
+    os_param_max_bytes: int = 4096
+    os_package_max_bytes: int = 64 * 1024 * 1024
+    os_package_timeout: float = 30.0
 
     @property
     def key_dir(self) -> Path | None:
@@ -337,7 +355,27 @@ def _validate(raw: dict[str, Any], env: Mapping[str, str]) -> Settings:
         log_instance_reads=bool(raw["log_instance_reads"]),
         feed_poll_interval=float(raw["feed_poll_interval"]),
         shutdown_timeout=float(raw["shutdown_timeout"]),
+        **_ganeti_settings(raw),
     )
+
+
+def _ganeti_settings(raw: dict[str, Any]) -> dict[str, Any]:
+    """The Ganeti OS-installation options, checked."""
+    key_file = raw["private_key_file"]
+    if key_file is not None and not Path(key_file).is_file():
+        msg = f"--private-key-file / IMDS_PRIVATE_KEY_FILE: {key_file} is not a file"
+        raise ConfigError(msg)
+    for name in ("os_param_max_bytes", "os_package_max_bytes", "os_package_timeout"):
+        if raw[name] <= 0:
+            msg = f"--{name.replace('_', '-')} / IMDS_{name.upper()} must be positive"
+            raise ConfigError(msg)
+    return {
+        "private_key_file": key_file,
+        "os_definitions_dir": raw["os_definitions_dir"],
+        "os_param_max_bytes": int(raw["os_param_max_bytes"]),
+        "os_package_max_bytes": int(raw["os_package_max_bytes"]),
+        "os_package_timeout": float(raw["os_package_timeout"]),
+    }
 
 
 def _validate_lookup(raw: dict[str, Any]) -> None:

@@ -21,6 +21,9 @@ from imds.services.breaker import Breaker
 from imds.services.catalog import Catalog
 from imds.services.identity import IdentitySigner
 from imds.services.lookup import Lookup, LookupPolicy
+from imds.services.os_crypto import PrivateCipher
+from imds.services.os_definitions import OsDefinitions
+from imds.services.os_records import OsRecords
 from imds.services.templates import Template, compile_all
 from imds.services.tokens import TokenIssuer
 from imds.services.upsert import Records
@@ -45,6 +48,7 @@ class Services:
     http: httpx.AsyncClient
     tokens: TokenIssuer
     lookup: Lookup | None = None
+    os: OsRecords | None = None  # Ganeti OS records; always set by build_services
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
     _signer: IdentitySigner | None = None
 
@@ -106,6 +110,10 @@ def build_services(
         metrics=metrics,
         http=http,
         tokens=TokenIssuer.load(key_file=settings.imdsv2_key_file, data_dir=settings.key_dir),
+        os=OsRecords(
+            store, catalog, cipher=PrivateCipher.from_file(settings.private_key_file),
+            definitions=OsDefinitions.load(settings.os_definitions_dir),
+        ),
     )
 
 

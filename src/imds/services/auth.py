@@ -2,7 +2,8 @@
 
 A write needs one of ``write``, ``create``, ``update``, ``metadata:create:<kind>`` or
 ``metadata:update:<kind>``; a read ``read`` or ``metadata:read:<kind>``; a delete
-``write``, ``delete`` or ``metadata:delete:<kind>`` (kind: ``metadata`` or ``userdata``).
+``write``, ``delete`` or ``metadata:delete:<kind>`` (kind: ``metadata``, ``userdata`` or
+``os``, the Ganeti OS record).
 
 Credentials come from a static token (every scope), a tokens file, or OIDC JWTs; with
 none configured every call is refused with a message that says how to configure one.
@@ -18,12 +19,13 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from imds.errors import AuthNotConfigured, ConfigError, Forbidden, Unauthenticated
-from imds.models import RECORD_KINDS, Principal
+from imds.models import OS_KIND, RECORD_KINDS, Principal
 
 _PREFIX = "metadata"
 ALL_SCOPES = frozenset(
     {"read", "write", "create", "update", "delete"}
     | {f"{_PREFIX}:{verb}:{kind}" for verb in ("create", "update", "read", "delete") for kind in RECORD_KINDS}
+    | {f"{_PREFIX}:{verb}:{OS_KIND}" for verb in ("create", "update", "read", "delete")}  # Ganeti OS records
 )
 
 

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Protocol, runtime_checkable
 
-from imds.models import Change, Instance, JsonObject, Network
+from imds.models import Change, Instance, JsonObject, Network, OsRecord
 
 
 @runtime_checkable
@@ -72,6 +72,18 @@ class WriteTx(Protocol):
 
     async def remove_password(self, instance_id: str) -> bool:
         """Delete the instance's password; False when it had none."""
+        ...
+
+    async def os_of(self, instance_id: str) -> OsRecord | None:
+        """The stored Ganeti OS record, or None."""
+        ...
+
+    async def put_os(self, instance_id: str, record: OsRecord) -> None:
+        """Create or replace the OS record. The instance must exist (the caller checks)."""
+        ...
+
+    async def remove_os(self, instance_id: str) -> bool:
+        """Delete the OS record; False when there was none."""
         ...
 
 

@@ -13,7 +13,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from imds.models import METADATA, Change, Instance, JsonObject, Network
+from imds.models import METADATA, Change, Instance, JsonObject, Network, OsRecord
 
 
 @dataclass
@@ -23,6 +23,7 @@ class _Row:
     userdata: bytes | None = None
     userdata_updated_at: datetime | None = None
     password: bytes | None = None
+    os: OsRecord | None = None  # frozen: shared between copies safely
 
 
 @dataclass
@@ -103,6 +104,20 @@ class _MemoryTx:
         row.password = None
         return True
 
+    async def os_of(self, instance_id: str) -> OsRecord | None:
+        row = self._s.rows.get(instance_id)
+        return None if row is None else row.os
+
+    async def put_os(self, instance_id: str, record: OsRecord) -> None:
+        self._s.rows[instance_id].os = record
+
+    async def remove_os(self, instance_id: str) -> bool:
+        row = self._s.rows.get(instance_id)
+        if row is None or row.os is None:
+            return False
+        row.os = None
+        return True
+
 
 class MemoryStore:
     """Dict-backed store; each write works on a copy that replaces the state on success."""
@@ -131,6 +146,7 @@ class MemoryStore:
             userdata=row.userdata,
             userdata_updated_at=row.userdata_updated_at,
             password=row.password,
+            os=row.os,
         )
 
     async def get(self, instance_id: str) -> Instance | None:

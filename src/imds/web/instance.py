@@ -36,6 +36,8 @@ def _group(path: str) -> str:
         return "ops"
     if "/device-" in path or path in {"/docs", "/openapi.json"} or path.startswith(("/identity", "/api/v1/")):
         return "admin"
+    if path.startswith("/os-definitions"):  # Ganeti OS definitions
+        return "admin"
     return "other"
 
 

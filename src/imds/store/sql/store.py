@@ -17,13 +17,15 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from imds.errors import StoreUnavailable
-from imds.models import METADATA, Change, Instance, JsonObject, Network
+from imds.models import METADATA, Change, Instance, JsonObject, Network, OsRecord
 from imds.store.sql.engine import create_engine, is_sqlite
+from imds.store.sql.os_rows import os_document, os_record
 from imds.store.sql.tables import (
     changes,
     feed_head,
     instance_ip_addresses,
     instance_metadata,
+    instance_os,
     instance_passwords,
     instance_userdata,
     instances,
@@ -122,6 +124,7 @@ class _SqlTx:
             instance_ip_addresses.delete().where(instance_ip_addresses.c.instance_id == instance_id)
         )
         await self.remove_password(instance_id)  # the foreign key cascades too; this does not rely on it
+        await self.remove_os(instance_id)
         await self._conn.execute(instances.delete().where(instances.c.id == instance_id))
 
     async def mark_changed(self, instance_ids: Iterable[str]) -> None:
@@ -144,6 +147,20 @@ class _SqlTx:
 
     async def remove_password(self, instance_id: str) -> bool:
         t = instance_passwords
+        result = await self._conn.execute(t.delete().where(t.c.instance_id == instance_id))
+        return bool(result.rowcount)
+
+    async def os_of(self, instance_id: str) -> OsRecord | None:
+        t = instance_os
+        row = await self._conn.execute(sa.select(t.c.document).where(t.c.instance_id == instance_id))
+        document: JsonObject | None = row.scalar_one_or_none()
+        return None if document is None else os_record(document)
+
+    async def put_os(self, instance_id: str, record: OsRecord) -> None:
+        await self._put(instance_os, instance_id, {"document": os_document(record)})
+
+    async def remove_os(self, instance_id: str) -> bool:
+        t = instance_os
         result = await self._conn.execute(t.delete().where(t.c.instance_id == instance_id))
         return bool(result.rowcount)
 
@@ -215,6 +232,8 @@ class SqlStore:
                 sa.select(instance_passwords).where(where(instance_passwords.c.instance_id, chunk))
             ):
                 parts[row.instance_id]["password"] = bytes(row.password)
+            for row in await conn.execute(sa.select(instance_os).where(where(instance_os.c.instance_id, chunk))):
+                parts[row.instance_id]["os"] = os_record(row.document)
         return {
             i: Instance(**{**p, "addresses": tuple(sorted(p["addresses"], key=str))}) for i, p in parts.items()
         }
