@@ -17,6 +17,7 @@ from imds.services import Services
 from imds.services.lookup import LookupNeeded
 from imds.web.ec2 import Ec2Flavor
 from imds.web.errors import error_body
+from imds.web.ganeti import GanetiFlavor
 from imds.web.json import JsonFlavor
 from imds.web.nocloud import NoCloudFlavor
 from imds.web.openstack import OpenStackFlavor
@@ -54,6 +55,8 @@ class InstanceFront:
         self._prefixes: dict[str, Handler] = {**ec2_flavor.prefixes()}
         self._prefixes.update(OpenStackFlavor(services, locator).prefixes())
         self._prefixes.update(NoCloudFlavor(services, locator).prefixes())
+        self.ganeti = GanetiFlavor(services, locator)  # the channel helper wires ganeti.channel["read"/"write"]
+        self._prefixes.update(self.ganeti.prefixes())
         self._log_reads = services.settings.log_instance_reads
         metrics = services.metrics
         self._observe = metrics.latency.labels("instance").observe
