@@ -236,6 +236,9 @@ def restart_and_check(tmp_path: Path, args: list[str], c: Canaries, instance_id:
             assert shown["package"]["credentials_state"] == "lost"
             served = json.loads(rec.guest(ip, PARAMS).content)
             assert served == {"hostname": ["canary-host", "public"], "root-hash": [c.private, "private"]}
+            assert rec.call("DELETE", f"/device-os/{instance_id}").json() == {"id": instance_id, "deleted": "os"}
+            assert rec.call("GET", f"/device-os/{instance_id}").status_code == 404
+            assert rec.guest(ip, PARAMS).status_code == 404
             check_run(rec, c)
             assert_nowhere("parameters.json after a restart", rec.instance[PARAMS][0], c.secrets())
         finally:
