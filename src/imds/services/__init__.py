@@ -20,6 +20,7 @@ from imds.services.auth import Authenticator, Chain, NoAuth, StaticTokens
 from imds.services.breaker import Breaker
 from imds.services.catalog import Catalog
 from imds.services.identity import IdentitySigner
+from imds.services.limits import Limits
 from imds.services.lookup import Lookup, LookupPolicy
 from imds.services.templates import Template, compile_all
 from imds.services.tokens import TokenIssuer
@@ -45,6 +46,7 @@ class Services:
     http: httpx.AsyncClient
     tokens: TokenIssuer
     lookup: Lookup | None = None
+    limits: Limits = field(default_factory=Limits)
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
     _signer: IdentitySigner | None = None
 
@@ -106,7 +108,13 @@ def build_services(
         metrics=metrics,
         http=http,
         tokens=TokenIssuer.load(key_file=settings.imdsv2_key_file, data_dir=settings.key_dir),
+        limits=limits_of(settings),
     )
+
+
+def limits_of(settings: Settings) -> Limits:
+    """The write limits configured in ``settings``."""
+    return Limits(settings.max_addresses, settings.max_document_depth, settings.max_document_keys)
 
 
 def _lookup(
@@ -130,6 +138,7 @@ def _lookup(
         refresh_after=settings.lookup_refresh_after,
         cache_ttl=settings.lookup_cache_ttl,
         concurrency=settings.lookup_concurrency,
+        limits=limits_of(settings),
     )
     breaker = Breaker(failures=settings.lookup_breaker_failures, reset=settings.lookup_breaker_reset)
     return Lookup(client, records, catalog, metrics, policy=policy, breaker=breaker)
