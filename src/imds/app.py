@@ -21,7 +21,7 @@ from imds.services import Services, build_services
 from imds.services.demo import load_demo
 from imds.store import Store
 from imds.web.admin import admin_router
-from imds.web.errors import handle_http_error, handle_imds_error
+from imds.web.errors import handle_http_error, handle_imds_error, handle_unexpected
 from imds.web.instance import InstanceFront
 from imds.web.openstack_admin import openstack_admin_router
 from imds.web.ops import ops_router
@@ -50,15 +50,17 @@ def build_app(
         title="imds admin API",
         version=__version__,
         lifespan=lifespan,
-        exception_handlers={ImdsError: handle_imds_error, HTTPException: handle_http_error},
-        openapi_url="/openapi.json",
-        docs_url="/docs",
+        exception_handlers={ImdsError: handle_imds_error, HTTPException: handle_http_error,
+                            Exception: handle_unexpected},
+        openapi_url=None,  # served by ops_router, behind a token (read or metrics scope)
+        docs_url=None,
         redoc_url=None,
+        redirect_slashes=False,  # a 307 to http://<Host header>/… would be an open redirect: 404 as hollow
     )
     for router in (admin_router(services), refresh_router(services), openstack_admin_router(services)):
         admin.include_router(router)
         admin.include_router(router, prefix="/api/v1", include_in_schema=False)
-    admin.include_router(ops_router(services))
+    admin.include_router(ops_router(services, admin.openapi))
     return InstanceFront(services, admin)
 
 

@@ -424,7 +424,7 @@ def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
 
 async def test_metrics_count_requests_by_group_and_status_and_hollow_counters():
     """Each read, miss, write and unknown route moves its counter; hollow's names are kept."""
-    async with app_with() as app:
+    async with app_with(metrics_public=True) as app:  # scraped the hollow way, without a token
         body = metadata_body(ips=[ip := next_ipv4()])
         await push_metadata(app, body)
         await push_userdata(app, userdata_body(body["id"], [ip], "u"))
@@ -462,7 +462,7 @@ async def test_metrics_count_requests_by_group_and_status_and_hollow_counters():
 
 async def test_ops_requests_are_counted_in_their_own_group():
     """Scrapes and probes count as ``ops``, not as instance or admin traffic."""
-    async with app_with() as app:
+    async with app_with(metrics_public=True) as app:
         await get(app, next_ipv4(), "/healthz")
         await get(app, next_ipv4(), "/readyz")
         found = samples((await get(app, next_ipv4(), "/metrics")).text)

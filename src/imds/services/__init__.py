@@ -22,6 +22,7 @@ from imds.services.catalog import Catalog
 from imds.services.identity import IdentitySigner
 from imds.services.limits import Limits
 from imds.services.lookup import Lookup, LookupPolicy
+from imds.services.proxytrust import warn_stored
 from imds.services.templates import Template, compile_all
 from imds.services.tokens import TokenIssuer
 from imds.services.upsert import Records
@@ -63,6 +64,7 @@ class Services:
         if self.settings.identity_key or self.settings.key_dir:
             _ = self.signer  # a bad key fails at startup, not at the first identity request
         await self.catalog.load()
+        warn_stored(self.catalog.holdings(), self.settings.trusted_proxies)
         self._tasks.append(asyncio.create_task(self.catalog.follow(), name="imds-feed-follower"))
         if self.lookup is not None and self.settings.lookup_refresh_after > 0:
             self._tasks.append(asyncio.create_task(self.lookup.refresh_loop(), name="imds-lookup-refresh"))
@@ -96,7 +98,7 @@ def build_services(
     http = http if http is not None else httpx.AsyncClient(timeout=5.0)
     metrics = Metrics()
     catalog = Catalog(store, poll_interval=settings.feed_poll_interval)
-    records = Records(store, catalog, metrics)
+    records = Records(store, catalog, metrics, trusted=settings.trusted_proxies)
     return Services(
         settings=settings,
         store=store,

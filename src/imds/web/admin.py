@@ -87,6 +87,8 @@ def _write_response(result: WriteResult) -> Response:
         body["ipAddresses"] = [display(a) for a in result.addresses]
         body["moved"] = {display(a): held_by for a, held_by in result.moved.items()}
         body["dropped"] = [display(a) for a in result.dropped]
+        if result.warnings:
+            body["warnings"] = list(result.warnings)
     else:
         body["reason"] = result.reason
     header = {"X-Imds-Write": "applied" if result.applied else "stale"}

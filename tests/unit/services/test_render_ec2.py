@@ -313,8 +313,10 @@ def test_addresses_absent_means_no_address_keys_in_the_aws_layout():
     ],
 )
 def test_placement_prefers_explicit_region_and_zone_over_metro_and_facility(extra, expected):
-    """An explicit region wins; else the region is the zone minus its last letter, as botocore and
-    cloud-init derive it (facility da11 → da1, not the metro da); metro only when that is empty."""
+    """An explicit region wins; else the zone minus its last letter, as botocore and cloud-init derive it.
+
+    Facility da11 gives region da1 (not the metro da); the metro only when that is empty.
+    """
     doc = {**seed(), **extra}
     assert placement(doc) == expected
     tree = aws_meta_data(doc)
