@@ -111,6 +111,14 @@ OPTIONS: tuple[Option, ...] = (
            "Seconds the breaker first stays open (doubling on each reopening, jittered, at most 120)."),
     Option("max_body_bytes", "IMDS_MAX_BODY_BYTES", "int", 1024 * 1024,
            "Largest admin request body accepted, in bytes."),
+    Option("max_addresses", "IMDS_MAX_ADDRESSES", "int", 4096,
+           "Most entries in one write's ipAddresses list."),
+    Option("max_document_depth", "IMDS_MAX_DOCUMENT_DEPTH", "int", 64,
+           "Deepest nesting of objects and lists accepted in a metadata document."),
+    Option("max_document_keys", "IMDS_MAX_DOCUMENT_KEYS", "int", 20000,
+           "Most object keys (counted over every level) accepted in a metadata document."),
+    Option("metrics_public", "IMDS_METRICS_PUBLIC", "bool", False,  # noqa: FBT003 - a table row, not a call site
+           "Serve /metrics without a token (hollow-compatible scraping); off: it needs a metrics or read scope."),
     Option("demo", "IMDS_DEMO", "bool", False,  # noqa: FBT003 - a table row, not a call site
            "Load a demo instance bound to 127.0.0.1 and ::1 at startup."),
     Option("log_level", "IMDS_LOG_LEVEL", "str", "info",
@@ -181,6 +189,10 @@ class Settings:
     lookup_breaker_failures: int = 5
     lookup_breaker_reset: float = 10.0
     max_body_bytes: int = 1024 * 1024
+    max_addresses: int = 4096
+    max_document_depth: int = 64
+    max_document_keys: int = 20000
+    metrics_public: bool = False
     demo: bool = False
     log_level: str = "info"
     log_instance_reads: bool = False
@@ -295,9 +307,10 @@ def _validate(raw: dict[str, Any], env: Mapping[str, str]) -> Settings:
     if level not in LOG_LEVELS:
         msg = f"--log-level / IMDS_LOG_LEVEL: {level!r} is not one of {', '.join(LOG_LEVELS)}"
         raise ConfigError(msg)
-    if raw["max_body_bytes"] <= 0:
-        msg = "--max-body-bytes / IMDS_MAX_BODY_BYTES must be positive"
-        raise ConfigError(msg)
+    for name in ("max_body_bytes", "max_addresses", "max_document_depth", "max_document_keys"):
+        if raw[name] <= 0:
+            msg = f"--{name.replace('_', '-')} / IMDS_{name.upper()} must be positive"
+            raise ConfigError(msg)
     if raw["imdsv2"] not in IMDSV2_MODES:
         msg = f"--imdsv2 / IMDS_IMDSV2: {raw['imdsv2']!r} is not one of {', '.join(IMDSV2_MODES)}"
         raise ConfigError(msg)
@@ -350,6 +363,10 @@ def _validate(raw: dict[str, Any], env: Mapping[str, str]) -> Settings:
         lookup_breaker_failures=int(raw["lookup_breaker_failures"]),
         lookup_breaker_reset=float(raw["lookup_breaker_reset"]),
         max_body_bytes=raw["max_body_bytes"],
+        max_addresses=raw["max_addresses"],
+        max_document_depth=raw["max_document_depth"],
+        max_document_keys=raw["max_document_keys"],
+        metrics_public=bool(raw["metrics_public"]),
         demo=bool(raw["demo"]),
         log_level=level,
         log_instance_reads=bool(raw["log_instance_reads"]),

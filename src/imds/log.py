@@ -34,6 +34,7 @@ def configure(level: str = "info") -> None:
         structlog.stdlib.ProcessorFormatter(
             processors=[
                 structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+                structlog.processors.format_exc_info,  # uvicorn's "Exception in ASGI application" with its traceback
                 structlog.processors.JSONRenderer(),
             ],
             foreign_pre_chain=[*shared, structlog.stdlib.add_logger_name],

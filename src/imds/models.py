@@ -67,6 +67,7 @@ class WriteResult:
     moved: dict[Network, str] = field(default_factory=dict)
     dropped: tuple[Network, ...] = ()
     reason: str | None = None
+    warnings: tuple[str, ...] = ()  # e.g. an address inside a trusted-proxy network
 
 
 @dataclass(frozen=True)

@@ -154,7 +154,7 @@ def test_cloud_init_helpers_read_the_tree_and_userdata_with_a_token(server, tmp_
         assert md["public-keys"] == {"test@testmachine.local": keys[0], "test@testmachine.local-1": keys[1]}
         assert md["local-ipv4"] == "10.70.17.9"
         assert md["public-ipv4"] == "40.91.78.229"
-        assert md["placement"] == {"availability-zone": "da11", "region": "da"}
+        assert md["placement"] == {"availability-zone": "da11", "region": "da1"}
         assert md["network"]["interfaces"]["macs"]["40:a6:b7:74:9f:10"]["local-ipv4s"] == "10.70.17.9"
         assert md["block-device-mapping"] == {"ami": "/dev/sda", "root": "/dev/sda"}
         assert base64.b64decode(got[version]["user-data"]) == USERDATA.encode()
@@ -183,7 +183,7 @@ def test_cloud_init_ec2_datasource_crawls_over_imdsv2(server, tmp_path):
     assert sorted(got["public_keys"]) == sorted(seed()["ssh_keys"])
     assert got["local_ipv4"] == "10.70.17.9"
     assert got["availability_zone"] == "da11"
-    assert got["region"] == "da"  # on AWS cloud-init takes the region from the identity document
+    assert got["region"] == "da1"  # on AWS cloud-init takes it from the identity document: the same region
     assert base64.b64decode(got["userdata"]) == USERDATA.encode()
 
 
@@ -287,7 +287,7 @@ def test_ec2_metadata_reads_everything_it_knows(server):
         assert client.instance_type == "c3.medium.x86"
         assert client.ami_id == "31853a2b0b2fcc4ee7fd5da5e53611303b60aafa"
         assert client.availability_zone == "da11"
-        assert client.region == "da"  # from the identity document
+        assert client.region == "da1"  # from the identity document: what botocore derives from the zone
         assert client.private_hostname == "metadata-example-01"
         assert client.private_ipv4 == "10.70.17.9"
         assert client.public_ipv4 == "40.91.78.229"

@@ -67,7 +67,7 @@ async def push(app: InstanceFront, path: str, body: dict[str, Any]) -> None:
 
 async def scrape(app: InstanceFront) -> dict[str, float]:
     """/metrics as {sample name: value} for unlabelled samples."""
-    async with client_from(app) as client:
+    async with admin_client(app) as client:
         text = (await client.get("/metrics")).text
     return {
         sample.name: sample.value

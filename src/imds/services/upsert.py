@@ -14,7 +14,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 
 from imds import log
 from imds.errors import Conflict, InvalidInput, RecordNotFound, StoreUnavailable
@@ -22,6 +22,7 @@ from imds.metrics import Metrics
 from imds.models import METADATA, USERDATA, Instance, MetadataWrite, Network, UserdataWrite, WriteResult
 from imds.services.addresses import display
 from imds.services.catalog import Catalog
+from imds.services.proxytrust import inside_trusted
 from imds.services.wire import document_timestamp
 from imds.store.interface import Store, WriteTx
 
@@ -33,10 +34,11 @@ PASSWORD_MAX_BYTES = 1020  # Nova's limit: four 255-character chunks of system m
 class Records:
     """Create, replace, read and delete instance records."""
 
-    def __init__(self, store: Store, catalog: Catalog, metrics: Metrics) -> None:
+    def __init__(self, store: Store, catalog: Catalog, metrics: Metrics, *, trusted: Sequence[Network] = ()) -> None:
         self._store = store
         self._catalog = catalog
         self._metrics = metrics
+        self._trusted = tuple(trusted)  # trusted-proxy networks: binding an address inside one is warned about
 
     async def put_metadata(self, write: MetadataWrite, *, subject: str) -> WriteResult:
         """Replace the instance's metadata and address list, unless the write is stale."""
@@ -101,7 +103,9 @@ class Records:
                     await put(tx)
                     moved, dropped = await tx.replace_addresses(instance_id, addresses)
                     await tx.mark_changed([instance_id, *moved.values()])
-                    result = WriteResult(instance_id, applied=True, addresses=addresses, moved=moved, dropped=dropped)
+                    warnings = tuple(inside_trusted(addresses, self._trusted))
+                    result = WriteResult(instance_id, applied=True, addresses=addresses, moved=moved, dropped=dropped,
+                                         warnings=warnings)
         except StoreUnavailable:
             errors = self._metrics.metadata_store_errors if kind == METADATA else self._metrics.userdata_store_errors
             errors.inc()
@@ -121,6 +125,8 @@ class Records:
             moved={display(a): held_by for a, held_by in result.moved.items()},
             dropped=[display(a) for a in result.dropped],
         )
+        if result.warnings:
+            _log.warning("record.inside_trusted_proxy", instance_id=instance_id, problems=list(result.warnings))
         return result
 
     # --- the OpenStack password: written by the instance once, cleared by an admin ---------
