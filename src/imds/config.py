@@ -39,8 +39,9 @@ class Option:
 
 
 OPTIONS: tuple[Option, ...] = (
-    Option("listen", "IMDS_LISTEN", "list", ("127.0.0.1:8000",),
-           "HOST:PORT to listen on (repeatable; [v6]:PORT for IPv6; env: comma-separated)."),
+    Option("listen", "IMDS_LISTEN", "list", ("127.0.0.1:8000", "[::1]:8000"),
+           "HOST:PORT to listen on (repeatable; [v6]:PORT for IPv6; env: comma-separated; "
+           "the default's [::1] is skipped on a host without IPv6 loopback)."),
     Option("data_dir", "IMDS_DATA_DIR", "path", None,
            "Directory for the embedded database and generated keys "
            "(default: $XDG_DATA_HOME/imds or ~/.local/share/imds)."),
@@ -133,7 +134,7 @@ _FALSE = {"0", "false", "no", "off", ""}
 class Settings:
     """Validated configuration of ``imds serve``. Build it with ``load``."""
 
-    listen: tuple[tuple[str, int], ...] = (("127.0.0.1", 8000),)
+    listen: tuple[tuple[str, int], ...] = (("127.0.0.1", 8000), ("::1", 8000))
     data_dir: Path | None = None
     db_url: str = "memory://"
     migrate: bool = True
