@@ -21,6 +21,7 @@ from imds.services import Services, build_services
 from imds.services.demo import load_demo
 from imds.store import Store
 from imds.web.admin import admin_router
+from imds.web.docs import docs_router
 from imds.web.errors import handle_http_error, handle_imds_error
 from imds.web.instance import InstanceFront
 from imds.web.openstack_admin import openstack_admin_router
@@ -52,13 +53,14 @@ def build_app(
         lifespan=lifespan,
         exception_handlers={ImdsError: handle_imds_error, HTTPException: handle_http_error},
         openapi_url="/openapi.json",
-        docs_url="/docs",
+        docs_url=None,  # imds.web.docs serves /docs with local assets (no CDN)
         redoc_url=None,
     )
     for router in (admin_router(services), refresh_router(services), openstack_admin_router(services)):
         admin.include_router(router)
         admin.include_router(router, prefix="/api/v1", include_in_schema=False)
     admin.include_router(ops_router(services))
+    admin.include_router(docs_router(title=admin.title, openapi_url="/openapi.json"))
     return InstanceFront(services, admin)
 
 
