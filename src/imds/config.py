@@ -271,8 +271,11 @@ def _coerce(option: Option, value: Any) -> Any:
 def _validate(raw: dict[str, Any], env: Mapping[str, str]) -> Settings:
     data_dir = raw["data_dir"] or _default_data_dir(env)
     db_url = raw["db"] or f"sqlite:///{data_dir / 'imds.db'}"
+    if db_url.startswith("postgres://"):  # Heroku's and libpq's alias; SQLAlchemy knows only postgresql://
+        db_url = "postgresql://" + db_url.removeprefix("postgres://")
     if not db_url.startswith(("sqlite", "postgresql", "memory://")):
-        msg = f"--db / IMDS_DB: unsupported database URL scheme in {_redact_url(db_url)!r}"
+        msg = (f"--db / IMDS_DB: unsupported database URL scheme in {_redact_url(db_url)!r} "
+               "(use sqlite:///PATH, postgresql://USER:PASS@HOST:PORT/DB or memory://)")
         raise ConfigError(msg)
     level = str(raw["log_level"]).lower()
     if level not in LOG_LEVELS:

@@ -507,6 +507,7 @@ async def test_a_malformed_id_in_the_path_is_400(method, kind):
 
 LIMIT = 512
 JSON_TYPE = "application/json"
+TOO_LARGE = f"request body is larger than {LIMIT} bytes (--max-body-bytes / IMDS_MAX_BODY_BYTES)"
 
 
 def big_metadata_body() -> dict[str, Any]:
@@ -525,7 +526,7 @@ async def test_a_body_over_the_limit_with_content_length_is_413(prefix):
         assert answer.status_code == 413
         assert answer.json() == {
             "message": "request body too large",
-            "errors": [{"field": "body", "message": f"request body is larger than {LIMIT} bytes"}],
+            "errors": [{"field": "body", "message": TOO_LARGE}],
         }
         assert (await admin.get(f"/device-metadata/{body['id']}")).status_code == 404
         assert (await guest_get(app, body["ipAddresses"][0], "/metadata")).status_code == 404
@@ -563,7 +564,7 @@ async def test_a_chunked_body_over_the_limit_is_413(path):
         assert "content-length" not in answer.request.headers
         assert answer.request.headers["transfer-encoding"] == "chunked"
         assert answer.status_code == 413
-        assert errors_of(answer) == {"body": f"request body is larger than {LIMIT} bytes"}
+        assert errors_of(answer) == {"body": TOO_LARGE}
         kind = path.removeprefix("/device-")
         assert (await admin.get(f"/device-{kind}/{body['id']}")).status_code == 404
         assert (await guest_get(app, body["ipAddresses"][0], f"/{kind}")).status_code == 404
