@@ -21,6 +21,7 @@ from imds.services import Services, build_services
 from imds.services.demo import load_demo
 from imds.store import Store
 from imds.web.admin import admin_router
+from imds.web.docs import docs_router
 from imds.web.errors import handle_http_error, handle_imds_error, handle_unexpected
 from imds.web.ganeti_admin import ganeti_admin_router
 from imds.web.instance import InstanceFront
@@ -54,7 +55,7 @@ def build_app(
         exception_handlers={ImdsError: handle_imds_error, HTTPException: handle_http_error,
                             Exception: handle_unexpected},
         openapi_url=None,  # served by ops_router, behind a token (read or metrics scope)
-        docs_url=None,
+        docs_url=None,  # imds.web.docs serves /docs with local assets (no CDN)
         redoc_url=None,
         redirect_slashes=False,  # a 307 to http://<Host header>/… would be an open redirect: 404 as hollow
     )
@@ -64,6 +65,7 @@ def build_app(
         admin.include_router(router)
         admin.include_router(router, prefix="/api/v1", include_in_schema=False)
     admin.include_router(ops_router(services, admin.openapi))
+    admin.include_router(docs_router(title=admin.title, openapi_url="/openapi.json"))
     return InstanceFront(services, admin)
 
 

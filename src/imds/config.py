@@ -39,8 +39,9 @@ class Option:
 
 
 OPTIONS: tuple[Option, ...] = (
-    Option("listen", "IMDS_LISTEN", "list", ("127.0.0.1:8000",),
-           "HOST:PORT to listen on (repeatable; [v6]:PORT for IPv6; env: comma-separated)."),
+    Option("listen", "IMDS_LISTEN", "list", ("127.0.0.1:8000", "[::1]:8000"),
+           "HOST:PORT to listen on (repeatable; [v6]:PORT for IPv6; env: comma-separated; "
+           "the default's [::1] is skipped on a host without IPv6 loopback)."),
     Option("data_dir", "IMDS_DATA_DIR", "path", None,
            "Directory for the embedded database and generated keys "
            "(default: $XDG_DATA_HOME/imds or ~/.local/share/imds)."),
@@ -154,7 +155,7 @@ _FALSE = {"0", "false", "no", "off", ""}
 class Settings:
     """Validated configuration of ``imds serve``. Build it with ``load``."""
 
-    listen: tuple[tuple[str, int], ...] = (("127.0.0.1", 8000),)
+    listen: tuple[tuple[str, int], ...] = (("127.0.0.1", 8000), ("::1", 8000))
     data_dir: Path | None = None
     db_url: str = "memory://"
     migrate: bool = True
@@ -300,8 +301,11 @@ def _coerce(option: Option, value: Any) -> Any:
 def _validate(raw: dict[str, Any], env: Mapping[str, str]) -> Settings:
     data_dir = raw["data_dir"] or _default_data_dir(env)
     db_url = raw["db"] or f"sqlite:///{data_dir / 'imds.db'}"
+    if db_url.startswith("postgres://"):  # Heroku's and libpq's alias; SQLAlchemy knows only postgresql://
+        db_url = "postgresql://" + db_url.removeprefix("postgres://")
     if not db_url.startswith(("sqlite", "postgresql", "memory://")):
-        msg = f"--db / IMDS_DB: unsupported database URL scheme in {_redact_url(db_url)!r}"
+        msg = (f"--db / IMDS_DB: unsupported database URL scheme in {_redact_url(db_url)!r} "
+               "(use sqlite:///PATH, postgresql://USER:PASS@HOST:PORT/DB or memory://)")
         raise ConfigError(msg)
     level = str(raw["log_level"]).lower()
     if level not in LOG_LEVELS:

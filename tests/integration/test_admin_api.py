@@ -509,6 +509,7 @@ async def test_a_malformed_id_in_the_path_is_400(method, kind):
 
 LIMIT = 512
 JSON_TYPE = "application/json"
+TOO_LARGE = f"request body is larger than {LIMIT} bytes (--max-body-bytes / IMDS_MAX_BODY_BYTES)"
 
 
 def big_metadata_body() -> dict[str, Any]:

@@ -93,10 +93,10 @@ if cfg["mode"] == "helpers":
     headers_cb = None
     if cfg["token"]:
         token = url_helper.readurl(url + "/latest/api/token", headers={cfg["ttl_header"]: "21600"},
-                                   request_method="PUT", timeout=2).contents.decode()
+                                   request_method="PUT", timeout=10).contents.decode()
         headers_cb = lambda _url: {cfg["token_header"]: token}
     for version in cfg["versions"]:
-        kwargs = dict(api_version=version, metadata_address=url, headers_cb=headers_cb, timeout=2, retries=0)
+        kwargs = dict(api_version=version, metadata_address=url, headers_cb=headers_cb, timeout=10, retries=0)
         md = ec2.get_instance_metadata(**kwargs)
         ud = ec2.get_instance_userdata(**kwargs)
         identity = ec2.get_instance_identity(**kwargs)
@@ -209,7 +209,7 @@ def test_cloud_init_ec2_datasource_without_tokens(server, tmp_path):
 def botocore_fetcher(kind: str, server: Server, source: str) -> Any:
     """A botocore IMDS fetcher pointed at the test server, connecting from ``source``."""
     utils = need("botocore.utils")
-    fetcher = getattr(utils, kind)(timeout=2, num_attempts=1, env={},
+    fetcher = getattr(utils, kind)(timeout=10, num_attempts=1, env={},
                                    config={"ec2_metadata_service_endpoint": server.url})
     assert fetcher.get_base_url() == server.url
     # botocore has no source-address option; its urllib3 pool manager does.

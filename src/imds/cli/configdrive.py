@@ -76,3 +76,21 @@ def build(instance_id: str, output: Path, fmt: str, **flags: Any) -> None:
     except OSError as exc:
         raise click.ClickException(f"cannot write {output}: {exc.strerror}") from exc
     click.echo(f"wrote {output} ({kind}, label {drives.LABELS[kind]}, {len(data)} bytes)")
+
+
+@configdrive.command(name="list")
+@click.argument("image", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+def list_(image: Path) -> None:
+    """Print an ISO's volume label, then each file (Rock Ridge path) with its size in bytes."""
+    from pycdlib.pycdlibexception import PyCdlibException  # noqa: PLC0415 - pycdlib loads only when used
+
+    from imds.configdrive.iso import list_iso  # noqa: PLC0415
+
+    try:
+        with image.open("rb") as data:
+            label, files = list_iso(data)
+    except (PyCdlibException, OSError) as exc:
+        raise click.ClickException(f"{image}: not a readable ISO 9660 image ({exc})") from exc
+    click.echo(f"label {label}")
+    for path, size in files:
+        click.echo(f"{size:>10}  {path}")

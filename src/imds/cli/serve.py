@@ -10,6 +10,7 @@ from typing import Any
 import click
 
 from imds import log
+from imds.cli.listen import listen_addresses
 from imds.cli.options import resolve, settings_options
 from imds.config import Settings
 from imds.errors import ImdsError
@@ -63,7 +64,8 @@ def run(settings: Settings) -> None:
 
         migrate.upgrade(settings.db_url)
         logger.info("db.migrated", db=settings.db_url.split(":", 1)[0])
-    sockets = [bind(host, port, hop_limit=settings.token_hop_limit) for host, port in settings.listen]
+    listen = listen_addresses(settings)
+    sockets = [bind(host, port, hop_limit=settings.token_hop_limit) for host, port in listen]
     config = uvicorn.Config(
         build_app(settings),
         lifespan="on",
@@ -75,7 +77,7 @@ def run(settings: Settings) -> None:
         server_header=False,
         timeout_graceful_shutdown=int(settings.shutdown_timeout),
     )
-    for host, port in settings.listen:
+    for host, port in listen:
         logger.info("listening", address=f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
     server = uvicorn.Server(config)
     # uvicorn re-raises SIGINT/SIGTERM once it has shut down gracefully, which would end

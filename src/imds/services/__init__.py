@@ -15,6 +15,7 @@ import httpx
 
 from imds import log
 from imds.config import Settings
+from imds.errors import AuthNotConfigured
 from imds.metrics import Metrics
 from imds.services.auth import Authenticator, Chain, NoAuth, StaticTokens
 from imds.services.breaker import Breaker
@@ -162,5 +163,6 @@ def _authenticator(settings: Settings, http: httpx.AsyncClient) -> Authenticator
 
         jwt = OidcVerifier(settings, http)
     if not static and jwt is None:
+        _log.warning("admin.auth_not_configured", problem=AuthNotConfigured().message)
         return NoAuth()
     return Chain(static, jwt)

@@ -1,7 +1,7 @@
 """Operational endpoints: liveness, readiness (public), Prometheus metrics and the API description.
 
 ``/healthz`` and ``/readyz`` answer anyone (load balancers and orchestrators probe them).
-``/metrics``, ``/openapi.json`` and ``/docs`` need a token with the ``read`` or ``metrics``
+``/metrics`` and ``/openapi.json`` need a token with the ``read`` or ``metrics``
 scope: they reveal instance counts, error rates and the admin surface. ``--metrics-public``
 keeps ``/metrics`` open for scrapers that cannot send a token (hollow's behaviour).
 """
@@ -12,7 +12,6 @@ from collections.abc import Callable
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.openapi.docs import get_swagger_ui_html
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.responses import Response
 
@@ -25,7 +24,7 @@ from imds.web.errors import JSON
 
 
 def ops_router(services: Services, openapi: Callable[[], dict[str, Any]]) -> APIRouter:
-    """``/healthz``, ``/readyz``, ``/metrics``, and ``/openapi.json`` + ``/docs`` (``openapi``: the schema)."""
+    """``/healthz``, ``/readyz``, ``/metrics`` and ``/openapi.json`` (``openapi``: the schema). ``/docs`` is ``imds.web.docs``."""
     router = APIRouter(include_in_schema=False)
 
     @router.get("/healthz")
@@ -47,11 +46,6 @@ def ops_router(services: Services, openapi: Callable[[], dict[str, Any]]) -> API
     async def openapi_json(request: Request) -> Response:
         await authorize(services, request, ops_scopes())
         return Response(encode(openapi()), media_type=JSON)
-
-    @router.get("/docs")
-    async def docs(request: Request) -> Response:
-        await authorize(services, request, ops_scopes())
-        return get_swagger_ui_html(openapi_url="/openapi.json", title="imds admin API")
 
     @router.get("/metrics")
     async def metrics(request: Request) -> Response:

@@ -18,6 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from imds.errors import StoreUnavailable
 from imds.models import METADATA, Change, Instance, JsonObject, Network, OsRecord
+from imds.store.sql.diagnose import describe, is_not_migrated, not_migrated, sqlite_problem
 from imds.store.sql.engine import create_engine, is_sqlite
 from imds.store.sql.os_rows import os_document, os_record
 from imds.store.sql.tables import (
@@ -169,7 +170,13 @@ class SqlStore:
     """Store over an SQLAlchemy async engine. The database must be migrated."""
 
     def __init__(self, url: str) -> None:
-        self._engine = create_engine(url)
+        self._url = url
+        if (problem := sqlite_problem(url)) is not None:
+            raise StoreUnavailable(f"cannot open the database: {problem}")
+        try:
+            self._engine = create_engine(url)
+        except OSError as exc:  # the SQLite file's directory cannot be created
+            raise StoreUnavailable(f"cannot open the database: {describe(url, exc)}") from exc
         # One process has one SQLite writer at a time anyway; queueing here rather than
         # in SQLite's busy handler keeps waits fair and short.
         self._local_writer = asyncio.Lock() if is_sqlite(url) else None
@@ -195,8 +202,8 @@ class SqlStore:
                 yield tx
                 if tx.seq != start:
                     await conn.execute(feed_head.update().where(feed_head.c.id == 1).values(seq=tx.seq))
-        except SQLAlchemyError as exc:
-            raise StoreUnavailable(f"database write failed: {type(exc).__name__}") from exc
+        except (SQLAlchemyError, OSError) as exc:
+            raise StoreUnavailable(f"database write failed: {self._explain(exc)}") from exc
 
     @asynccontextmanager
     async def _read(self) -> AsyncIterator[AsyncConnection]:
@@ -205,8 +212,12 @@ class SqlStore:
                 conn = await plain.execution_options(imds_read=True)
                 async with conn.begin():
                     yield conn
-        except SQLAlchemyError as exc:
-            raise StoreUnavailable(f"database read failed: {type(exc).__name__}") from exc
+        except (SQLAlchemyError, OSError) as exc:
+            raise StoreUnavailable(f"database read failed: {self._explain(exc)}") from exc
+
+    def _explain(self, exc: BaseException) -> str:
+        """Which database and why, in one line (see ``diagnose``); never SQL or a password."""
+        return not_migrated(self._url, exc) if is_not_migrated(exc) else describe(self._url, exc)
 
     async def _load(self, conn: AsyncConnection, ids: Sequence[str] | None) -> dict[str, Instance]:
         def where(column: sa.Column[Any], chunk: Sequence[str] | None) -> Any:
