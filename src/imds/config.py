@@ -298,15 +298,20 @@ def _coerce(option: Option, value: Any) -> Any:
         raise ConfigError(msg) from exc
 
 
-def _validate(raw: dict[str, Any], env: Mapping[str, str]) -> Settings:
-    data_dir = raw["data_dir"] or _default_data_dir(env)
-    db_url = raw["db"] or f"sqlite:///{data_dir / 'imds.db'}"
+def _db_url(db_url: str) -> str:
+    """The database URL, with ``postgres://`` read as ``postgresql://``; ConfigError for other schemes."""
     if db_url.startswith("postgres://"):  # Heroku's and libpq's alias; SQLAlchemy knows only postgresql://
         db_url = "postgresql://" + db_url.removeprefix("postgres://")
     if not db_url.startswith(("sqlite", "postgresql", "memory://")):
         msg = (f"--db / IMDS_DB: unsupported database URL scheme in {_redact_url(db_url)!r} "
                "(use sqlite:///PATH, postgresql://USER:PASS@HOST:PORT/DB or memory://)")
         raise ConfigError(msg)
+    return db_url
+
+
+def _validate(raw: dict[str, Any], env: Mapping[str, str]) -> Settings:
+    data_dir = raw["data_dir"] or _default_data_dir(env)
+    db_url = _db_url(raw["db"] or f"sqlite:///{data_dir / 'imds.db'}")
     level = str(raw["log_level"]).lower()
     if level not in LOG_LEVELS:
         msg = f"--log-level / IMDS_LOG_LEVEL: {level!r} is not one of {', '.join(LOG_LEVELS)}"

@@ -21,7 +21,10 @@ async def test_docs_page_references_only_local_assets_that_answer():
         assert "text/html" in page.headers["content-type"]
         urls = re.findall(r"""(?:src|href)=["']([^"']+)["']""", page.text)
         assert urls, page.text
-        assert "/openapi.json" in page.text
+        assert '"/openapi.json"' in page.text
+        # The spec needs a token: the page sends one as a bearer header, never in a URL.
+        assert 'request.headers["Authorization"] = "Bearer " + token' in page.text
+        assert "?token" not in page.text
         assert not [u for u in urls if "://" in u or u.startswith("//")], urls
         assert "cdn" not in page.text.lower()
         assert {u.rsplit("/", 1)[1] for u in urls} == {"swagger-ui-bundle.js", "swagger-ui.css", "favicon-32x32.png"}

@@ -2,12 +2,19 @@
 
 The JavaScript and CSS come from the ``swagger-ui-bundle`` package (Swagger UI's own
 release files, Apache-2.0), so the page works on a host with no internet access.
+
+The page itself holds nothing secret and is public; ``/openapi.json`` needs a token with the
+``read`` or ``metrics`` scope, so the page asks for one, keeps it in the tab's
+``sessionStorage`` and sends it as a bearer header on every request Swagger UI makes (the
+spec fetch included), never in a URL.
 """
 
 from __future__ import annotations
 
+import html
+import json
+
 from fastapi import APIRouter
-from fastapi.openapi.docs import get_swagger_ui_html
 from starlette.responses import HTMLResponse, Response
 from swagger_ui_bundle import swagger_ui_path  # type: ignore[import-untyped]  # ships no py.typed
 
@@ -27,15 +34,12 @@ def docs_router(*, title: str, openapi_url: str) -> APIRouter:
     """``/docs`` and ``/docs/assets/{name}``; give FastAPI ``docs_url=None`` so this one answers."""
     router = APIRouter(include_in_schema=False)
 
+    page = _PAGE.replace("{title}", html.escape(title)).replace("{assets}", ASSETS_URL)
+    page = page.replace("{openapi_url}", json.dumps(openapi_url))
+
     @router.get(DOCS_URL)
     async def docs() -> HTMLResponse:
-        return get_swagger_ui_html(
-            openapi_url=openapi_url,
-            title=f"{title} - Swagger UI",
-            swagger_js_url=f"{ASSETS_URL}/swagger-ui-bundle.js",
-            swagger_css_url=f"{ASSETS_URL}/swagger-ui.css",
-            swagger_favicon_url=f"{ASSETS_URL}/favicon-32x32.png",
-        )
+        return HTMLResponse(page)
 
     @router.get(ASSETS_URL + "/{name}")
     async def asset(name: str) -> Response:
@@ -46,3 +50,28 @@ def docs_router(*, title: str, openapi_url: str) -> APIRouter:
         return Response(content, media_type=media_type, headers={"cache-control": "public, max-age=86400"})
 
     return router
+
+
+_PAGE = """<!doctype html>
+<html><head><title>{title} - Swagger UI</title>
+<link type="text/css" rel="stylesheet" href="{assets}/swagger-ui.css">
+<link rel="shortcut icon" href="{assets}/favicon-32x32.png"></head>
+<body><div id="swagger-ui"></div>
+<script src="{assets}/swagger-ui-bundle.js"></script>
+<script>
+const key = "imds-admin-token";
+let token = sessionStorage.getItem(key);
+if (!token) {
+  token = window.prompt("Admin token (read or metrics scope) for the API description:") || "";
+  sessionStorage.setItem(key, token);
+}
+window.ui = SwaggerUIBundle({
+  url: {openapi_url},
+  dom_id: "#swagger-ui",
+  requestInterceptor: (request) => {
+    if (token) { request.headers["Authorization"] = "Bearer " + token; }
+    return request;
+  },
+});
+</script></body></html>
+"""

@@ -24,7 +24,7 @@ from imds.web.errors import JSON
 
 
 def ops_router(services: Services, openapi: Callable[[], dict[str, Any]]) -> APIRouter:
-    """``/healthz``, ``/readyz``, ``/metrics`` and ``/openapi.json`` (``openapi``: the schema). ``/docs`` is ``imds.web.docs``."""
+    """``/healthz``, ``/readyz``, ``/metrics`` and ``/openapi.json`` (``openapi``: the schema)."""
     router = APIRouter(include_in_schema=False)
 
     @router.get("/healthz")
