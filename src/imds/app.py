@@ -26,6 +26,7 @@ from imds.web.errors import handle_http_error, handle_imds_error
 from imds.web.instance import InstanceFront
 from imds.web.openstack_admin import openstack_admin_router
 from imds.web.ops import ops_router
+from imds.web.records_admin import records_admin_router
 from imds.web.refresh import refresh_router
 
 _log = log.get("app")
@@ -56,7 +57,8 @@ def build_app(
         docs_url=None,  # imds.web.docs serves /docs with local assets (no CDN)
         redoc_url=None,
     )
-    for router in (admin_router(services), refresh_router(services), openstack_admin_router(services)):
+    for router in (admin_router(services), refresh_router(services), openstack_admin_router(services),
+                   records_admin_router(services)):
         admin.include_router(router)
         admin.include_router(router, prefix="/api/v1", include_in_schema=False)
     admin.include_router(ops_router(services))
