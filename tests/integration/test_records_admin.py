@@ -47,3 +47,23 @@ async def test_records_need_read_scopes_for_both_kinds(tmp_path):
             assert (await partial.get("/device-records")).status_code == 403
         async with client_from(app, token="reader") as reader:
             assert (await reader.get("/device-records")).status_code == 200
+
+
+async def test_post_records_applies_a_batch_and_reports_each_item_in_order():
+    """POST /device-records: created / rejected / unchanged per item, in order; dry_run writes nothing."""
+    async with running_app() as app, admin_client(app) as admin:
+        good, ip = new_id(), next_ipv4()
+        item = {"id": good, "ipAddresses": [ip], "metadata": {"hostname": "g"}}
+        batch = [item, {"id": "bad", "ipAddresses": [], "metadata": {}}, {"id": new_id(), "ipAddresses": []}]
+        dry = await admin.post("/device-records?dry_run=true", json=batch)
+        assert [r["outcome"] for r in dry.json()["results"]] == ["created", "rejected", "rejected"]
+        assert (await admin.get(f"/device-records/{good}")).status_code == 404
+        done = (await admin.post("/device-records", json=batch)).json()["results"]
+        assert done[0] == {"id": good, "outcome": "created", "reason": None}
+        assert done[1]["reason"].startswith("id: must be a UUID")
+        assert done[2]["reason"] == "metadata: or userdata is required (an item carries at least one)"
+        async with client_from(app, ip) as guest:
+            assert (await guest.get("/metadata")).json()["hostname"] == "g"  # served at once
+        again = (await admin.post("/api/v1/device-records", json=[item])).json()["results"]
+        assert again == [{"id": good, "outcome": "unchanged", "reason": None}]
+        assert (await admin.post("/device-records", json={"not": "a list"})).status_code == 400

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from imds import __version__
-from imds.cli import records
+from imds.cli import records, transfer
 from imds.cli.configdrive import configdrive
 from imds.cli.db import db
 from imds.cli.serve import serve
@@ -38,6 +38,8 @@ cli.add_command(configdrive)
 cli.add_command(records.get)
 cli.add_command(records.list_)
 cli.add_command(records.delete)
+cli.add_command(transfer.import_)
+cli.add_command(transfer.export)
 
 
 def main() -> None:

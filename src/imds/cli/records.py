@@ -136,7 +136,7 @@ def list_(output: str, **flags: Any) -> None:
     """List every stored instance: id, hostname, addresses and which records it has."""
 
     async def read(records: OfflineRecords) -> list[dict[str, Any]]:
-        return [summary(to_wire(instance)) for instance in await records.list()]
+        return [summary(to_wire(instance)) for instance in await records.all()]
 
     with Target(flags) as target:
         if target.remote is not None:

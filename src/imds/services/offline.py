@@ -13,16 +13,24 @@ change feed that a running ``imds serve`` follows).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
 
 from imds.errors import ConfigError
 from imds.metrics import Metrics
 from imds.models import Instance
+from imds.services.bulk import Item, Result, apply_batch
 from imds.services.catalog import Catalog
 from imds.services.records_io import stored_instance, stored_instances
 from imds.services.upsert import Records
 from imds.store import Store, open_store
+
+
+class _Detached(Catalog):
+    """No in-memory index outside a server: servers see these writes through the change feed."""
+
+    async def refresh(self, instance_ids: Iterable[str]) -> None:  # noqa: ARG002 - the overridden signature
+        return None
 
 
 class OfflineRecords:
@@ -30,19 +38,23 @@ class OfflineRecords:
 
     def __init__(self, store: Store) -> None:
         self.store = store
-        self.records = Records(store, Catalog(store), Metrics())
+        self.records = Records(store, _Detached(store), Metrics())
 
     async def get(self, instance_id: str) -> Instance:
         """The stored instance (both record types, addresses), or InstanceNotStored."""
         return await stored_instance(self.store, instance_id)
 
-    async def list(self) -> list[Instance]:
+    async def all(self) -> list[Instance]:
         """Every stored instance, by id."""
         return await stored_instances(self.store)
 
     async def delete(self, kind: str, instance_id: str, *, subject: str) -> None:
         """Delete one record type, as ``DELETE /device-{kind}/{id}`` does (RecordNotFound when absent)."""
         await self.records.delete(kind, instance_id, subject=subject)
+
+    async def upsert(self, items: Sequence[Item], *, subject: str, dry_run: bool = False) -> list[Result]:
+        """Compare and write one batch (see ``imds.services.bulk``)."""
+        return await apply_batch(self.records, self.store, items, subject=subject, dry_run=dry_run)
 
 
 @asynccontextmanager

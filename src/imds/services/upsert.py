@@ -14,7 +14,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 
 from imds import log
 from imds.errors import Conflict, InvalidInput, RecordNotFound, StoreUnavailable
@@ -122,6 +122,48 @@ class Records:
             dropped=[display(a) for a in result.dropped],
         )
         return result
+
+    # --- many upserts in one transaction (imds import) ---------------------------------------
+
+    async def put_many(
+        self, items: Sequence[tuple[MetadataWrite | None, UserdataWrite | None]], *, subject: str
+    ) -> list[WriteResult]:
+        """Apply each (metadata, userdata) pair by the rules above, all in one transaction.
+
+        Per item: a stale metadata write changes nothing for that item (``applied=False``,
+        addresses included); otherwise the given parts are replaced and the address list
+        (taken from the metadata write, else the userdata write) becomes the whole truth.
+        One log line for the batch, not one per item.
+        """
+        results: list[WriteResult] = []
+        changed: list[str] = []
+        written = {METADATA: 0, USERDATA: 0}
+        async with self._store.write() as tx:
+            for metadata, userdata in items:
+                first = metadata or userdata
+                if first is None:
+                    continue
+                reason = None if metadata is None else _staleness(await tx.metadata_of(metadata.id), metadata.metadata)
+                if reason is not None:
+                    results.append(WriteResult(first.id, applied=False, reason=reason))
+                    continue
+                if metadata is not None:
+                    await tx.put_metadata(metadata.id, metadata.metadata)
+                if userdata is not None:
+                    await tx.put_userdata(userdata.id, userdata.userdata)
+                moved, dropped = await tx.replace_addresses(first.id, first.addresses)
+                changed += [first.id, *moved.values()]
+                written[METADATA] += metadata is not None
+                written[USERDATA] += userdata is not None
+                results.append(WriteResult(first.id, applied=True, addresses=first.addresses, moved=moved,
+                                           dropped=dropped))
+            await tx.mark_changed(changed)
+        await self._catalog.refresh(changed)
+        applied = sum(result.applied for result in results)
+        self._metrics.metadata_inserts.inc(written[METADATA])
+        self._metrics.userdata_inserts.inc(written[USERDATA])
+        _log.info("records.written", subject=subject, items=len(items), applied=applied, stale=len(results) - applied)
+        return results
 
     # --- the OpenStack password: written by the instance once, cleared by an admin ---------
 
