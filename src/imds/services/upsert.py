@@ -133,37 +133,43 @@ class Records:
         Per item: a stale metadata write changes nothing for that item (``applied=False``,
         addresses included); otherwise the given parts are replaced and the address list
         (taken from the metadata write, else the userdata write) becomes the whole truth.
-        One log line for the batch, not one per item.
+        Items apply in order (a later item sees an earlier one's write). The store's batch
+        forms keep this to a few statements per batch; one log line for the batch.
         """
-        results: list[WriteResult] = []
-        changed: list[str] = []
-        written = {METADATA: 0, USERDATA: 0}
+        results: list[WriteResult | None] = []
+        applied: list[tuple[int, MetadataWrite | None, UserdataWrite | None]] = []
         async with self._store.write() as tx:
+            documents = await tx.metadata_of_many([m.id for m, _ in items if m is not None])
             for metadata, userdata in items:
                 first = metadata or userdata
                 if first is None:
                     continue
-                reason = None if metadata is None else _staleness(await tx.metadata_of(metadata.id), metadata.metadata)
+                reason = None if metadata is None else _staleness(documents.get(metadata.id), metadata.metadata)
                 if reason is not None:
                     results.append(WriteResult(first.id, applied=False, reason=reason))
                     continue
                 if metadata is not None:
-                    await tx.put_metadata(metadata.id, metadata.metadata)
-                if userdata is not None:
-                    await tx.put_userdata(userdata.id, userdata.userdata)
-                moved, dropped = await tx.replace_addresses(first.id, first.addresses)
-                changed += [first.id, *moved.values()]
-                written[METADATA] += metadata is not None
-                written[USERDATA] += userdata is not None
-                results.append(WriteResult(first.id, applied=True, addresses=first.addresses, moved=moved,
-                                           dropped=dropped))
+                    documents[metadata.id] = metadata.metadata
+                applied.append((len(results), metadata, userdata))
+                results.append(None)
+            await tx.put_records(
+                [(m.id, m.metadata) for _, m, _ in applied if m is not None],
+                [(u.id, u.userdata) for _, _, u in applied if u is not None],
+            )
+            lists = [(first.id, first.addresses) for _, m, u in applied if (first := m or u) is not None]
+            changes = await tx.replace_addresses_many(lists)
+            changed: list[str] = []
+            for (index, _, _), (instance_id, addresses), (moved, dropped) in zip(applied, lists, changes, strict=True):
+                changed += [instance_id, *moved.values()]
+                results[index] = WriteResult(instance_id, applied=True, addresses=tuple(addresses), moved=moved,
+                                             dropped=dropped)
             await tx.mark_changed(changed)
         await self._catalog.refresh(changed)
-        applied = sum(result.applied for result in results)
-        self._metrics.metadata_inserts.inc(written[METADATA])
-        self._metrics.userdata_inserts.inc(written[USERDATA])
-        _log.info("records.written", subject=subject, items=len(items), applied=applied, stale=len(results) - applied)
-        return results
+        self._metrics.metadata_inserts.inc(sum(m is not None for _, m, _ in applied))
+        self._metrics.userdata_inserts.inc(sum(u is not None for _, _, u in applied))
+        _log.info("records.written", subject=subject, items=len(items), applied=len(applied),
+                  stale=len(results) - len(applied))
+        return [result for result in results if result is not None]
 
     # --- the OpenStack password: written by the instance once, cleared by an admin ---------
 
