@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import pty
+import re
 import subprocess
 import tempfile
 from pathlib import Path
@@ -164,3 +167,39 @@ def test_help(command, tmp_path):
         assert flag in result.stdout
     for flag in {"import": ("--dry-run", "--strict", "--batch-size"), "export": ("--format",)}[command]:
         assert flag in result.stdout
+
+
+def test_a_progress_bar_on_a_terminal(tmp_path, data, fleet):
+    """With stderr on a terminal (a pty here) the bar shows count and rate; stdout keeps only the summary."""
+    source = tmp_path / "fleet.jsonl"
+    source.write_text(jsonl(fleet))
+    master, terminal = pty.openpty()
+    try:
+        with tempfile.TemporaryDirectory(prefix="imds-transfer-") as home:
+            env = clean_env(Path(home), COLUMNS="120", TERM="xterm")
+            process = subprocess.Popen(
+                [str(IMDS), "import", str(source), "--data-dir", data, "--batch-size", "1", "--log-level", "warning"],
+                stdout=subprocess.PIPE, stderr=terminal, env=env,
+            )
+            os.close(terminal)
+            terminal = -1
+            stdout, _ = process.communicate(timeout=60)
+        drawn = b""
+        while True:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # the other side is closed: everything was read
+                break
+            if not chunk:
+                break
+            drawn += chunk
+    finally:
+        os.close(master)
+        if terminal != -1:
+            os.close(terminal)
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", drawn.decode(errors="replace"))
+    assert process.returncode == 0
+    assert stdout.decode().startswith("3 created, 0 updated, 0 unchanged")
+    assert "importing" in text
+    assert "3/3" in text
+    assert "/s" in text
