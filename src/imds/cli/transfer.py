@@ -164,7 +164,7 @@ def import_(
     rejections: list[Result] = []
     results: list[Result] = []
     with Target(flags) as target:
-        objects = list(read_objects(source)) if strict or target.remote is not None else None
+        objects = list(read_objects(source)) if strict else None  # --strict checks everything first
         if strict:
             list(_batches(iter(objects or []), batch_size, rejections))
             if rejections:
