@@ -27,6 +27,7 @@ from imds.web.ganeti_admin import ganeti_admin_router
 from imds.web.instance import InstanceFront
 from imds.web.openstack_admin import openstack_admin_router
 from imds.web.ops import ops_router
+from imds.web.records_admin import records_admin_router
 from imds.web.refresh import refresh_router
 
 _log = log.get("app")
@@ -59,7 +60,8 @@ def build_app(
         redoc_url=None,
         redirect_slashes=False,  # a 307 to http://<Host header>/… would be an open redirect: 404 as hollow
     )
-    routers: list[APIRouter] = [admin_router(services), refresh_router(services), openstack_admin_router(services)]
+    routers: list[APIRouter] = [admin_router(services), refresh_router(services), openstack_admin_router(services),
+                                  records_admin_router(services)]
     routers.append(ganeti_admin_router(services))  # Ganeti OS records
     for router in routers:
         admin.include_router(router)

@@ -11,23 +11,18 @@ from typing import Any
 import click
 
 from imds.cli.options import resolve, settings_options
-from imds.errors import ImdsError, InvalidInput, RecordNotFound
+from imds.errors import ImdsError, InvalidInput
 from imds.models import METADATA, Instance
 
 _DB_OPTIONS = ("data_dir", "db")
 
 
 async def _load(url: str, instance_id: str) -> Instance:
-    from imds.store import open_store  # noqa: PLC0415 - SQLAlchemy loads only when a command runs
+    """The instance, which must have metadata (RecordNotFound otherwise), read from the database."""
+    from imds.services.offline import offline_records  # noqa: PLC0415 - the store loads only when a command runs
 
-    store = open_store(url)
-    try:
-        instance = await store.get(instance_id)
-    finally:
-        await store.close()
-    if instance is None:
-        raise RecordNotFound(METADATA, instance_id)
-    return instance
+    async with offline_records(url) as offline:
+        return await offline.records.get(METADATA, instance_id)
 
 
 def _write_atomically(path: Path, data: bytes) -> None:

@@ -86,6 +86,25 @@ class WriteTx(Protocol):
         """Delete the OS record; False when there was none."""
         ...
 
+    # Batch forms (imds import): one statement per step for many instances, same results
+    # as calling the single forms one after another.
+
+    async def metadata_of_many(self, instance_ids: Sequence[str]) -> dict[str, JsonObject]:
+        """The stored metadata documents of those instances that have one."""
+        ...
+
+    async def put_records(
+        self, metadata: Sequence[tuple[str, JsonObject]], userdata: Sequence[tuple[str, bytes]]
+    ) -> None:
+        """``put_metadata`` / ``put_userdata`` for each pair (the last pair for an id wins)."""
+        ...
+
+    async def replace_addresses_many(
+        self, lists: Sequence[tuple[str, Sequence[Network]]]
+    ) -> list[tuple[dict[Network, str], tuple[Network, ...]]]:
+        """``replace_addresses`` for each (instance, addresses) in order; each one's (moved, dropped)."""
+        ...
+
 
 @runtime_checkable
 class Store(Protocol):

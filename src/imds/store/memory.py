@@ -118,6 +118,23 @@ class _MemoryTx:
         row.os = None
         return True
 
+    async def metadata_of_many(self, instance_ids: Sequence[str]) -> dict[str, JsonObject]:
+        found = {instance_id: await self.metadata_of(instance_id) for instance_id in instance_ids}
+        return {instance_id: document for instance_id, document in found.items() if document is not None}
+
+    async def put_records(
+        self, metadata: Sequence[tuple[str, JsonObject]], userdata: Sequence[tuple[str, bytes]]
+    ) -> None:
+        for instance_id, document in metadata:
+            await self.put_metadata(instance_id, document)
+        for instance_id, data in userdata:
+            await self.put_userdata(instance_id, data)
+
+    async def replace_addresses_many(
+        self, lists: Sequence[tuple[str, Sequence[Network]]]
+    ) -> list[tuple[dict[Network, str], tuple[Network, ...]]]:
+        return [await self.replace_addresses(instance_id, addresses) for instance_id, addresses in lists]
+
 
 class MemoryStore:
     """Dict-backed store; each write works on a copy that replaces the state on success."""

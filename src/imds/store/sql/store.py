@@ -52,6 +52,34 @@ def _chunks(items: Sequence[str]) -> Iterable[Sequence[str]]:
         yield items[start : start + _CHUNK]
 
 
+def _replay_address_lists(
+    before: dict[str, str], lists: Sequence[tuple[str, Sequence[Network]]]
+) -> tuple[dict[str, str], list[tuple[dict[Network, str], tuple[Network, ...]]]]:
+    """``replace_addresses`` applied in order in memory: the final holders, and each call's (moved, dropped)."""
+    owners = dict(before)
+    holding: dict[str, set[str]] = {}
+    for address, holder in owners.items():
+        holding.setdefault(holder, set()).add(address)
+    results: list[tuple[dict[Network, str], tuple[Network, ...]]] = []
+    for instance_id, addresses in lists:
+        wanted = {str(a): a for a in addresses}
+        mine = holding.setdefault(instance_id, set())
+        dropped = sorted(a for a in mine if a not in wanted)
+        for address in dropped:
+            del owners[address]
+            mine.discard(address)
+        moved: dict[Network, str] = {}
+        for address, network in wanted.items():
+            previous = owners.get(address)
+            if previous is not None and previous != instance_id:
+                moved[network] = previous
+                holding[previous].discard(address)
+            owners[address] = instance_id
+            mine.add(address)
+        results.append((moved, tuple(ipaddress.ip_network(a) for a in dropped)))
+    return owners, results
+
+
 class _SqlTx:
     """One write transaction; ``seq`` is the feed head, advanced by ``mark_changed``."""
 
@@ -164,6 +192,76 @@ class _SqlTx:
         t = instance_os
         result = await self._conn.execute(t.delete().where(t.c.instance_id == instance_id))
         return bool(result.rowcount)
+
+    # --- batch forms (imds import): a few statements per batch instead of several per instance
+
+    async def _ensure_instances(self, instance_ids: Iterable[str]) -> None:
+        ids = list(dict.fromkeys(instance_ids))
+        found: set[str] = set()
+        for chunk in _chunks(ids):
+            rows = await self._conn.execute(sa.select(instances.c.id).where(instances.c.id.in_(chunk)))
+            found.update(rows.scalars())
+        missing = [{"id": instance_id} for instance_id in ids if instance_id not in found]
+        if missing:
+            await self._conn.execute(instances.insert(), missing)
+
+    async def metadata_of_many(self, instance_ids: Sequence[str]) -> dict[str, JsonObject]:
+        t = instance_metadata
+        documents: dict[str, JsonObject] = {}
+        for chunk in _chunks(list(dict.fromkeys(instance_ids))):
+            rows = await self._conn.execute(sa.select(t.c.instance_id, t.c.document).where(t.c.instance_id.in_(chunk)))
+            documents.update({row.instance_id: row.document for row in rows})
+        return documents
+
+    async def put_records(
+        self, metadata: Sequence[tuple[str, JsonObject]], userdata: Sequence[tuple[str, bytes]]
+    ) -> None:
+        await self._ensure_instances([i for i, _ in metadata] + [i for i, _ in userdata])
+        await self._put_many(instance_metadata, "document", dict(metadata))
+        await self._put_many(instance_userdata, "userdata", dict(userdata))
+
+    async def _put_many(self, table: sa.Table, column: str, values: dict[str, Any]) -> None:
+        if not values:
+            return
+        now = datetime.now(UTC)
+        held: set[str] = set()
+        for chunk in _chunks(list(values)):
+            rows = await self._conn.execute(sa.select(table.c.instance_id).where(table.c.instance_id.in_(chunk)))
+            held.update(rows.scalars())
+        updates = [{"key": i, column: v, "updated_at": now} for i, v in values.items() if i in held]
+        if updates:
+            statement = table.update().where(table.c.instance_id == sa.bindparam("key"))
+            await self._conn.execute(statement.values({column: sa.bindparam(column)}), updates)
+        inserts = [{"instance_id": i, column: v, "updated_at": now} for i, v in values.items() if i not in held]
+        if inserts:
+            await self._conn.execute(table.insert(), inserts)
+
+    async def replace_addresses_many(
+        self, lists: Sequence[tuple[str, Sequence[Network]]]
+    ) -> list[tuple[dict[Network, str], tuple[Network, ...]]]:
+        t = instance_ip_addresses
+        ids = list(dict.fromkeys(instance_id for instance_id, _ in lists))
+        await self._ensure_instances(ids)
+        before: dict[str, str] = {}  # address → holder, for every address this batch touches
+        for chunk in _chunks(ids):
+            rows = await self._conn.execute(sa.select(t.c.address, t.c.instance_id).where(t.c.instance_id.in_(chunk)))
+            before.update({row.address: row.instance_id for row in rows})
+        wanted_all = list(dict.fromkeys(str(a) for _, addresses in lists for a in addresses))
+        for chunk in _chunks(wanted_all):
+            rows = await self._conn.execute(sa.select(t.c.address, t.c.instance_id).where(t.c.address.in_(chunk)))
+            before.update({row.address: row.instance_id for row in rows})
+        owners, results = _replay_address_lists(before, lists)
+        gone = [a for a in before if a not in owners]
+        for chunk in _chunks(gone):
+            await self._conn.execute(t.delete().where(t.c.address.in_(chunk)))
+        moved = [{"key": a, "instance_id": owners[a]} for a in before if a in owners and owners[a] != before[a]]
+        if moved:
+            statement = t.update().where(t.c.address == sa.bindparam("key"))
+            await self._conn.execute(statement.values(instance_id=sa.bindparam("instance_id")), moved)
+        new = [{"address": a, "instance_id": holder} for a, holder in owners.items() if a not in before]
+        if new:
+            await self._conn.execute(t.insert(), new)
+        return results
 
 
 class SqlStore:
