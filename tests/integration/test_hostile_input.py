@@ -24,12 +24,6 @@ pytestmark = pytest.mark.anyio
 MAC = "aa:bb:cc:dd:ee:ff"
 
 
-@pytest.fixture(params=["memory", "sqlite"])
-def local_store_url(request: pytest.FixtureRequest) -> str:
-    """memory:// or a migrated SQLite file (the cases that never reach the store behave alike on PostgreSQL)."""
-    return "memory://" if request.param == "memory" else request.getfixturevalue("sqlite_url")
-
-
 @asynccontextmanager
 async def admin_app(url: str, **overrides: Any) -> AsyncIterator[tuple[InstanceFront, httpx.AsyncClient]]:
     async with running_app(make_settings(db_url=url, **overrides)) as app, admin_client(app) as admin:

@@ -30,6 +30,13 @@ from imds.store.sql.tables import (
 )
 
 _CHUNK = 500  # stays far below SQLite's bound-parameter limit
+_YIELD_EVERY = 2048  # address rows converted between two yields to the event loop
+
+
+def _stored_network(text: str) -> Network:
+    """A stored (normalised) address; the class is picked up front, so IPv6 rows skip a failed IPv4 parse."""
+    return ipaddress.IPv6Network(text) if ":" in text else ipaddress.IPv4Network(text)
+
 _RECORD_TABLES = {METADATA: instance_metadata}
 
 
@@ -207,10 +214,13 @@ class SqlStore:
                 sa.select(instance_userdata).where(where(instance_userdata.c.instance_id, chunk))
             ):
                 parts[row.instance_id].update(userdata=bytes(row.userdata), userdata_updated_at=_utc(row.updated_at))
-            for row in await conn.execute(
+            rows = await conn.execute(
                 sa.select(instance_ip_addresses).where(where(instance_ip_addresses.c.instance_id, chunk))
-            ):
-                parts[row.instance_id]["addresses"].append(ipaddress.ip_network(row.address))
+            )
+            for count, row in enumerate(rows, 1):
+                parts[row.instance_id]["addresses"].append(_stored_network(row.address))
+                if count % _YIELD_EVERY == 0:
+                    await asyncio.sleep(0)  # one instance with 60,000 addresses must not hold the event loop
             for row in await conn.execute(
                 sa.select(instance_passwords).where(where(instance_passwords.c.instance_id, chunk))
             ):
