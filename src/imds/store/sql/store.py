@@ -10,7 +10,7 @@ import ipaddress
 from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.exc import SQLAlchemyError
@@ -29,6 +29,7 @@ from imds.store.sql.tables import (
     instances,
 )
 
+_T = TypeVar("_T")
 _CHUNK = 500  # stays far below SQLite's bound-parameter limit
 _YIELD_EVERY = 2048  # address rows converted between two yields to the event loop
 
@@ -51,7 +52,7 @@ def _utc(value: datetime | None) -> datetime | None:
     return value.replace(tzinfo=UTC)
 
 
-def _chunks(items: Sequence[str]) -> Iterable[Sequence[str]]:
+def _chunks(items: Sequence[_T]) -> Iterable[Sequence[_T]]:
     for start in range(0, len(items), _CHUNK):
         yield items[start : start + _CHUNK]
 
@@ -120,8 +121,8 @@ class _SqlTx:
                 t.update().where(t.c.address.in_([str(a) for a in moved])).values(instance_id=instance_id)
             )
         new = [{"address": a, "instance_id": instance_id} for a in wanted if a not in owners]
-        if new:
-            await self._conn.execute(t.insert(), new)
+        for batch in _chunks(new):  # in batches: 60,000 rows' parameters built at once held the event loop
+            await self._conn.execute(t.insert(), batch)
         return moved, tuple(ipaddress.ip_network(a) for a in dropped)
 
     async def forget_instance(self, instance_id: str) -> None:
