@@ -116,19 +116,19 @@ class InstanceFront:
         started = time.perf_counter()
         group = _group(scope["path"])
         status = 500
-        started = False
+        answered = False
 
         async def send_and_note(message: MutableMapping[str, Any]) -> None:
-            nonlocal status, started
+            nonlocal status, answered
             if message["type"] == "http.response.start":
-                status, started = message["status"], True
+                status, answered = message["status"], True
             await send(message)
 
         try:
             await self.admin(scope, receive, send_and_note)
         except Exception:  # noqa: BLE001 - logged here once, with its traceback; the answer was a 500
             _log.exception("admin.error", method=scope.get("method"), path=scope["path"], group=group)
-            if not started:
+            if not answered:
                 await send({"type": "http.response.start", "status": 500, "headers": [(b"content-type", JSON)]})
                 await send({"type": "http.response.body", "body": error_body("internal error")})
         finally:
