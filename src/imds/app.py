@@ -21,6 +21,7 @@ from imds.services import Services, build_services
 from imds.services.demo import load_demo
 from imds.store import Store
 from imds.web.admin import admin_router
+from imds.web.channel_admin import channel_admin_router
 from imds.web.errors import handle_http_error, handle_imds_error
 from imds.web.instance import InstanceFront
 from imds.web.openstack_admin import openstack_admin_router
@@ -59,6 +60,7 @@ def build_app(
         admin.include_router(router)
         admin.include_router(router, prefix="/api/v1", include_in_schema=False)
     admin.include_router(ops_router(services))
+    admin.include_router(channel_admin_router(services))  # the host's side of the instance<->host channel
     return InstanceFront(services, admin)
 
 

@@ -121,6 +121,21 @@ OPTIONS: tuple[Option, ...] = (
            "Seconds between polls of the change feed written by other replicas."),
     Option("shutdown_timeout", "IMDS_SHUTDOWN_TIMEOUT", "float", 10.0,
            "Seconds to let in-flight requests finish on shutdown."),
+    # The instance<->host channel and change watch (README: "The instance↔host channel").
+    Option("event_rate", "IMDS_EVENT_RATE", "float", 1.0,
+           "Events (and phone-homes) an instance may post per second, on average, per replica."),
+    Option("event_burst", "IMDS_EVENT_BURST", "int", 10,
+           "Events an instance may post at once before --event-rate applies."),
+    Option("event_max_bytes", "IMDS_EVENT_MAX_BYTES", "int", 4096,
+           "Largest event body an instance may post, in bytes."),
+    Option("event_retain", "IMDS_EVENT_RETAIN", "int", 1000,
+           "Events kept per instance; older ones are dropped."),
+    Option("message_max_bytes", "IMDS_MESSAGE_MAX_BYTES", "int", 65536,
+           "Largest message the host may queue for an instance, in bytes."),
+    Option("message_max_queued", "IMDS_MESSAGE_MAX_QUEUED", "int", 100,
+           "Messages that may wait for one instance; one more is refused (409)."),
+    Option("watch_max_timeout", "IMDS_WATCH_MAX_TIMEOUT", "int", 300,
+           "Largest timeout_sec a wait_for_change request may ask for (and the default)."),
 )
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -173,6 +188,13 @@ class Settings:
     log_instance_reads: bool = False
     feed_poll_interval: float = 1.0
     shutdown_timeout: float = 10.0
+    event_rate: float = 1.0
+    event_burst: int = 10
+    event_max_bytes: int = 4096
+    event_retain: int = 1000
+    message_max_bytes: int = 65536
+    message_max_queued: int = 100
+    watch_max_timeout: int = 300
 
     @property
     def key_dir(self) -> Path | None:
@@ -337,7 +359,20 @@ def _validate(raw: dict[str, Any], env: Mapping[str, str]) -> Settings:
         log_instance_reads=bool(raw["log_instance_reads"]),
         feed_poll_interval=float(raw["feed_poll_interval"]),
         shutdown_timeout=float(raw["shutdown_timeout"]),
+        **_channel_settings(raw),
     )
+
+
+def _channel_settings(raw: dict[str, Any]) -> dict[str, Any]:
+    """The channel's limits, each positive."""
+    names = ("event_rate", "event_burst", "event_max_bytes", "event_retain", "message_max_bytes",
+             "message_max_queued", "watch_max_timeout")
+    for name in names:
+        if raw[name] <= 0:
+            flag = "--" + name.replace("_", "-")
+            msg = f"{flag} / IMDS_{name.upper()} must be positive"
+            raise ConfigError(msg)
+    return {name: raw[name] for name in names}
 
 
 def _validate_lookup(raw: dict[str, Any]) -> None:

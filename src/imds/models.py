@@ -82,3 +82,19 @@ class Principal:
 
     subject: str
     scopes: frozenset[str]
+
+
+@dataclass(frozen=True)
+class Event:
+    """One report an instance posted (``/events``, ``/phone-home``, ``/ganeti/<v>/write``).
+
+    ``cursor`` increases with every event of an instance, in the order they committed;
+    ``GET /device-events/{id}?after=CURSOR`` pages on it.
+    """
+
+    cursor: int
+    instance_id: str
+    state: str
+    code: int | None
+    message: str | None
+    created_at: datetime

@@ -19,6 +19,7 @@ from imds.metrics import Metrics
 from imds.services.auth import Authenticator, Chain, NoAuth, StaticTokens
 from imds.services.breaker import Breaker
 from imds.services.catalog import Catalog
+from imds.services.channel import Channel, ChannelLimits, EventHub
 from imds.services.identity import IdentitySigner
 from imds.services.lookup import Lookup, LookupPolicy
 from imds.services.templates import Template, compile_all
@@ -44,6 +45,7 @@ class Services:
     metrics: Metrics
     http: httpx.AsyncClient
     tokens: TokenIssuer
+    channel: Channel
     lookup: Lookup | None = None
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
     _signer: IdentitySigner | None = None
@@ -62,6 +64,7 @@ class Services:
             _ = self.signer  # a bad key fails at startup, not at the first identity request
         await self.catalog.load()
         self._tasks.append(asyncio.create_task(self.catalog.follow(), name="imds-feed-follower"))
+        self._tasks.append(asyncio.create_task(self.channel.hub.follow(), name="imds-event-follower"))
         if self.lookup is not None and self.settings.lookup_refresh_after > 0:
             self._tasks.append(asyncio.create_task(self.lookup.refresh_loop(), name="imds-lookup-refresh"))
 
@@ -106,7 +109,17 @@ def build_services(
         metrics=metrics,
         http=http,
         tokens=TokenIssuer.load(key_file=settings.imdsv2_key_file, data_dir=settings.key_dir),
+        channel=_channel(settings, store),
     )
+
+
+def _channel(settings: Settings, store: Store) -> Channel:
+    s = settings
+    limits = ChannelLimits(
+        rate=s.event_rate, burst=s.event_burst, event_max_bytes=s.event_max_bytes, retain=s.event_retain,
+        message_max_bytes=s.message_max_bytes, max_queued=s.message_max_queued,
+    )
+    return Channel(store, limits, EventHub(store, s.feed_poll_interval))
 
 
 def _lookup(

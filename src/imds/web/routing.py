@@ -20,6 +20,8 @@ BINARY = b"application/octet-stream"
 READ_METHODS = frozenset({"GET", "HEAD"})
 # Set in the scope by the front after a lookup: True, or the error the lookup ended with.
 LOOKED_UP = "imds.looked_up"
+# Set in the scope by the Locator: the caller's catalog entry (the front adds its ETag).
+ENTRY = "imds.entry"
 
 
 @dataclass(frozen=True)
@@ -84,6 +86,7 @@ class Locator:
             if count and LOOKED_UP not in scope:
                 self._metrics.count_read(kind, hit=False)
             raise InstanceNotFound(str(address) if address is not None else None)
+        scope[ENTRY] = entry
         return entry
 
     def record_missing(self, scope: Scope, missing: RecordNotFound) -> NoReturn:
