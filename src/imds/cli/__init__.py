@@ -7,6 +7,7 @@ import click
 from imds import __version__
 from imds.cli.configdrive import configdrive
 from imds.cli.db import db
+from imds.cli.events import events
 from imds.cli.serve import serve
 
 
@@ -33,6 +34,7 @@ def guest(args: tuple[str, ...]) -> None:
 cli.add_command(serve)
 cli.add_command(db)
 cli.add_command(configdrive)
+cli.add_command(events)
 
 
 def main() -> None:

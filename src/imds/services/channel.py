@@ -149,11 +149,11 @@ class Channel:
         self._store = store
         self.limits = limits
         self.hub = hub
-        self._limiter = RateLimiter(limits.rate, limits.burst, clock)
+        self.limiter = RateLimiter(limits.rate, limits.burst, clock)
 
     def admit(self, instance_id: str) -> None:
         """Spend one of the instance's tokens (RateLimited when there is none): before reading the body."""
-        self._limiter.take(instance_id)
+        self.limiter.take(instance_id)
 
     async def post(self, instance_id: str, raw: bytes) -> Event:
         """Store the event the instance posted (already admitted)."""
