@@ -125,7 +125,12 @@ class InstanceFront:
             return Reply(status, body, JSON, tuple(headers))
         if watch is None or ENTRY not in scope:
             return reply
-        return await hold(scope, reply, watch, lambda: self._run(scope, handler))
+        waiting = self.services.metrics.watch_waiting
+        waiting.inc()
+        try:
+            return await hold(scope, reply, watch, lambda: self._run(scope, handler))
+        finally:
+            waiting.dec()
 
     async def _after_lookup(self, scope: Scope, handler: Handler, need: LookupNeeded) -> Reply:
         """Fetch what the handler missed from upstream, then run it once more."""
