@@ -232,3 +232,38 @@ async def test_concurrent_reads_across_two_replicas_take_each_message_once(share
     taken = [a.content for a in answers if a.status_code == 200]
     assert sorted(taken) == sorted(sent)
     assert sorted(a.status_code for a in answers) == [200] * 30 + [404] * 30
+
+
+async def test_a_cursor_reader_misses_no_event_of_concurrent_writers_on_two_stores(shared_url):
+    """Two stores append 40 events each for one instance at once; a reader paging with ``after`` sees all."""
+    stores = [open_store(shared_url), open_store(shared_url)]
+    instance_id = new_id()
+    try:
+        seen: list[int] = []
+        writing = True
+
+        async def reader() -> None:
+            cursor = 0
+            while writing or (await stores[1].events_after(instance_id, cursor, 1000)):
+                for event in await stores[1].events_after(instance_id, cursor, 1000):
+                    assert event.cursor > cursor
+                    seen.append(event.cursor)
+                    cursor = event.cursor
+                await asyncio.sleep(0)
+
+        async def writer(n: int) -> list[int]:
+            return [
+                (await stores[n].append_event(instance_id, f"w{n}-{i}", i, None, retain=1000)).cursor for i in range(40)
+            ]
+
+        reading = asyncio.create_task(reader())
+        written = await asyncio.gather(writer(0), writer(1))
+        writing = False
+        await asyncio.wait_for(reading, 30)
+        assert sorted(seen) == sorted(written[0] + written[1])
+        stored = await stores[0].events_after(instance_id, 0, 1000)
+        assert [e.cursor for e in stored] == sorted(seen)
+        assert len(stored) == 80
+    finally:
+        for store in stores:
+            await store.close()

@@ -84,7 +84,10 @@ class InstanceFront:
     async def _serve(self, scope: Scope, send: Send, handler: Handler, receive: Receive) -> None:
         started = time.perf_counter()
         try:
-            reply = await self._run(scope, handler)
+            try:
+                reply = handler(scope)
+            except LookupNeeded as need:
+                reply = await self._after_lookup(scope, handler, need)
             if isinstance(reply, Pending) and reply.complete is not None:
                 reply = await reply.complete(receive)  # a write that needs the body (OpenStack password)
             elif scope["query_string"]:  # change watch: parsed only when there is a query
