@@ -38,11 +38,14 @@ class Entry:
     instance: Instance
     rendered: dict[str, object] = field(default_factory=dict)
     waiters: set[asyncio.Future[None]] | None = None
+    _etag: bytes | None = None
 
     @property
     def etag(self) -> bytes:
-        """The strong ETag of this version of the instance, computed once."""
-        return self.render("etag", instance_etag)
+        """The strong ETag of this version of the instance, computed once (every read sends it)."""
+        if self._etag is None:
+            self._etag = instance_etag(self.instance)
+        return self._etag
 
     def wake(self) -> None:
         """Resolve every change-watch request held on this version."""
