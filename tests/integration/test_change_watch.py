@@ -160,3 +160,33 @@ async def test_bad_watch_parameters_are_400_naming_them(app):
         assert [e["field"] for e in answer.json()["errors"]] == [field]
     plain = await read(app, "/metadata", wait_for_change="false", other="1")
     assert (plain.status_code, plain.json()["hostname"]) == (200, "before")
+
+
+async def test_a_client_that_disconnects_frees_its_held_request(app):
+    """The ASGI receive channel says http.disconnect: the hold ends at once, nothing stays registered."""
+    etag = (await read(app, "/metadata")).headers["etag"]
+    left = asyncio.Event()
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        if not sent and not left.is_set() and not getattr(receive, "asked", False):
+            receive.asked = True  # type: ignore[attr-defined]
+            return {"type": "http.request", "body": b"", "more_body": False}
+        await left.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {
+        "type": "http", "method": "GET", "path": "/metadata", "headers": [], "client": (GUEST, 40000),
+        "query_string": f"wait_for_change=true&last_etag={etag}&timeout_sec=50".encode(),
+    }
+    held = asyncio.create_task(app(scope, receive, send))
+    await waiting(app, app.instance_id)
+    assert app.services.metrics.watch_waiting._value.get() == 1
+    left.set()
+    await asyncio.wait_for(held, WAIT_BOUND)
+    assert app.services.catalog.get(app.instance_id).waiters in (None, set())
+    assert app.services.metrics.watch_waiting._value.get() == 0
+    assert sent[0]["status"] == 200  # what it would have got: the current document

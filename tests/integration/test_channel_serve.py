@@ -3,7 +3,7 @@
 - The SSE stream delivers an event posted after it opened.
 - ``imds events follow`` prints it as a JSON line (then is stopped by its PID).
 - Two replicas share PostgreSQL: a change-watch request held on one returns within 1 s
-  of a write made through the other (``--feed-poll-interval 0.2``).
+  of a write made through the other (``--feed-poll-interval 0.1``).
 """
 
 from __future__ import annotations
@@ -142,8 +142,8 @@ def test_cli_follow_prints_events_as_json_lines(tmp_path):
 
 @pytest.mark.postgres
 def test_a_held_request_returns_within_a_second_of_a_write_through_another_replica(tmp_path, postgres_url):
-    """Replica B holds a wait_for_change read; a write through replica A wakes it within 1 s (feed poll 0.2 s)."""
-    args = ("--db", postgres_url, "--feed-poll-interval", "0.2")
+    """Replica B holds a wait_for_change read; a write through replica A wakes it within 1 s (feed poll 0.1 s)."""
+    args = ("--db", postgres_url, "--feed-poll-interval", "0.1")
     for name in ("a", "b"):
         (tmp_path / name).mkdir()
     with serving(tmp_path / "a", *args) as replica_a, serving(tmp_path / "b", *args) as replica_b:

@@ -91,7 +91,7 @@ class InstanceFront:
             if isinstance(reply, Pending) and reply.complete is not None:
                 reply = await reply.complete(receive)  # a write that needs the body (OpenStack password)
             elif scope["query_string"]:  # change watch: parsed only when there is a query
-                reply = await self._watch(scope, handler, reply)
+                reply = await self._watch(scope, handler, reply, receive)
         except Exception:  # noqa: BLE001 - an instance must get an answer, never a dropped connection
             _log.exception("instance.error", path=scope["path"])
             reply = _INTERNAL
@@ -118,7 +118,7 @@ class InstanceFront:
         except LookupNeeded as need:
             return await self._after_lookup(scope, handler, need)
 
-    async def _watch(self, scope: Scope, handler: Handler, reply: Reply) -> Reply:
+    async def _watch(self, scope: Scope, handler: Handler, reply: Reply, receive: Receive) -> Reply:
         """Hold the read while ``?wait_for_change=true`` asks for it (see ``imds.web.watch``)."""
         try:
             watch = parse_watch(scope["query_string"], self._watch_max)
@@ -131,7 +131,7 @@ class InstanceFront:
         waiting = self.services.metrics.watch_waiting
         waiting.inc()
         try:
-            return await hold(scope, reply, watch, lambda: self._run(scope, handler))
+            return await hold(scope, reply, watch, lambda: self._run(scope, handler), receive)
         finally:
             waiting.dec()
 
