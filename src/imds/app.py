@@ -21,6 +21,7 @@ from imds.services import Services, build_services
 from imds.services.demo import load_demo
 from imds.store import Store
 from imds.web.admin import admin_router
+from imds.web.channel_admin import channel_admin_router
 from imds.web.docs import docs_router
 from imds.web.errors import handle_http_error, handle_imds_error, handle_unexpected
 from imds.web.ganeti_admin import ganeti_admin_router
@@ -68,6 +69,7 @@ def build_app(
         admin.include_router(router, prefix="/api/v1", include_in_schema=False)
     admin.include_router(ops_router(services, admin.openapi))
     admin.include_router(docs_router(title=admin.title, openapi_url="/openapi.json"))
+    admin.include_router(channel_admin_router(services))  # the host's side of the instance<->host channel
     return InstanceFront(services, admin)
 
 

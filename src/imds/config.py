@@ -147,6 +147,21 @@ OPTIONS: tuple[Option, ...] = (
            "never on disk)."),
     Option("os_package_timeout", "IMDS_OS_PACKAGE_TIMEOUT", "float", 30.0,
            "Seconds a personalization package fetch may take."),
+    # The instance<->host channel and change watch (README: "The instance↔host channel").
+    Option("event_rate", "IMDS_EVENT_RATE", "float", 1.0,
+           "Events (and phone-homes) an instance may post per second, on average, per replica."),
+    Option("event_burst", "IMDS_EVENT_BURST", "int", 10,
+           "Events an instance may post at once before --event-rate applies."),
+    Option("event_max_bytes", "IMDS_EVENT_MAX_BYTES", "int", 4096,
+           "Largest event body an instance may post, in bytes."),
+    Option("event_retain", "IMDS_EVENT_RETAIN", "int", 1000,
+           "Events kept per instance; older ones are dropped."),
+    Option("message_max_bytes", "IMDS_MESSAGE_MAX_BYTES", "int", 65536,
+           "Largest message the host may queue for an instance, in bytes."),
+    Option("message_max_queued", "IMDS_MESSAGE_MAX_QUEUED", "int", 100,
+           "Messages that may wait for one instance; one more is refused (409)."),
+    Option("watch_max_timeout", "IMDS_WATCH_MAX_TIMEOUT", "int", 300,
+           "Largest timeout_sec a wait_for_change request may ask for (and the default)."),
 )
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -210,6 +225,13 @@ class Settings:
     os_param_max_bytes: int = 4096
     os_package_max_bytes: int = 64 * 1024 * 1024
     os_package_timeout: float = 30.0
+    event_rate: float = 1.0
+    event_burst: int = 10
+    event_max_bytes: int = 4096
+    event_retain: int = 1000
+    message_max_bytes: int = 65536
+    message_max_queued: int = 100
+    watch_max_timeout: int = 300
 
     @property
     def key_dir(self) -> Path | None:
@@ -394,6 +416,7 @@ def _validate(raw: dict[str, Any], env: Mapping[str, str]) -> Settings:
         feed_poll_interval=float(raw["feed_poll_interval"]),
         shutdown_timeout=float(raw["shutdown_timeout"]),
         **_ganeti_settings(raw),
+        **_channel_settings(raw),
     )
 
 
@@ -414,6 +437,18 @@ def _ganeti_settings(raw: dict[str, Any]) -> dict[str, Any]:
         "os_package_max_bytes": int(raw["os_package_max_bytes"]),
         "os_package_timeout": float(raw["os_package_timeout"]),
     }
+
+
+def _channel_settings(raw: dict[str, Any]) -> dict[str, Any]:
+    """The channel's limits, each positive."""
+    names = ("event_rate", "event_burst", "event_max_bytes", "event_retain", "message_max_bytes",
+             "message_max_queued", "watch_max_timeout")
+    for name in names:
+        if raw[name] <= 0:
+            flag = "--" + name.replace("_", "-")
+            msg = f"{flag} / IMDS_{name.upper()} must be positive"
+            raise ConfigError(msg)
+    return {name: raw[name] for name in names}
 
 
 def _validate_lookup(raw: dict[str, Any]) -> None:

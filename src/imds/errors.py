@@ -12,6 +12,7 @@ for them are chosen in exactly one place, ``imds.web.errors``.
     │   └── RecordNotFound       the instance has no record of this kind
     ├── InvalidInput             the request is malformed; carries one Problem per field
     │   └── PayloadTooLarge      the body is over the configured limit
+    ├── RateLimited              an instance posts faster than its rate limit allows
     ├── AuthError
     │   ├── Unauthenticated      no credentials, or credentials that do not verify
     │   ├── AuthNotConfigured    the admin API has no way to check credentials
@@ -92,6 +93,14 @@ class PayloadTooLarge(InvalidInput):
             message="request body too large",
         )
         self.limit = limit
+
+
+class RateLimited(ImdsError):
+    """An instance posted faster than its rate limit; it may try again after ``retry_after`` seconds."""
+
+    def __init__(self, retry_after: int) -> None:
+        super().__init__(f"too many requests: try again in {retry_after} s")
+        self.retry_after = retry_after
 
 
 class AuthError(ImdsError):

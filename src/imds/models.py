@@ -124,3 +124,19 @@ class OsRecord:
     package_auth: bool
     generation: str
     updated_at: datetime | None = None  # the body's updated_at (the staleness guard), if it carried one
+
+
+@dataclass(frozen=True)
+class Event:
+    """One report an instance posted (``/events``, ``/phone-home``, ``/ganeti/<v>/write``).
+
+    ``cursor`` increases with every event of an instance, in the order they committed;
+    ``GET /device-events/{id}?after=CURSOR`` pages on it.
+    """
+
+    cursor: int
+    instance_id: str
+    state: str
+    code: int | None
+    message: str | None
+    created_at: datetime

@@ -20,6 +20,7 @@ from imds.metrics import Metrics
 from imds.services.auth import Authenticator, Chain, NoAuth, StaticTokens
 from imds.services.breaker import Breaker
 from imds.services.catalog import Catalog
+from imds.services.channel import Channel, ChannelLimits, EventHub
 from imds.services.identity import IdentitySigner
 from imds.services.limits import Limits
 from imds.services.lookup import Lookup, LookupPolicy
@@ -52,6 +53,7 @@ class Services:
     metrics: Metrics
     http: httpx.AsyncClient
     tokens: TokenIssuer
+    channel: Channel
     lookup: Lookup | None = None
     os: OsRecords | None = None  # Ganeti OS records; always set by build_services
     limits: Limits = field(default_factory=Limits)
@@ -74,6 +76,7 @@ class Services:
         await self.catalog.load()
         warn_stored(self.catalog.holdings(), self.settings.trusted_proxies)
         self._tasks.append(asyncio.create_task(self.catalog.follow(), name="imds-feed-follower"))
+        self._tasks.append(asyncio.create_task(self.channel.hub.follow(), name="imds-event-follower"))
         if self.lookup is not None and self.settings.lookup_refresh_after > 0:
             self._tasks.append(asyncio.create_task(self.lookup.refresh_loop(), name="imds-lookup-refresh"))
 
@@ -124,6 +127,7 @@ def build_services(
         ),
         limits=limits_of(settings),
         signed=_signed_identity(settings),
+        channel=_channel(settings, store),
     )
 
 
@@ -140,6 +144,15 @@ def _signed_identity(settings: Settings) -> SignedIdentity:
     )
     secrets = [read_secret(path, flag) for path, flag in files if path is not None]
     return SignedIdentity(settings.trusted_proxies, secrets)
+
+
+def _channel(settings: Settings, store: Store) -> Channel:
+    s = settings
+    limits = ChannelLimits(
+        rate=s.event_rate, burst=s.event_burst, event_max_bytes=s.event_max_bytes, retain=s.event_retain,
+        message_max_bytes=s.message_max_bytes, max_queued=s.message_max_queued,
+    )
+    return Channel(store, limits, EventHub(store, s.feed_poll_interval))
 
 
 def _lookup(

@@ -20,6 +20,7 @@ from imds import log
 from imds.errors import StoreUnavailable
 from imds.models import Address, Instance, Network
 from imds.services.addresses import AddressIndex
+from imds.services.watch import instance_etag
 from imds.store.interface import Store
 
 _log = log.get("catalog")
@@ -28,10 +29,30 @@ T = TypeVar("T")
 
 @dataclass
 class Entry:
-    """One instance and what has been rendered from it so far (dropped on every change)."""
+    """One instance and what has been rendered from it so far (dropped on every change).
+
+    ``waiters`` are the change-watch requests held on this version; the catalog resolves
+    them when it replaces or drops the entry (see ``imds.services.watch``).
+    """
 
     instance: Instance
     rendered: dict[str, object] = field(default_factory=dict)
+    waiters: set[asyncio.Future[None]] | None = None
+    _etag: bytes | None = None
+
+    @property
+    def etag(self) -> bytes:
+        """The strong ETag of this version of the instance, computed once (every read sends it)."""
+        if self._etag is None:
+            self._etag = instance_etag(self.instance)
+        return self._etag
+
+    def wake(self) -> None:
+        """Resolve every change-watch request held on this version."""
+        for waiter in self.waiters or ():
+            if not waiter.done():
+                waiter.set_result(None)
+        self.waiters = None
 
     def render(self, key: str, build: Callable[[Instance], T]) -> T:
         """The cached rendering ``key``, built once per version of the instance."""
@@ -74,6 +95,8 @@ class Catalog:
         """Replace everything with a fresh snapshot of the store."""
         async with self._lock:
             instances, position = await self._store.snapshot()
+            for old in self._entries.values():
+                old.wake()
             self._entries = {}
             self._index = AddressIndex()
             for instance in instances:
@@ -109,6 +132,9 @@ class Catalog:
                 await self.catch_up()
 
     def _apply(self, instance_id: str, instance: Instance | None) -> None:
+        old = self._entries.get(instance_id)
+        if old is not None and old.waiters:
+            old.wake()
         if instance is None:
             self._entries.pop(instance_id, None)
             self._index.forget(instance_id)

@@ -21,6 +21,7 @@ from imds.errors import (
     InvalidInput,
     NotFound,
     PayloadTooLarge,
+    RateLimited,
     Refused,
     StoreUnavailable,
     Unauthenticated,
@@ -32,6 +33,7 @@ STATUS: tuple[tuple[type[ImdsError], int], ...] = (
     (PayloadTooLarge, 413),
     (InvalidInput, 400),
     (NotFound, 404),
+    (RateLimited, 429),
     (Unauthenticated, 401),
     (AuthNotConfigured, 401),
     (Forbidden, 403),
@@ -89,6 +91,8 @@ def error_parts(exc: ImdsError) -> tuple[int, bytes, list[tuple[bytes, bytes]]]:
     """(status, body, extra headers) for an imds error."""
     status = status_for(exc)
     headers = [(b"www-authenticate", b'Bearer realm="imds"')] if status == 401 else []
+    if isinstance(exc, RateLimited):
+        headers.append((b"retry-after", str(exc.retry_after).encode()))
     return status, error_body(exc.message, exc), headers
 
 

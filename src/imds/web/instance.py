@@ -13,15 +13,18 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from imds import log
+from imds.errors import ImdsError
 from imds.services import Services
 from imds.services.lookup import LookupNeeded
+from imds.web.channel import ChannelFlavor
 from imds.web.ec2 import Ec2Flavor
-from imds.web.errors import error_body
+from imds.web.errors import error_body, error_parts
 from imds.web.ganeti import GanetiFlavor
 from imds.web.json import JsonFlavor
 from imds.web.nocloud import NoCloudFlavor
 from imds.web.openstack import OpenStackFlavor
-from imds.web.routing import JSON, LOOKED_UP, Handler, Locator, Pending, Reply, Scope
+from imds.web.routing import ENTRY, JSON, LOOKED_UP, READ_METHODS, Handler, Locator, Pending, Reply, Scope
+from imds.web.watch import hold, parse_watch
 
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
@@ -57,8 +60,12 @@ class InstanceFront:
         self._prefixes: dict[str, Handler] = {**ec2_flavor.prefixes()}
         self._prefixes.update(OpenStackFlavor(services, locator).prefixes())
         self._prefixes.update(NoCloudFlavor(services, locator).prefixes())
-        self.ganeti = GanetiFlavor(services, locator)  # the channel helper wires ganeti.channel["read"/"write"]
+        self.ganeti = GanetiFlavor(services, locator)
+        channel = ChannelFlavor(services, locator)  # /events, /phone-home, and /ganeti/<v>/read|write
+        self.ganeti.channel.update(read=channel.handle_read, write=channel.handle_write)
+        self._exact.update(channel.routes())
         self._prefixes.update(self.ganeti.prefixes())
+        self._watch_max = services.settings.watch_max_timeout
         self._log_reads = services.settings.log_instance_reads
         metrics = services.metrics
         self._observe = metrics.latency.labels("instance").observe
@@ -90,6 +97,8 @@ class InstanceFront:
                 reply = await self._after_lookup(scope, handler, need)
             if isinstance(reply, Pending) and reply.complete is not None:
                 reply = await reply.complete(receive)  # a write that needs the body (OpenStack password)
+            elif scope["query_string"]:  # change watch: parsed only when there is a query
+                reply = await self._watch(scope, handler, reply, receive)
         except Exception:  # noqa: BLE001 - an instance must get an answer, never a dropped connection
             _log.exception("instance.error", path=scope["path"])
             reply = _INTERNAL
@@ -98,6 +107,9 @@ class InstanceFront:
             (b"content-type", reply.content_type),
             (b"content-length", str(len(reply.body)).encode()),
         ]
+        entry = scope.get(ENTRY)
+        if entry is not None and reply.status == 200 and scope["method"] in READ_METHODS:
+            headers.append((b"etag", entry.etag))
         await send({"type": "http.response.start", "status": reply.status, "headers": headers})
         await send({"type": "http.response.body", "body": b"" if scope["method"] == "HEAD" else reply.body})
         counter = self._counters.get(reply.status)
@@ -106,6 +118,29 @@ class InstanceFront:
         if self._log_reads:
             client = scope.get("client")
             _log.info("instance.read", path=scope["path"], peer=client[0] if client else None, status=reply.status)
+
+    async def _run(self, scope: Scope, handler: Handler) -> Reply:
+        try:
+            return handler(scope)
+        except LookupNeeded as need:
+            return await self._after_lookup(scope, handler, need)
+
+    async def _watch(self, scope: Scope, handler: Handler, reply: Reply, receive: Receive) -> Reply:
+        """Hold the read while ``?wait_for_change=true`` asks for it (see ``imds.web.watch``)."""
+        try:
+            watch = parse_watch(scope["query_string"], self._watch_max)
+        except ImdsError as exc:
+            scope.pop(ENTRY, None)
+            status, body, headers = error_parts(exc)
+            return Reply(status, body, JSON, tuple(headers))
+        if watch is None or ENTRY not in scope:
+            return reply
+        waiting = self.services.metrics.watch_waiting
+        waiting.inc()
+        try:
+            return await hold(scope, reply, watch, lambda: self._run(scope, handler), receive)
+        finally:
+            waiting.dec()
 
     async def _after_lookup(self, scope: Scope, handler: Handler, need: LookupNeeded) -> Reply:
         """Fetch what the handler missed from upstream, then run it once more."""
