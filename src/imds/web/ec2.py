@@ -4,7 +4,7 @@ Errors answer with EC2's plain-text bodies (``404 - Not Found``), never JSON, ne
 IMDSv2: ``PUT /latest/api/token`` mints a token bound to the caller; a request that
 carries ``X-aws-ec2-metadata-token`` must carry a valid one for the same instance, and
 with ``--imdsv2 required`` every read must. A token PUT that came through a proxy
-(``X-Forwarded-For``) is refused, as AWS does.
+(``Forwarded``, ``X-Forwarded-*``, ``X-Real-IP``) is refused, as AWS does.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from http import HTTPStatus
 from imds.errors import ImdsError, NotFound, RecordNotFound, Refused, Unauthenticated
 from imds.models import METADATA, USERDATA
 from imds.services import Services
+from imds.services.instance_auth import proxied
 from imds.services.render.ec2 import VERSIONS, version_root, versions_listing
 from imds.services.render.tree import body, resolve
 from imds.services.tokens import TOKEN_HEADER, TTL_HEADER, parse_ttl
@@ -78,7 +79,7 @@ class Ec2Flavor:
             return _plain(status_for(exc))
 
     def _mint(self, scope: Scope) -> Reply:
-        if header(scope, b"x-forwarded-for") is not None:
+        if proxied(scope["headers"]):  # Forwarded, X-Forwarded-*, X-Real-IP
             raise Refused("IMDSv2 tokens cannot be requested through a proxy")
         ttl = parse_ttl(header(scope, _TTL))
         entry = self._locator.entry(scope)

@@ -18,6 +18,7 @@ from imds.services.lookup import LookupNeeded
 from imds.web.ec2 import Ec2Flavor
 from imds.web.errors import error_body
 from imds.web.ganeti import GanetiFlavor
+from imds.web.instance_guard import FlavorGuard
 from imds.web.json import JsonFlavor
 from imds.web.nocloud import NoCloudFlavor
 from imds.web.openstack import OpenStackFlavor
@@ -57,6 +58,10 @@ class InstanceFront:
         self._prefixes.update(NoCloudFlavor(services, locator).prefixes())
         self.ganeti = GanetiFlavor(services, locator)  # the channel helper wires ganeti.channel["read"/"write"]
         self._prefixes.update(self.ganeti.prefixes())
+        guard = FlavorGuard(services, locator)  # --instance-auth: the anti-SSRF policy per flavor
+        self._exact.update(guard.wrap("json", json_flavor.routes()))
+        for flavor in ("openstack", "nocloud", "ganeti"):
+            self._prefixes.update(guard.wrap(flavor, {flavor: self._prefixes[flavor]}))
         self._log_reads = services.settings.log_instance_reads
         metrics = services.metrics
         self._observe = metrics.latency.labels("instance").observe
