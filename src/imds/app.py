@@ -40,7 +40,7 @@ def build_app(
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
-        async with services.running():
+        async with services.running(background=True):  # the listener answers 503 until the catalog is loaded
             if settings.demo:
                 instance_id = await load_demo(services.records)
                 _log.info("demo.loaded", instance_id=instance_id, addresses=["127.0.0.1", "::1"])

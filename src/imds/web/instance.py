@@ -31,6 +31,7 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 _log = log.get("instance")
 OPS_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
 _INTERNAL = Reply(500, error_body("internal error"), JSON)
+_LOADING = Reply(503, error_body("the instance catalog is still loading; see /readyz"), JSON, ((b"retry-after", b"1"),))
 
 
 def _group(path: str) -> str:
@@ -41,6 +42,10 @@ def _group(path: str) -> str:
     if path.startswith("/os-definitions"):  # Ganeti OS definitions
         return "admin"
     return "other"
+
+
+def _loading(_scope: Scope) -> Reply:
+    return _LOADING
 
 
 class InstanceFront:
@@ -82,6 +87,8 @@ class InstanceFront:
         if handler is None:
             await self._measured(scope, receive, send)
             return
+        if not self.services.catalog.loaded:  # answered, never left silent, until the catalog is in memory
+            handler = _loading
         await self._serve(scope, send, handler, receive)
 
     async def _serve(self, scope: Scope, send: Send, handler: Handler, receive: Receive) -> None:
