@@ -21,6 +21,7 @@ from imds.services import Services, build_services
 from imds.services.demo import load_demo
 from imds.store import Store
 from imds.web.admin import admin_router
+from imds.web.audit_admin import audit_router
 from imds.web.docs import docs_router
 from imds.web.errors import handle_http_error, handle_imds_error, handle_unexpected
 from imds.web.ganeti_admin import ganeti_admin_router
@@ -61,6 +62,7 @@ def build_app(
     )
     routers: list[APIRouter] = [admin_router(services), refresh_router(services), openstack_admin_router(services)]
     routers.append(ganeti_admin_router(services))  # Ganeti OS records
+    routers.append(audit_router(services))  # the audit log (GET /audit)
     for router in routers:
         admin.include_router(router)
         admin.include_router(router, prefix="/api/v1", include_in_schema=False)

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Protocol, runtime_checkable
 
-from imds.models import Change, Instance, JsonObject, Network, OsRecord
+from imds.models import AuditEntry, AuditEvent, Change, Instance, JsonObject, Network, OsRecord
 
 
 @runtime_checkable
@@ -86,6 +86,10 @@ class WriteTx(Protocol):
         """Delete the OS record; False when there was none."""
         ...
 
+    async def append_audit(self, event: AuditEvent) -> None:
+        """Record an admin change in the audit log, in this transaction."""
+        ...
+
 
 @runtime_checkable
 class Store(Protocol):
@@ -113,6 +117,10 @@ class Store(Protocol):
 
     async def ping(self) -> None:
         """Return when the store answers; raise StoreUnavailable otherwise."""
+        ...
+
+    async def audit(self, instance_id: str | None, after: int, limit: int) -> list[AuditEntry]:
+        """Audit entries with ``seq > after`` (of one instance, or all), oldest first, at most ``limit``."""
         ...
 
     async def close(self) -> None:
