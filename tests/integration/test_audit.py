@@ -113,5 +113,5 @@ async def test_the_log_pages_by_cursor_and_checks_its_query(clients):
         assert bad.json()["errors"][0]["field"] == field
     assert (await reader.get("/audit", params={"instance": "not-a-uuid"})).status_code == 400
     assert (await writer.get("/audit")).status_code == 403
-    async with client_from(writer._transport.app) as anonymous:  # noqa: SLF001 - the same app, no token
+    async with client_from(writer._transport.app) as anonymous:
         assert (await anonymous.get("/audit")).status_code == 401

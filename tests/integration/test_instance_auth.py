@@ -133,3 +133,20 @@ async def test_instance_auth_is_a_setting_with_all_and_a_checked_list():
     assert load({}, {**env, "IMDS_INSTANCE_AUTH": "json,nocloud"}).instance_auth == frozenset({"json", "nocloud"})
     with pytest.raises(ConfigError, match="--instance-auth"):
         load({"instance_auth": ("ec2",)}, env)
+
+
+async def test_imdsv2_required_warns_about_flavors_left_open():
+    """--imdsv2 required alone leaves JSON/OpenStack/NoCloud/Ganeti open to a plain GET: said once at startup."""
+    from structlog.testing import capture_logs  # noqa: PLC0415 - only this test reads the log
+
+    with capture_logs() as logs:
+        async with running_app(make_settings(imdsv2="required", instance_auth=frozenset({"json"}))):
+            pass
+    warned = [e for e in logs if e["event"] == "instance_auth.partial"]
+    assert len(warned) == 1
+    assert warned[0]["open_flavors"] == ["openstack", "nocloud", "ganeti"]
+    with capture_logs() as logs:
+        async with running_app(make_settings(imdsv2="required", instance_auth=frozenset(
+                {"json", "openstack", "nocloud", "ganeti"}))):
+            pass
+    assert not [e for e in logs if e["event"] == "instance_auth.partial"]

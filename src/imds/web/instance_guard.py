@@ -9,12 +9,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from imds import log
+from imds.config import INSTANCE_AUTH_FLAVORS
 from imds.errors import ImdsError
 from imds.services import Services
 from imds.services.instance_auth import InstanceAuth
 from imds.web.errors import error_parts
 from imds.web.openstack import plain
 from imds.web.routing import JSON, Handler, Locator, Reply, Scope, header
+
+_log = log.get("instance_auth")
 
 
 def _refusal(flavor: str, exc: ImdsError) -> Reply:
@@ -31,6 +35,11 @@ class FlavorGuard:
         self._protected = services.settings.instance_auth
         self._auth = InstanceAuth(services.tokens)
         self._locator = locator
+        open_flavors = [f for f in INSTANCE_AUTH_FLAVORS if f not in self._protected]
+        if services.settings.imdsv2 == "required" and open_flavors:
+            # EC2 needs tokens, but these flavors serve the same userdata to a plain GET (what SSRF makes).
+            _log.warning("instance_auth.partial", imdsv2="required", open_flavors=open_flavors,
+                         hint="--instance-auth all (breaks cloud-init's OpenStack and NoCloud-Net datasources)")
 
     def wrap(self, flavor: str, handlers: Mapping[str, Handler]) -> dict[str, Handler]:
         """``handlers`` as they are, or guarded when ``flavor`` is protected."""
