@@ -95,6 +95,9 @@ class Services:
                 _log.warning("catalog.load_failed", problem=exc.message, retry_in=delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 10.0)
+            except Exception:
+                _log.exception("catalog.load_error")  # a bug, not an outage: /readyz stays 503 and says loading
+                raise
         await self.catalog.follow()
 
     async def stop(self) -> None:
