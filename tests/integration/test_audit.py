@@ -15,7 +15,7 @@ import pytest
 
 from factories import metadata_body, next_ipv4, userdata_body
 from ganeti_data import os_body
-from helpers import client_from, make_settings, running_app
+from helpers import admin_client, client_from, make_settings, running_app
 
 pytestmark = pytest.mark.anyio
 
@@ -115,3 +115,19 @@ async def test_the_log_pages_by_cursor_and_checks_its_query(clients):
     assert (await writer.get("/audit")).status_code == 403
     async with client_from(writer._transport.app) as anonymous:
         assert (await anonymous.get("/audit")).status_code == 401
+
+
+async def test_clearing_a_password_is_audited_without_the_password(db_url):
+    """The instance posts its password (not an admin change); the admin's clear is one 'delete password' entry."""
+    async with running_app(make_settings(db_url=db_url)) as app, admin_client(app) as admin:
+        ip = next_ipv4()
+        body = metadata_body(ips=[ip])
+        await _ok(await admin.post("/device-metadata", json=body))
+        async with client_from(app, ip) as guest:
+            posted = await guest.post("/openstack/latest/password", content=b"audit-password-canary")
+            assert posted.status_code == 200
+        assert (await admin.delete(f"/device-password/{body['id']}")).status_code == 200
+        page = await _ok(await admin.get("/audit", params={"instance": body["id"]}))
+    assert [(e["action"], e["kind"], e["subject"]) for e in page["entries"]] == [
+        ("write", "metadata", "admin-token"), ("delete", "password", "admin-token")]
+    assert "audit-password-canary" not in json.dumps(page)
