@@ -162,6 +162,14 @@ OPTIONS: tuple[Option, ...] = (
            "Messages that may wait for one instance; one more is refused (409)."),
     Option("watch_max_timeout", "IMDS_WATCH_MAX_TIMEOUT", "int", 300,
            "Largest timeout_sec a wait_for_change request may ask for (and the default)."),
+    # Anti-SSRF policy per flavor and database fault bounds (services/instance_auth.py, store/sql/engine.py)
+    Option("instance_auth", "IMDS_INSTANCE_AUTH", "list", (),
+           "Flavors whose paths need 'Metadata: true', a Metadata-Flavor header or an IMDSv2 token "
+           "(json, openstack, nocloud, ganeti or all; repeatable; env: comma-separated; default: none)."),
+    Option("db_connect_timeout", "IMDS_DB_CONNECT_TIMEOUT", "float", 5.0,
+           "Seconds to wait for a database connection before answering 503."),
+    Option("db_statement_timeout", "IMDS_DB_STATEMENT_TIMEOUT", "float", 5.0,
+           "Seconds one database statement (or SQLite's write lock) may take before answering 503."),
 )
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -232,6 +240,9 @@ class Settings:
     message_max_bytes: int = 65536
     message_max_queued: int = 100
     watch_max_timeout: int = 300
+    instance_auth: frozenset[str] = frozenset()
+    db_connect_timeout: float = 5.0
+    db_statement_timeout: float = 5.0
 
     @property
     def key_dir(self) -> Path | None:
@@ -417,7 +428,30 @@ def _validate(raw: dict[str, Any], env: Mapping[str, str]) -> Settings:
         shutdown_timeout=float(raw["shutdown_timeout"]),
         **_ganeti_settings(raw),
         **_channel_settings(raw),
+        **_fault_settings(raw),
     )
+
+
+INSTANCE_AUTH_FLAVORS = ("json", "openstack", "nocloud", "ganeti")
+
+
+def _fault_settings(raw: dict[str, Any]) -> dict[str, Any]:
+    """The anti-SSRF flavors and the database timeouts, checked."""
+    chosen = {str(value).strip().lower() for value in raw["instance_auth"] if str(value).strip()}
+    unknown = sorted(chosen - {*INSTANCE_AUTH_FLAVORS, "all"})
+    if unknown:
+        msg = (f"--instance-auth / IMDS_INSTANCE_AUTH: {', '.join(unknown)} is not one of "
+               f"{', '.join(INSTANCE_AUTH_FLAVORS)} or all")
+        raise ConfigError(msg)
+    for name in ("db_connect_timeout", "db_statement_timeout"):
+        if raw[name] <= 0:
+            msg = f"--{name.replace('_', '-')} / IMDS_{name.upper()} must be positive"
+            raise ConfigError(msg)
+    return {
+        "instance_auth": frozenset(INSTANCE_AUTH_FLAVORS) if "all" in chosen else frozenset(chosen),
+        "db_connect_timeout": float(raw["db_connect_timeout"]),
+        "db_statement_timeout": float(raw["db_statement_timeout"]),
+    }
 
 
 def _ganeti_settings(raw: dict[str, Any]) -> dict[str, Any]:

@@ -140,3 +140,31 @@ class Event:
     code: int | None
     message: str | None
     created_at: datetime
+
+
+# --- the audit log (services/audit.py) ---------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AuditEvent:
+    """One admin change, as written inside the change's own transaction.
+
+    ``detail`` holds facts only: addresses moved (address → previous instance), addresses
+    dropped, counts, OS type and mode. Never a document, userdata, password or parameter value.
+    """
+
+    subject: str
+    instance_id: str
+    action: str  # "write" or "delete"
+    kind: str  # metadata, userdata, os, password
+    applied: bool
+    detail: JsonObject
+
+
+@dataclass(frozen=True)
+class AuditEntry:
+    """A stored ``AuditEvent`` with its cursor (``seq``, increasing) and time."""
+
+    seq: int
+    at: datetime
+    event: AuditEvent

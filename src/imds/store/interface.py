@@ -17,7 +17,7 @@ from collections.abc import Iterable, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Protocol, runtime_checkable
 
-from imds.models import Change, Event, Instance, JsonObject, Network, OsRecord
+from imds.models import AuditEntry, AuditEvent, Change, Event, Instance, JsonObject, Network, OsRecord
 
 
 @runtime_checkable
@@ -105,6 +105,10 @@ class WriteTx(Protocol):
         """``replace_addresses`` for each (instance, addresses) in order; each one's (moved, dropped)."""
         ...
 
+    async def append_audit(self, event: AuditEvent) -> None:
+        """Record an admin change in the audit log, in this transaction."""
+        ...
+
 
 @runtime_checkable
 class Store(Protocol):
@@ -159,6 +163,10 @@ class Store(Protocol):
 
     async def take_message(self, instance_id: str) -> bytes | None:
         """Remove and return the instance's oldest message in one transaction (exactly once), or None."""
+        ...
+
+    async def audit(self, instance_id: str | None, after: int, limit: int) -> list[AuditEntry]:
+        """Audit entries with ``seq > after`` (of one instance, or all), oldest first, at most ``limit``."""
         ...
 
     async def close(self) -> None:

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import itertools
 from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from imds.models import METADATA, Change, Event, Instance, JsonObject, Network, OsRecord
+from imds.models import METADATA, AuditEntry, AuditEvent, Change, Event, Instance, JsonObject, Network, OsRecord
 
 
 @dataclass
@@ -31,6 +32,7 @@ class _State:
     rows: dict[str, _Row] = field(default_factory=dict)
     holders: dict[Network, str] = field(default_factory=dict)
     changes: list[Change] = field(default_factory=list)
+    audit: list[AuditEntry] = field(default_factory=list)
 
 
 @dataclass
@@ -144,6 +146,10 @@ class _MemoryTx:
     ) -> list[tuple[dict[Network, str], tuple[Network, ...]]]:
         return [await self.replace_addresses(instance_id, addresses) for instance_id, addresses in lists]
 
+    async def append_audit(self, event: AuditEvent) -> None:
+        seq = self._s.audit[-1].seq + 1 if self._s.audit else 1
+        self._s.audit.append(AuditEntry(seq, datetime.now(UTC), event))
+
 
 class MemoryStore:
     """Dict-backed store; each write works on a copy that replaces the state on success."""
@@ -222,6 +228,10 @@ class MemoryStore:
     async def take_message(self, instance_id: str) -> bytes | None:
         queue = self._channel.messages.get(instance_id)
         return queue.pop(0)[1] if queue else None
+
+    async def audit(self, instance_id: str | None, after: int, limit: int) -> list[AuditEntry]:
+        chosen = (e for e in self._state.audit if e.seq > after and instance_id in {None, e.event.instance_id})
+        return list(itertools.islice(chosen, limit))
 
     async def close(self) -> None:
         return None

@@ -20,6 +20,7 @@ from imds.web.channel import ChannelFlavor
 from imds.web.ec2 import Ec2Flavor
 from imds.web.errors import error_body, error_parts
 from imds.web.ganeti import GanetiFlavor
+from imds.web.instance_guard import FlavorGuard
 from imds.web.json import JsonFlavor
 from imds.web.nocloud import NoCloudFlavor
 from imds.web.openstack import OpenStackFlavor
@@ -33,6 +34,7 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 _log = log.get("instance")
 OPS_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
 _INTERNAL = Reply(500, error_body("internal error"), JSON)
+_LOADING = Reply(503, error_body("the instance catalog is still loading; see /readyz"), JSON, ((b"retry-after", b"1"),))
 
 
 def _group(path: str) -> str:
@@ -43,6 +45,10 @@ def _group(path: str) -> str:
     if path.startswith("/os-definitions"):  # Ganeti OS definitions
         return "admin"
     return "other"
+
+
+def _loading(_scope: Scope) -> Reply:
+    return _LOADING
 
 
 class InstanceFront:
@@ -66,6 +72,10 @@ class InstanceFront:
         self._exact.update(channel.routes())
         self._prefixes.update(self.ganeti.prefixes())
         self._watch_max = services.settings.watch_max_timeout
+        guard = FlavorGuard(services, locator)  # --instance-auth: the anti-SSRF policy per flavor
+        self._exact.update(guard.wrap("json", json_flavor.routes()))
+        for flavor in ("openstack", "nocloud", "ganeti"):
+            self._prefixes.update(guard.wrap(flavor, {flavor: self._prefixes[flavor]}))
         self._log_reads = services.settings.log_instance_reads
         metrics = services.metrics
         self._observe = metrics.latency.labels("instance").observe
@@ -86,6 +96,8 @@ class InstanceFront:
         if handler is None:
             await self._measured(scope, receive, send)
             return
+        if not self.services.catalog.loaded:  # answered, never left silent, until the catalog is in memory
+            handler = _loading
         await self._serve(scope, send, handler, receive)
 
     async def _serve(self, scope: Scope, send: Send, handler: Handler, receive: Receive) -> None:

@@ -18,11 +18,12 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from imds.errors import StoreUnavailable
-from imds.models import METADATA, Change, Event, Instance, JsonObject, Network, OsRecord
+from imds.models import METADATA, AuditEntry, AuditEvent, Change, Event, Instance, JsonObject, Network, OsRecord
 from imds.store.sql.diagnose import describe, is_not_migrated, not_migrated, sqlite_problem
 from imds.store.sql.engine import create_engine, is_sqlite
 from imds.store.sql.os_rows import os_document, os_record
 from imds.store.sql.tables import (
+    audit_log,
     changes,
     feed_head,
     instance_events,
@@ -274,16 +275,22 @@ class _SqlTx:
             await self._conn.execute(t.insert(), new)
         return results
 
+    async def append_audit(self, event: AuditEvent) -> None:
+        await self._conn.execute(audit_log.insert().values(
+            at=datetime.now(UTC), subject=event.subject, instance_id=event.instance_id, action=event.action,
+            kind=event.kind, applied=event.applied, detail=event.detail,
+        ))
+
 
 class SqlStore:
     """Store over an SQLAlchemy async engine. The database must be migrated."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, connect_timeout: float = 5.0, statement_timeout: float = 5.0) -> None:
         self._url = url
         if (problem := sqlite_problem(url)) is not None:
             raise StoreUnavailable(f"cannot open the database: {problem}")
         try:
-            self._engine = create_engine(url)
+            self._engine = create_engine(url, connect_timeout=connect_timeout, statement_timeout=statement_timeout)
         except OSError as exc:  # the SQLite file's directory cannot be created
             raise StoreUnavailable(f"cannot open the database: {describe(url, exc)}") from exc
         # One process has one SQLite writer at a time anyway; queueing here rather than
@@ -390,6 +397,19 @@ class SqlStore:
     async def ping(self) -> None:
         async with self._read() as conn:
             await conn.execute(sa.select(feed_head.c.seq).where(feed_head.c.id == 1))
+
+    async def audit(self, instance_id: str | None, after: int, limit: int) -> list[AuditEntry]:
+        t = audit_log
+        query = sa.select(t).where(t.c.seq > after).order_by(t.c.seq).limit(limit)
+        if instance_id is not None:
+            query = query.where(t.c.instance_id == instance_id)
+        async with self._read() as conn:
+            rows = await conn.execute(query)
+            return [
+                AuditEntry(int(r.seq), _utc(r.at) or r.at, AuditEvent(
+                    r.subject, r.instance_id, r.action, r.kind, bool(r.applied), r.detail))
+                for r in rows
+            ]
 
     async def close(self) -> None:
         await self._engine.dispose()

@@ -112,3 +112,18 @@ instance_messages = sa.Table(
     sa.Column("body", sa.LargeBinary, nullable=False),
     sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
 )
+
+# The audit log (revision 0005): one row per admin write or delete, written in its transaction.
+# ``detail`` holds facts only (moved and dropped addresses, counts, OS type): never a value.
+audit_log = sa.Table(
+    "audit_log",
+    metadata_obj,
+    sa.Column("seq", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), primary_key=True, autoincrement=True),
+    sa.Column("at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("subject", sa.String(255), nullable=False),
+    sa.Column("instance_id", _ID, nullable=False, index=True),
+    sa.Column("action", sa.String(16), nullable=False),
+    sa.Column("kind", sa.String(16), nullable=False),
+    sa.Column("applied", sa.Boolean, nullable=False),
+    sa.Column("detail", sa.JSON(none_as_null=True), nullable=False),
+)
