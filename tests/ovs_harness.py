@@ -13,11 +13,16 @@ from inside the VM's namespace.
 
 from __future__ import annotations
 
+import http.server
+import json
 import os
 import secrets
 import shutil
 import signal
+import socket
 import subprocess
+import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
@@ -277,3 +282,80 @@ def vms(*machines: Vm) -> Iterator[tuple[Vm, ...]]:
     finally:
         for vm in created:
             vm.destroy()
+
+
+@dataclass
+class AgentProcess:
+    """``imds agent`` run as a child with this OVS's environment; stopped by PID."""
+
+    ovs: Ovs
+    args: list[str]
+    log: Path
+    process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        """Start (or start again) with the same arguments; output appended to ``log``."""
+        imds = Path(sys.executable).parent / "imds"
+        env = {k: v for k, v in self.ovs.env.items() if not k.startswith("IMDS_")}
+        with self.log.open("ab") as sink:
+            self.process = subprocess.Popen(
+                [str(imds), "agent", *self.args], env=env, stdin=subprocess.DEVNULL, stdout=sink,
+                stderr=subprocess.STDOUT,
+            )
+
+    def output(self) -> str:
+        """Everything the agent logged so far."""
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+    def alive(self) -> bool:
+        """Whether the process is running."""
+        return self.process is not None and self.process.poll() is None
+
+    def stop(self) -> None:
+        """SIGTERM by PID (the agent stops its haproxy), bounded."""
+        if self.process is not None:
+            stop_process(self.process)
+            self.process = None
+
+
+class _Echo(http.server.BaseHTTPRequestHandler):
+    """Answers every GET with the request's path and headers as JSON (what haproxy forwarded)."""
+
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self) -> None:
+        body = json.dumps({"path": self.path, "headers": {k.lower(): v for k, v in self.headers.items()}}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *_args: object) -> None:
+        pass
+
+
+class _NoDelayServer(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        """Haproxy closing an idle keep-alive connection is not an error worth a traceback."""
+
+    def server_bind(self) -> None:
+        # Without it keep-alive answers behind haproxy stall on Nagle + delayed ACK.
+        self.socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        super().server_bind()
+
+
+@contextmanager
+def echo_upstream() -> Iterator[str]:
+    """An HTTP server on a free loopback port echoing the headers it received; yields its URL."""
+    server = _NoDelayServer(("127.0.0.1", 0), _Echo)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)

@@ -226,10 +226,17 @@ def load(flags: Mapping[str, Any] | None = None, environ: Mapping[str, str] | No
     ``flags`` maps option names to values given on the command line (``None`` or an
     empty tuple means "not given"). ``environ`` defaults to ``os.environ``.
     """
-    flags = flags or {}
     env = os.environ if environ is None else environ
+    return _validate(resolve_raw(OPTIONS, flags, env), env)
+
+
+def resolve_raw(
+    options: tuple[Option, ...], flags: Mapping[str, Any] | None, env: Mapping[str, str]
+) -> dict[str, Any]:
+    """Each option's value from ``flags``, else ``env``, else its default (coerced, not validated)."""
+    flags = flags or {}
     raw: dict[str, Any] = {}
-    for option in OPTIONS:
+    for option in options:
         given = flags.get(option.name)
         if given is not None and given != ():
             raw[option.name] = _coerce(option, given)
@@ -237,7 +244,7 @@ def load(flags: Mapping[str, Any] | None = None, environ: Mapping[str, str] | No
             raw[option.name] = _coerce(option, env[option.env])
         else:
             raw[option.name] = option.default
-    return _validate(raw, env)
+    return raw
 
 
 def _bool(text: str) -> bool:
@@ -404,3 +411,86 @@ def _redact_url(url: str) -> str:
     creds, _, host = rest.rpartition("@")
     user = creds.split(":", 1)[0]
     return f"{scheme}://{user}:***@{host}"
+
+
+# ``imds agent`` (one per hypervisor) has its own table, so its flags and IMDS_AGENT_* variables
+# stay apart from the server's. Provider ranges are validated by ``imds.agent.allocate.Pool``.
+AGENT_OPTIONS: tuple[Option, ...] = (
+    Option("ovsdb", "IMDS_AGENT_OVSDB", "str", "unix:/var/run/openvswitch/db.sock",
+           "OVSDB server to read VM ports from and write Meta addresses to (unix:PATH or tcp:HOST:PORT)."),
+    Option("integration_bridge", "IMDS_AGENT_INTEGRATION_BRIDGE", "str", "br-int",
+           "The bridge VM ports are plugged into (the operator's; it must exist)."),
+    Option("metadata_bridge", "IMDS_AGENT_METADATA_BRIDGE", "str", "br-meta",
+           "The bridge the agent creates for tap-meta."),
+    Option("upstream", "IMDS_AGENT_UPSTREAM", "str", None,
+           "imds serve URL that haproxy forwards to, e.g. http://10.0.0.2:8000 (required)."),
+    Option("shared_secret_file", "IMDS_AGENT_SHARED_SECRET_FILE", "path", None,
+           "File holding the proxy shared secret that signs X-Instance-ID (required)."),
+    Option("provider_cidr", "IMDS_AGENT_PROVIDER_CIDR", "str", "240.0.0.0/16",
+           "IPv4 range of Meta IPs; the first host is tap-meta (haproxy)."),
+    Option("provider_cidr6", "IMDS_AGENT_PROVIDER_CIDR6", "str", "fd00:a9fe::/64",
+           "IPv6 range of Meta IPv6 addresses (ULA); the first host is tap-meta."),
+    Option("provider_base_mac", "IMDS_AGENT_PROVIDER_BASE_MAC", "str", "fa:16:ee:00:00:00",
+           "Meta MACs are this plus the Meta IP's offset in the range (tap-meta: ...:01)."),
+    Option("provider_vlan_id", "IMDS_AGENT_PROVIDER_VLAN_ID", "int", 998,
+           "VLAN tagging metadata traffic on the patch link between the two bridges."),
+    Option("state_dir", "IMDS_AGENT_STATE_DIR", "path", "/var/lib/imds/agent",
+           "Directory for the haproxy config and master socket."),
+    Option("haproxy_bin", "IMDS_AGENT_HAPROXY_BIN", "str", "haproxy",
+           "haproxy executable."),
+    Option("meta_netns", "IMDS_AGENT_META_NETNS", "str", None,
+           "Network namespace for tap-meta (created if missing; default: the host's own)."),
+    Option("meta_port", "IMDS_AGENT_META_PORT", "str", "tap-meta",
+           "Name of the internal port haproxy listens behind."),
+    Option("mode", "IMDS_AGENT_MODE", "str", "haproxy",
+           "haproxy (one haproxy, a Meta IP per VM) or inport (source 128.0.0.0|ofport, for imds proxy --inport)."),
+    Option("check_interval", "IMDS_AGENT_CHECK_INTERVAL", "float", 2.0,
+           "Seconds between checks that the flows are still installed (ovs-vswitchd restarts lose them)."),
+    Option("log_level", "IMDS_AGENT_LOG_LEVEL", "str", "info",
+           "Log level: debug, info, warning or error."),
+)
+AGENT_MODES = ("haproxy", "inport")
+
+
+@dataclass(frozen=True)
+class AgentSettings:
+    """Validated configuration of ``imds agent``. Build it with ``load_agent``."""
+
+    upstream: str
+    shared_secret_file: Path
+    ovsdb: str = "unix:/var/run/openvswitch/db.sock"
+    integration_bridge: str = "br-int"
+    metadata_bridge: str = "br-meta"
+    provider_cidr: str = "240.0.0.0/16"
+    provider_cidr6: str = "fd00:a9fe::/64"
+    provider_base_mac: str = "fa:16:ee:00:00:00"
+    provider_vlan_id: int = 998
+    state_dir: Path = Path("/var/lib/imds/agent")
+    haproxy_bin: str = "haproxy"
+    meta_netns: str | None = None
+    meta_port: str = "tap-meta"
+    mode: str = "haproxy"
+    check_interval: float = 2.0
+    log_level: str = "info"
+
+
+def load_agent(flags: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None) -> AgentSettings:
+    """Resolve ``AGENT_OPTIONS`` (flag, else IMDS_AGENT_* variable, else default) and validate them."""
+    raw = resolve_raw(AGENT_OPTIONS, flags, os.environ if environ is None else environ)
+    for name in ("upstream", "shared_secret_file"):
+        if raw[name] is None:
+            option = next(o for o in AGENT_OPTIONS if o.name == name)
+            raise ConfigError(f"{option.flag} / {option.env} is required")
+    if raw["mode"] not in AGENT_MODES:
+        raise ConfigError(f"--mode / IMDS_AGENT_MODE: {raw['mode']!r} is not one of {', '.join(AGENT_MODES)}")
+    if not 1 <= raw["provider_vlan_id"] <= 4094:
+        raise ConfigError("--provider-vlan-id / IMDS_AGENT_PROVIDER_VLAN_ID must be 1 to 4094")
+    if raw["check_interval"] <= 0:
+        raise ConfigError("--check-interval / IMDS_AGENT_CHECK_INTERVAL must be positive")
+    level = str(raw["log_level"]).lower()
+    if level not in LOG_LEVELS:
+        raise ConfigError(f"--log-level / IMDS_AGENT_LOG_LEVEL: {level!r} is not one of {', '.join(LOG_LEVELS)}")
+    for name in ("meta_port", "integration_bridge", "metadata_bridge"):
+        if not 0 < len(raw[name]) <= 15:
+            raise ConfigError(f"--{name.replace('_', '-')}: {raw[name]!r} must be 1-15 characters (a Linux name)")
+    return AgentSettings(**{**raw, "log_level": level, "state_dir": Path(raw["state_dir"])})

@@ -44,7 +44,9 @@ COOKIE_MASK = 0xFFFFFFFF00000000
 LEARN_COOKIE = 0x494D444C00000000  # "IMDL" | ofport: rules learned for one port's way back
 RETURN_TABLE = 210  # br-int: learned reverse rewrites
 NA_TABLE = 211  # br-int and br-meta: second stage of the neighbour-advertisement responder
-LEARN_IDLE = 3600
+LEARN_IDLE = 3600  # the per-port way back (last address used)
+CONNECTION_IDLE = 300  # the per-connection way back
+FIN_IDLE = 5  # ... once a FIN or RST went by
 PRIORITY = 300
 NA_FLAGS = 0x60000000  # solicited + override
 
@@ -111,18 +113,34 @@ def _na_stage2(target: ipaddress.IPv6Address, mac: str) -> str:
     )
 
 
-def _learn(port: PortFlows, gateway_mac: str, key: str, *, v6: bool) -> str:
-    """A ``learn`` writing the way back for this port, from the addresses the request carried."""
+def _learn(port: PortFlows, gateway_mac: str, key: str, *, v6: bool, connection: bool) -> str:
+    """A ``learn`` writing the way back for this port, from the addresses the request carried.
+
+    Two are learned per request: one for this connection (keyed on the Meta address and the
+    VM's TCP port, gone shortly after FIN), so a VM using several addresses at once gets
+    each answer at the right one; and one per port (the address last used), for answers on a
+    connection idle longer than the first one lives.
+    """
     ip_field = "NXM_NX_IPV6" if v6 else "NXM_OF_IP"
     metadata = f"{int(METADATA_IP6):#x}" if v6 else f"{int(METADATA_IP):#x}"
+    if connection:
+        key += ",nw_proto=6,NXM_OF_TCP_DST[]=NXM_OF_TCP_SRC[]"
+        timeouts = f"priority=110,idle_timeout={CONNECTION_IDLE},fin_idle_timeout={FIN_IDLE}"
+    else:
+        timeouts = f"priority=100,idle_timeout={LEARN_IDLE}"
     return (
-        f"learn(table={RETURN_TABLE},cookie={LEARN_COOKIE | port.ofport:#x},priority=100,"
-        f"idle_timeout={LEARN_IDLE},eth_type={0x86DD if v6 else 0x0800:#06x},{key},"
+        f"learn(table={RETURN_TABLE},cookie={LEARN_COOKIE | port.ofport:#x},{timeouts},"
+        f"eth_type={0x86DD if v6 else 0x0800:#06x},{key},"
         "load:NXM_OF_ETH_SRC[]->NXM_OF_ETH_DST[],"
         f"load:{_mac_int(gateway_mac)}->NXM_OF_ETH_SRC[],"
         f"load:{ip_field}_SRC[]->{ip_field}_DST[],load:{metadata}->{ip_field}_SRC[],"
         "output:NXM_OF_IN_PORT[])"
     )
+
+
+def _learn_back(port: PortFlows, gateway_mac: str, key: str, *, v6: bool) -> str:
+    """Both learns (per connection, per port) for one egress rule."""
+    return ",".join(_learn(port, gateway_mac, key, v6=v6, connection=c) for c in (True, False))
 
 
 def _port_rules(wiring: Wiring, port: PortFlows) -> list[str]:
@@ -138,7 +156,8 @@ def _port_rules(wiring: Wiring, port: PortFlows) -> list[str]:
     rules = [
         f"{here},arp,arp_op=1,arp_tpa={METADATA_IP},actions={_arp_reply(gw.mac, METADATA_IP)}",
         (f"{here},dl_src={port.mac},tcp,nw_dst={METADATA_IP},tp_dst={METADATA_PORT},actions="
-        f"{_learn(port, gw.mac, key4, v6=False)},set_field:{port.meta.mac}->eth_src,set_field:{gw.mac}->eth_dst,"
+        f"{_learn_back(port, gw.mac, key4, v6=False)},"
+        f"set_field:{port.meta.mac}->eth_src,set_field:{gw.mac}->eth_dst,"
         f"{rewrite},set_field:{gw.ip}->ip_dst,mod_vlan_vid:{wiring.vlan},output:{wiring.int_patch}"),
         f"priority={PRIORITY - 10},in_port={port.ofport},ip,nw_dst={METADATA_IP},actions=drop",
     ]
@@ -147,7 +166,8 @@ def _port_rules(wiring: Wiring, port: PortFlows) -> list[str]:
         rules += [
             _na_stage1(here, METADATA_IP6),
             (f"{here},dl_src={port.mac},tcp6,ipv6_dst={METADATA_IP6},tp_dst={METADATA_PORT},actions="
-            f"{_learn(port, gw.mac, key6, v6=True)},set_field:{port.meta.mac}->eth_src,set_field:{gw.mac}->eth_dst,"
+            f"{_learn_back(port, gw.mac, key6, v6=True)},"
+            f"set_field:{port.meta.mac}->eth_src,set_field:{gw.mac}->eth_dst,"
             f"set_field:{port.meta.ip6}->ipv6_src,set_field:{gw.ip6}->ipv6_dst,"
             f"mod_vlan_vid:{wiring.vlan},output:{wiring.int_patch}"),
             f"priority={PRIORITY - 10},in_port={port.ofport},ipv6,ipv6_dst={METADATA_IP6},actions=drop",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from imds import __version__
+from imds.cli.agent import agent
 from imds.cli.configdrive import configdrive
 from imds.cli.db import db
 from imds.cli.serve import serve
@@ -33,6 +34,7 @@ def guest(args: tuple[str, ...]) -> None:
 cli.add_command(serve)
 cli.add_command(db)
 cli.add_command(configdrive)
+cli.add_command(agent)
 
 
 def main() -> None:

@@ -40,6 +40,17 @@ def settings_options(names: tuple[str, ...] | None = None) -> Callable[[Any], An
     return apply
 
 
+def option_decorators(options: tuple[Option, ...]) -> Callable[[Any], Any]:
+    """Add a flag for each of ``options`` (another command's table, e.g. ``AGENT_OPTIONS``)."""
+
+    def apply(command: Any) -> Any:
+        for option in reversed(options):
+            command = _decorator(option)(command)
+        return command
+
+    return apply
+
+
 def resolve(flags: dict[str, Any], *, templates: bool = False) -> Settings:
     """Settings from these flags plus the environment; a config error exits with status 2.
 
