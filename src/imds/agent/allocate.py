@@ -23,7 +23,7 @@ from imds.errors import ConfigError, PoolExhausted
 
 GATEWAY_OFFSET = 1
 FIRST_OFFSET = 2
-_MAC_BITS = 48
+_MAC_ROOM = 0xFFFFFF
 
 
 def format_mac(value: int) -> str:
@@ -85,7 +85,7 @@ class Pool:
         """The highest offset every range still has room for."""
         v4 = self.cidr.num_addresses - 2  # the broadcast address is never handed out
         v6 = self.cidr6.num_addresses - 1
-        mac = (1 << _MAC_BITS) - 1 - self.base_mac
+        mac = _MAC_ROOM - (self.base_mac & _MAC_ROOM)  # never carry into the prefix (the first three octets)
         return min(v4, v6, mac)
 
     @property
