@@ -359,3 +359,36 @@ def echo_upstream() -> Iterator[str]:
         server.shutdown()
         server.server_close()
         thread.join(timeout=10)
+
+
+_PEER_ECHO = """
+import http.server, sys
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = (self.client_address[0] + "\\n").encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *args):
+        pass
+http.server.ThreadingHTTPServer((sys.argv[1], int(sys.argv[2])), H).serve_forever()
+"""
+
+
+@contextmanager
+def peer_echo(netns: str, host: str, port: int) -> Iterator[None]:
+    """Inside ``netns``, an HTTP server on host:port answering with the caller's address; stopped by PID."""
+    process = subprocess.Popen(
+        ["ip", "netns", "exec", netns, sys.executable, "-c", _PEER_ECHO, host, str(port)],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_for(f"peer echo on {host}:{port}", lambda: _listening(netns, port))
+        yield
+    finally:
+        stop_process(process)
+
+
+def _listening(netns: str, port: int) -> bool:
+    return f":{port} " in netns_exec(netns, "ss", "-Hltn", check=False)
