@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from ovs_harness import AgentProcess, Ovs, Vm, echo_upstream, ovs_daemons, peer_echo, sh, vms, wait_for
 
 SECRET = b"agent-modes-secret"
