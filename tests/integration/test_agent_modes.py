@@ -89,7 +89,7 @@ def test_exhausted_range_is_a_clear_error_and_the_rest_are_served(ovs, tmp_path)
             assert "240.0.0.0/30 is exhausted" in line
             assert ovs.vsctl("get", "Interface", ports[0], "other_config:provider_ip").strip() == '"240.0.0.2"'
             assert "provider_ip" not in ovs.vsctl("get", "Interface", ports[1], "other_config")
-            wait_for("haproxy config", lambda: (tmp_path / "state" / "haproxy.cfg").exists(), timeout=30)
+            wait_for("haproxy config", (tmp_path / "state" / "haproxy.cfg").exists, timeout=30)
             config = (tmp_path / "state" / "haproxy.cfg").read_text()
             assert "e0000000-" in config
             assert "e0000001-" not in config
