@@ -199,13 +199,14 @@ class Settings:
         return f"Settings(listen={self.listen!r}, db_url={_redact_url(self.db_url)!r}, admin_token={token})"
 
 
-def options_table() -> str:
+def options_table(options: tuple[Option, ...] | None = None) -> str:
     """The README's configuration table, in Markdown (``tests/unit/test_docs.py`` keeps them equal).
 
-    Regenerate with ``python -c "from imds.config import options_table; print(options_table())"``.
+    Regenerate with ``python -c "from imds.config import options_table; print(options_table())"``
+    (``options_table(AGENT_OPTIONS)`` for ``imds agent``'s table).
     """
     rows = ["| flag | environment | default | meaning |", "|---|---|---|---|"]
-    for option in OPTIONS:
+    for option in OPTIONS if options is None else options:
         default = option.default
         if isinstance(default, bool):
             shown = "on" if default else "off"

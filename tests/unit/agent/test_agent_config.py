@@ -78,3 +78,12 @@ def test_snapshot_finds_vm_ports_with_tag_tenant_and_stored_addresses():
     assert first.other_config["provider_ip"] == "240.0.0.7"
     assert (second.tag, second.tenant) == (0, None)
     assert snap.vm_ports("br-other") == []
+
+
+def test_readme_lists_every_agent_option():
+    """README's "On a hypervisor" table is exactly options_table(AGENT_OPTIONS)."""
+    from imds.config import options_table  # noqa: PLC0415 - kept beside the one test that needs it
+
+    text = (Path(__file__).parents[3] / "README.md").read_text().split("## On a hypervisor", 1)[1]
+    start = text.index("| flag | environment |")
+    assert text[start : text.index("\n\n", start)] == options_table(AGENT_OPTIONS)
