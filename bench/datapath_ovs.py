@@ -132,7 +132,8 @@ def _report(direct: dict[str, float], via: dict[str, float], args: argparse.Name
     ]
     paths = (("direct (host → imds serve)", direct), ("via OVS flows + haproxy (VM → 169.254.169.254)", via))
     for name, row in paths:
-        lines.append(f"| {name} | {row['rps']:.0f} | {row['p50_ms']:.2f} | {row['p99_ms']:.2f} | {row['non_2xx']:.0f} |")
+        cells = f"{row['rps']:.0f} | {row['p50_ms']:.2f} | {row['p99_ms']:.2f} | {row['non_2xx']:.0f}"
+        lines.append(f"| {name} | {cells} |")
     lines += [
         "",
         (f"via/direct: throughput {via['rps'] / direct['rps']:.2f}, "
