@@ -8,6 +8,7 @@ what ``imds proxy --inport`` gets to map back through OVSDB.
 from __future__ import annotations
 
 import ipaddress
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,15 +25,18 @@ def ovs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ovs]:
         yield switch
 
 
-def _agent(ovs: Ovs, root: Path, suffix: str, upstream: str, *extra: str) -> tuple[AgentProcess, dict[str, str]]:
+def _agent(
+    ovs: Ovs, root: Path, suffix: str, upstream: str, *extra: str, netns: bool = True
+) -> tuple[AgentProcess, dict[str, str]]:
     t = ovs.tag + suffix
     names = {"bridge": f"bi{t}", "meta_bridge": f"bm{t}", "tap": f"tm{t}", "netns": f"imdsmeta{t}"}
     ovs.add_bridge(names["bridge"])
     secret = root / "secret"
     secret.write_bytes(SECRET)
+    where = ["--meta-netns", names["netns"]] if netns else []
     agent = AgentProcess(ovs, [
         "--ovsdb", f"unix:{ovs.db_sock}", "--integration-bridge", names["bridge"],
-        "--metadata-bridge", names["meta_bridge"], "--meta-port", names["tap"], "--meta-netns", names["netns"],
+        "--metadata-bridge", names["meta_bridge"], "--meta-port", names["tap"], *where,
         "--upstream", upstream, "--shared-secret-file", str(secret), "--state-dir", str(root / "state"),
         "--check-interval", "0.5", *extra,
     ], root / "agent.log")
@@ -94,5 +98,26 @@ def test_exhausted_range_is_a_clear_error_and_the_rest_are_served(ovs, tmp_path)
             assert "e0000000-" in config
             assert "e0000001-" not in config
             assert agent.alive()
+        finally:
+            _cleanup(ovs, agent, names)
+
+
+def test_tap_meta_in_the_hosts_own_namespace(ovs, tmp_path):
+    """Without --meta-netns, tap-meta and haproxy stay in the host's namespace (a per-run range here)."""
+    octet = int(ovs.tag, 16) % 200 + 20
+    cidr, cidr6 = f"240.{octet}.0.0/16", f"fd00:a9fe:{ovs.tag}::/64"
+    with echo_upstream() as upstream:
+        agent, names = _agent(ovs, tmp_path, "r", upstream, "--provider-cidr", cidr, "--provider-cidr6", cidr6,
+                              netns=False)
+        vm = Vm(ovs, names["bridge"], f"vr{ovs.tag}", "e1000000-0000-4000-8000-00000000000e", "02:00:00:00:0e:11",
+                "10.2.0.5/24")
+        try:
+            with vms(vm):
+                agent.start()
+                for url in ("http://169.254.169.254/metadata", "http://[fe80::a9fe:a9fe%eth0]/metadata"):
+                    wait_for(f"served at {url}", lambda url=url: vm.get(url, timeout=3.0)[0] == 200, timeout=30)
+                    status, body = vm.get(url)
+                    assert (status, json.loads(body)["headers"]["x-instance-id"]) == (200, vm.uuid)
+                assert f"240.{octet}.0.1/16" in sh("ip", "addr", "show", "dev", names["tap"])
         finally:
             _cleanup(ovs, agent, names)
