@@ -296,7 +296,9 @@ class AgentProcess:
     def start(self) -> None:
         """Start (or start again) with the same arguments; output appended to ``log``."""
         imds = Path(sys.executable).parent / "imds"
-        env = {k: v for k, v in self.ovs.env.items() if not k.startswith("IMDS_")}
+        # No OVS_* variables either: the agent must find everything from --ovsdb, as on a host
+        # where OVS runs from its own directory.
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("IMDS_", "OVS_"))}
         with self.log.open("ab") as sink:
             self.process = subprocess.Popen(
                 [str(imds), "agent", *self.args], env=env, stdin=subprocess.DEVNULL, stdout=sink,

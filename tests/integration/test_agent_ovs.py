@@ -182,6 +182,15 @@ def test_flows_carry_the_agent_cookie(host):
     assert any(f"in_port={ofport}" in flow for flow in host.ovs.flows(host.bridge, ours))
 
 
+def test_stale_agent_rules_are_removed(host):
+    """A rule carrying the agent's cookie that it did not render (left from an old run) is removed."""
+    stale = "cookie=0x494d445300000000,table=0,priority=5,dl_src=02:de:ad:00:00:01,actions=drop"
+    host.ovs.ofctl("add-flow", host.bridge, stale)
+    assert any("02:de:ad:00:00:01" in f for f in host.ovs.flows(host.bridge))
+    wait_for("the stale rule to go", lambda: not any("02:de:ad:00:00:01" in f for f in host.ovs.flows(host.bridge)))
+    host.wait_served(host.vms[UUID_A])
+
+
 def test_haproxy_reload_under_requests_loses_none(host):
     """Requests running while ports come and go (each change reloads haproxy) all succeed."""
     vm = host.vms[UUID_A]

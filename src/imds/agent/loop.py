@@ -161,15 +161,28 @@ class Agent:
         text = flows.bundle(rules)
         if not force and self.applied.flows.get(bridge) == text:
             return
-        run("ovs-ofctl", "--bundle", "add-flows", bridge, "-", stdin=text)
+        run("ovs-ofctl", "--bundle", "add-flows", self._switch(bridge), "-", stdin=text)
         self.applied.flows[bridge] = text
         self.applied.counts[bridge] = len(rules)
         self.log.info("agent.flows_installed", bridge=bridge, rules=len(rules))
 
+    def _switch(self, bridge: str) -> str:
+        """What ovs-ofctl connects to: the bridge's management socket, else the bridge name.
+
+        The socket beside the OVSDB socket is used when there is one, so an OVS run from another
+        directory than ``OVS_RUNDIR`` (a test, a container) is reached without that variable.
+        """
+        remote = self.settings.ovsdb
+        if remote.startswith("unix:"):
+            mgmt = Path(remote.removeprefix("unix:")).parent / f"{bridge}.mgmt"
+            if mgmt.exists():
+                return f"unix:{mgmt}"
+        return bridge
+
     def _forget(self, ofports: set[int]) -> None:
         """Drop what was learned for ports that are gone (their static rules went with the bundle)."""
         for ofport in sorted(self.applied.ofports - ofports):
-            run("ovs-ofctl", "del-flows", self.settings.integration_bridge, flows.forget_port(ofport))
+            run("ovs-ofctl", "del-flows", self._switch(self.settings.integration_bridge), flows.forget_port(ofport))
         self.applied.ofports = ofports
 
     def _render_haproxy(self, served: list[Served]) -> None:
@@ -194,7 +207,7 @@ class Agent:
         """Whether both bridges still hold as many agent rules as were installed."""
         for bridge, expected in self.applied.counts.items():
             ours = f"cookie={flows.COOKIE:#x}/{flows.COOKIE_MASK:#x}"
-            text = run("ovs-ofctl", "--no-stats", "dump-flows", bridge, ours)
+            text = run("ovs-ofctl", "--no-stats", "dump-flows", self._switch(bridge), ours)
             found = sum(1 for line in text.splitlines() if "cookie=" in line)
             if found != expected:
                 self.log.warning("agent.flows_missing", bridge=bridge, expected=expected, found=found)
