@@ -51,6 +51,10 @@ OPTIONS: tuple[Option, ...] = (
            "Apply database migrations at startup."),
     Option("trusted_proxy", "IMDS_TRUSTED_PROXIES", "list", (),
            "CIDR of a proxy whose X-Forwarded-For is believed (repeatable; default: none)."),
+    Option("proxy_shared_secret_file", "IMDS_PROXY_SHARED_SECRET_FILE", "path", None,
+           "File holding the secret a trusted proxy signs X-Instance-ID with (unset: signed ids are refused)."),
+    Option("proxy_previous_secret_file", "IMDS_PROXY_PREVIOUS_SECRET_FILE", "path", None,
+           "The previous proxy secret, still accepted during a rotation (remove it when every proxy has the new one)."),
     Option("api_url", "IMDS_API_URL", "str", None,
            "Template for the api_url field, e.g. https://{{.facility}}.example/{{.id}}."),
     Option("phone_home_url", "IMDS_PHONE_HOME_URL", "str", None,
@@ -138,6 +142,8 @@ class Settings:
     db_url: str = "memory://"
     migrate: bool = True
     trusted_proxies: tuple[Network, ...] = ()
+    proxy_shared_secret_file: Path | None = None
+    proxy_previous_secret_file: Path | None = None
     api_url: str | None = None
     phone_home_url: str | None = None
     user_state_url: str | None = None
@@ -300,6 +306,9 @@ def _validate(raw: dict[str, Any], env: Mapping[str, str]) -> Settings:
             msg = f"{flag} / IMDS_{name.upper()}: {raw[name]} is not a file"
             raise ConfigError(msg)
     _validate_lookup(raw)
+    if raw["proxy_previous_secret_file"] is not None and raw["proxy_shared_secret_file"] is None:
+        msg = "--proxy-previous-secret-file / IMDS_PROXY_PREVIOUS_SECRET_FILE needs --proxy-shared-secret-file"
+        raise ConfigError(msg)
     tokens_file = raw["admin_tokens_file"]
     if tokens_file is not None and not Path(tokens_file).is_file():
         msg = f"--admin-tokens-file / IMDS_ADMIN_TOKENS_FILE: {tokens_file} is not a file"
@@ -310,6 +319,8 @@ def _validate(raw: dict[str, Any], env: Mapping[str, str]) -> Settings:
         db_url=db_url,
         migrate=bool(raw["migrate"]),
         trusted_proxies=tuple(_parse_cidr(item) for item in raw["trusted_proxy"]),
+        proxy_shared_secret_file=raw["proxy_shared_secret_file"],
+        proxy_previous_secret_file=raw["proxy_previous_secret_file"],
         api_url=raw["api_url"],
         phone_home_url=raw["phone_home_url"],
         user_state_url=raw["user_state_url"],

@@ -21,9 +21,11 @@ from imds.services.breaker import Breaker
 from imds.services.catalog import Catalog
 from imds.services.identity import IdentitySigner
 from imds.services.lookup import Lookup, LookupPolicy
+from imds.services.proxied import SignedIdentity
 from imds.services.templates import Template, compile_all
 from imds.services.tokens import TokenIssuer
 from imds.services.upsert import Records
+from imds.signing import read_secret
 from imds.store import Store, open_store
 from imds.upstream.auth import ClientCredentials, NoCredentials, OAuth2ClientCredentials, StaticBearer, UpstreamAuth
 from imds.upstream.client import UpstreamClient
@@ -45,6 +47,7 @@ class Services:
     http: httpx.AsyncClient
     tokens: TokenIssuer
     lookup: Lookup | None = None
+    signed: SignedIdentity | None = None
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
     _signer: IdentitySigner | None = None
 
@@ -106,7 +109,18 @@ def build_services(
         metrics=metrics,
         http=http,
         tokens=TokenIssuer.load(key_file=settings.imdsv2_key_file, data_dir=settings.key_dir),
+        signed=_signed_identity(settings),
     )
+
+
+def _signed_identity(settings: Settings) -> SignedIdentity:
+    """The proxy secrets, read once here (current first, then the previous during a rotation)."""
+    files = (
+        (settings.proxy_shared_secret_file, "--proxy-shared-secret-file"),
+        (settings.proxy_previous_secret_file, "--proxy-previous-secret-file"),
+    )
+    secrets = [read_secret(path, flag) for path, flag in files if path is not None]
+    return SignedIdentity(settings.trusted_proxies, secrets)
 
 
 def _lookup(
