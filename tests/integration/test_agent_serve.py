@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+
 from ec2_expected import SEED_FILE
 from ovs_harness import AgentProcess, Ovs, Vm, ovs_daemons, sh, vms, wait_for
 from serve_process import Server, serving
