@@ -24,6 +24,7 @@ SECRET = b"agent-serve-shared-secret"
 SEED = json.loads(SEED_FILE.read_text())
 UUID_A = "a1000000-0000-4000-8000-00000000000a"
 UUID_B = "b1000000-0000-4000-8000-00000000000b"
+UUID_C = "c1000000-0000-4000-8000-00000000000c"
 BASE = "http://169.254.169.254"
 
 
@@ -42,6 +43,7 @@ class Stack:
     agent: AgentProcess
     a: Vm
     b: Vm
+    c: Vm
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +53,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     secret.write_bytes(SECRET)
     serve_args = ("--db", "memory://", "--trusted-proxy", "127.0.0.1/32", "--proxy-shared-secret-file", str(secret))
     with serving(root, *serve_args) as server, ovs_daemons(root) as ovs:
-        for n, (uuid, host, project) in enumerate(((UUID_A, "vm-a", "tenant-a"), (UUID_B, "vm-b", None))):
+        records = ((UUID_A, "vm-a", "tenant-a"), (UUID_B, "vm-b", None), (UUID_C, "vm-c", "tenant-c"))
+        for n, (uuid, host, project) in enumerate(records):
             server.post("/device-metadata", {"id": uuid, "ipAddresses": [f"192.0.2.{n + 10}"],
                                              "metadata": _record(uuid, host, project)})
             server.post("/device-userdata", {"id": uuid, "ipAddresses": [f"192.0.2.{n + 10}"],
@@ -61,18 +64,20 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         ovs.add_bridge(bridge)
         a = Vm(ovs, bridge, f"sa{t}", UUID_A, "02:00:00:00:1a:01", "10.0.0.5/24", tag=1, tenant="tenant-a")
         b = Vm(ovs, bridge, f"sb{t}", UUID_B, "02:00:00:00:1b:01", "10.0.0.5/24", tag=2)
+        # Plugged with a tenant its record does not have: serve must refuse it.
+        c = Vm(ovs, bridge, f"sc{t}", UUID_C, "02:00:00:00:1c:01", "10.0.0.7/24", tag=1, tenant="tenant-x")
         agent = AgentProcess(ovs, [
             "--ovsdb", f"unix:{ovs.db_sock}", "--integration-bridge", bridge, "--metadata-bridge", meta_bridge,
             "--meta-port", tap, "--meta-netns", netns, "--upstream", server.url, "--shared-secret-file", str(secret),
             "--state-dir", str(root / "state"),
         ], root / "agent.log")
         try:
-            with vms(a, b):
+            with vms(a, b, c):
                 agent.start()
                 for vm in (a, b):
                     wait_for(f"{vm.name} served", lambda vm=vm: vm.get(f"{BASE}/metadata", timeout=3.0)[0] == 200,
                              timeout=40)
-                yield Stack(ovs, server, agent, a, b)
+                yield Stack(ovs, server, agent, a, b, c)
         finally:
             agent.stop()
             ovs.vsctl("--if-exists", "del-br", meta_bridge, check=False)
@@ -111,3 +116,10 @@ def test_openstack_flavor(stack):
         doc = json.loads(body)
         assert doc["uuid"] == vm.uuid
         assert host in doc["hostname"]
+
+
+def test_tenant_mismatch_gets_nothing(stack):
+    """A port whose tenant differs from its record's project_id is answered 404, not with the record."""
+    status, body = stack.c.get(f"{BASE}/metadata")
+    assert status == 404
+    assert "vm-c" not in body  # the 404 may name the id; never the record
