@@ -9,7 +9,9 @@ Then wrk loads the same document two ways for the same duration and connection c
 - via OVS: from inside the VM to ``http://169.254.169.254/metadata`` (br-int rewrite, patch,
   br-meta, tap-meta, haproxy, and back through the learned rules).
 
-haproxy reaches the server from 127.0.0.1, so both paths answer with the same bytes (checked
+The VM is plugged as the demo instance and haproxy signs that id; ``imds serve`` trusts
+127.0.0.1 as a proxy with the same secret, so the VM is identified by the signed header
+(signature checked on every request) and both paths answer with the same bytes (checked
 first). Prints requests/s and latency percentiles with the via/direct ratios and writes them
 to ``bench/results-datapath.md``. Run on demand (never in CI), as root::
 
@@ -37,6 +39,7 @@ from ovs_harness import AgentProcess, Vm, ovs_daemons, sh, vms, wait_for  # noqa
 
 IMDS = Path(sys.executable).with_name("imds")
 RESULTS = ROOT / "bench" / "results-datapath.md"
+DEMO_ID = "cc40301c-4038-4011-af55-6eae3ba60246"  # src/imds/demo/metadata.json
 
 
 def _free_port() -> int:
@@ -71,9 +74,12 @@ def main() -> None:
     args = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="imds-bench-"))
+    secret = work / "secret"
+    secret.write_bytes(b"bench-secret")
     port = _free_port()
     serve = subprocess.Popen(
-        [str(IMDS), "serve", "--demo", "--db", "memory://", "--listen", f"127.0.0.1:{port}"],
+        [str(IMDS), "serve", "--demo", "--db", "memory://", "--listen", f"127.0.0.1:{port}",
+         "--trusted-proxy", "127.0.0.1/32", "--proxy-shared-secret-file", str(secret)],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
     direct_url = f"http://127.0.0.1:{port}/metadata"
@@ -84,14 +90,12 @@ def main() -> None:
             t = ovs.tag
             bridge, meta_bridge, tap, netns = f"bi{t}", f"bm{t}", f"tm{t}", f"imdsmeta{t}"
             ovs.add_bridge(bridge)
-            secret = work / "secret"
-            secret.write_bytes(b"bench-secret")
             agent = AgentProcess(ovs, [
                 "--ovsdb", f"unix:{ovs.db_sock}", "--integration-bridge", bridge, "--metadata-bridge", meta_bridge,
                 "--meta-port", tap, "--meta-netns", netns, "--upstream", f"http://127.0.0.1:{port}",
                 "--shared-secret-file", str(secret), "--state-dir", str(work / "state"),
             ], work / "agent.log")
-            vm = Vm(ovs, bridge, f"vbench{t}", "bench-vm", "02:00:00:00:be:01", "10.9.0.5/24")
+            vm = Vm(ovs, bridge, f"vbench{t}", DEMO_ID, "02:00:00:00:be:01", "10.9.0.5/24")
             try:
                 with vms(vm):
                     agent.start()
