@@ -8,6 +8,7 @@ from imds import __version__
 from imds.cli.agent import agent
 from imds.cli.configdrive import configdrive
 from imds.cli.db import db
+from imds.cli.proxy import proxy
 from imds.cli.serve import serve
 
 
@@ -35,6 +36,7 @@ cli.add_command(serve)
 cli.add_command(db)
 cli.add_command(configdrive)
 cli.add_command(agent)
+cli.add_command(proxy)
 
 
 def main() -> None:

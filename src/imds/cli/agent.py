@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from imds import log
-from imds.cli.options import option_decorators
+from imds.cli.options import settings_options
 from imds.config import AGENT_OPTIONS, load_agent
 from imds.errors import ConfigError, ImdsError
 from imds.signing import read_secret
@@ -20,7 +20,7 @@ def _stop(_signum: int, _frame: object) -> None:
 
 
 @click.command()
-@option_decorators(AGENT_OPTIONS)
+@settings_options(table=AGENT_OPTIONS)
 def agent(**flags: Any) -> None:
     """Give each VM port a Meta IP/MAC, program br-int/br-meta and serve them through one haproxy."""
     from imds.agent.loop import Agent  # noqa: PLC0415 - loads only when the agent runs

@@ -34,8 +34,10 @@ def bind(host: str, port: int, *, hop_limit: int = 0) -> socket.socket:
             sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_UNICAST_HOPS, hop_limit)
     elif hop_limit:
         sock.setsockopt(socket.IPPROTO_IP, socket.IP_TTL, hop_limit)
+    # A zoned link-local address (fe80::a9fe:a9fe%eth0) needs its scope id in a 4-tuple.
+    address = socket.getaddrinfo(host, port, family, socket.SOCK_STREAM)[0][4] if "%" in host else (host, port)
     try:
-        sock.bind((host, port))
+        sock.bind(address)
     except OSError as exc:
         sock.close()
         msg = f"cannot listen on {host}:{port}: {exc.strerror}"
