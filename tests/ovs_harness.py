@@ -364,10 +364,12 @@ def echo_upstream() -> Iterator[str]:
 
 
 _PEER_ECHO = """
-import http.server, sys
+import http.server, json, sys
 class H(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
     def do_GET(self):
-        body = (self.client_address[0] + "\\n").encode()
+        headers = {k.lower(): v for k, v in self.headers.items()}
+        body = json.dumps({"peer": self.client_address[0], "headers": headers}).encode()
         self.send_response(200)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
@@ -380,7 +382,7 @@ http.server.ThreadingHTTPServer((sys.argv[1], int(sys.argv[2])), H).serve_foreve
 
 @contextmanager
 def peer_echo(netns: str, host: str, port: int) -> Iterator[None]:
-    """Inside ``netns``, an HTTP server on host:port answering with the caller's address; stopped by PID."""
+    """Inside ``netns``, an HTTP server on host:port answering {"peer": address, "headers": {...}}; stopped by PID."""
     process = subprocess.Popen(
         ["ip", "netns", "exec", netns, sys.executable, "-c", _PEER_ECHO, host, str(port)],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,

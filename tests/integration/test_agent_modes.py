@@ -9,12 +9,26 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from ovs_harness import AgentProcess, Ovs, Vm, echo_upstream, ovs_daemons, peer_echo, sh, vms, wait_for
+from imds.signing import sign
+from ovs_harness import (
+    AgentProcess,
+    Ovs,
+    Vm,
+    echo_upstream,
+    ovs_daemons,
+    peer_echo,
+    sh,
+    stop_process,
+    vms,
+    wait_for,
+)
 
 SECRET = b"agent-modes-secret"
 
@@ -69,8 +83,7 @@ def test_inport_mode_rewrites_source_to_128_0_0_0_or_ofport(ovs, tmp_path):
                 for vm in machines:
                     expected = str(ipaddress.IPv4Address("128.0.0.0") + ovs.ofport(vm.port))
                     wait_for(f"{vm.name} seen as {expected}",
-                             lambda vm=vm, expected=expected: vm.get("http://169.254.169.254/", timeout=3.0)
-                             == (200, expected + "\n"), timeout=30)
+                             lambda vm=vm, expected=expected: _peer(vm) == expected, timeout=30)
             assert not (tmp_path / "state" / "haproxy.cfg").exists()
     finally:
         _cleanup(ovs, agent, names)
@@ -121,3 +134,47 @@ def test_tap_meta_in_the_hosts_own_namespace(ovs, tmp_path):
                 assert f"240.{octet}.0.1/16" in sh("ip", "addr", "show", "dev", names["tap"])
         finally:
             _cleanup(ovs, agent, names)
+
+
+def _peer(vm: Vm) -> str | None:
+    status, body = vm.get("http://169.254.169.254/", timeout=3.0)
+    return json.loads(body)["peer"] if status == 200 else None
+
+
+def test_inport_mode_served_by_imds_proxy_inport(ovs, tmp_path):
+    """Imds proxy --inport behind the in-port flows signs each VM's own id (two VMs, one IP)."""
+    agent, names = _agent(ovs, tmp_path, "p", "http://127.0.0.1:9", "--mode", "inport")
+    t = ovs.tag
+    machines = (
+        Vm(ovs, names["bridge"], f"vs{t}", "f2000000-0000-4000-8000-00000000000f", "02:00:00:00:0f:11",
+           "10.3.0.5/24", tag=3, tenant="tenant-s"),
+        Vm(ovs, names["bridge"], f"vt{t}", "f3000000-0000-4000-8000-00000000000f", "02:00:00:00:0f:12",
+           "10.3.0.5/24", tag=4),
+    )
+    imds = Path(sys.executable).parent / "imds"
+    proxy = None
+    try:
+        with vms(*machines):
+            agent.start()
+            wait_for("tap-meta addressed in its namespace", lambda: "240.0.0.1/16" in sh(
+                "ip", "netns", "exec", names["netns"], "ip", "addr", check=False), timeout=30)
+            # The upstream lives in the metadata namespace too, where the proxy can reach it.
+            with peer_echo(names["netns"], "127.0.0.1", 8775), (tmp_path / "proxy.log").open("wb") as sink:
+                proxy = subprocess.Popen([
+                    "ip", "netns", "exec", names["netns"], str(imds), "proxy", "--listen", "240.0.0.1:80",
+                    "--upstream", "http://127.0.0.1:8775", "--shared-secret-file", str(tmp_path / "secret"),
+                    "--ovsdb", f"unix:{ovs.db_sock}", "--inport", "--integration-bridge", names["bridge"],
+                ], stdin=subprocess.DEVNULL, stdout=sink, stderr=subprocess.STDOUT)
+                for vm in machines:
+                    wait_for(f"{vm.name} served by imds proxy", lambda vm=vm: vm.get(
+                        "http://169.254.169.254/metadata", timeout=3.0)[0] == 200, timeout=30)
+                    status, body = vm.get("http://169.254.169.254/metadata")
+                    headers = json.loads(body)["headers"]
+                    assert status == 200
+                    assert headers["x-instance-id"] == vm.uuid
+                    assert headers["x-instance-id-signature"] == sign(SECRET, vm.uuid)
+                    assert headers.get("x-tenant-id") == vm.tenant
+    finally:
+        if proxy is not None:
+            stop_process(proxy)
+        _cleanup(ovs, agent, names)
