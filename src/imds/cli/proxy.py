@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import signal
 from typing import Any
 
@@ -88,6 +89,8 @@ def proxy(**flags: Any) -> None:
     except ConfigError as exc:
         raise click.UsageError(exc.message) from exc
     log.configure(settings.log_level)
+    # httpx narrates every forwarded request at INFO: that is an access log, which the proxy does not keep.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     try:
         run(settings)
     except ConfigError as exc:

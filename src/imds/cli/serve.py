@@ -34,10 +34,14 @@ def bind(host: str, port: int, *, hop_limit: int = 0) -> socket.socket:
             sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_UNICAST_HOPS, hop_limit)
     elif hop_limit:
         sock.setsockopt(socket.IPPROTO_IP, socket.IP_TTL, hop_limit)
-    # A zoned link-local address (fe80::a9fe:a9fe%eth0) needs its scope id in a 4-tuple.
-    address = socket.getaddrinfo(host, port, family, socket.SOCK_STREAM)[0][4] if "%" in host else (host, port)
     try:
-        sock.bind(address)
+        # A zoned link-local address (fe80::a9fe:a9fe%eth0) needs its scope id in a 4-tuple.
+        zoned = "%" in host
+        sock.bind(socket.getaddrinfo(host, port, family, socket.SOCK_STREAM)[0][4] if zoned else (host, port))
+    except socket.gaierror as exc:
+        sock.close()
+        msg = f"cannot listen on {host}:{port}: {exc.strerror} (a zone is for link-local fe80:: addresses)"
+        raise click.ClickException(msg) from exc
     except OSError as exc:
         sock.close()
         msg = f"cannot listen on {host}:{port}: {exc.strerror}"

@@ -108,7 +108,7 @@ class ProxyApp:
         peer = parse_host(client[0]) if client else None
         identity = await self.identifier.identify(peer) if peer is not None else None
         if identity is None:
-            _log.info("proxy.unknown_peer", peer=str(peer) if peer else None, path=scope["path"])
+            _log.debug("proxy.unknown_peer", peer=str(peer) if peer else None, path=scope["path"])
             await _answer(send, *_reply(404, f"no instance is associated with {peer or 'an unidentified caller'}"))
             return
         if scope["method"] == "PUT" and scope["path"] == _TOKEN_PATH and _has(scope, b"x-forwarded-for"):

@@ -84,6 +84,6 @@ def test_readme_lists_every_agent_option():
     """README's "On a hypervisor" table is exactly options_table(AGENT_OPTIONS)."""
     from imds.config import options_table  # noqa: PLC0415 - kept beside the one test that needs it
 
-    text = (Path(__file__).parents[3] / "README.md").read_text().split("## On a hypervisor", 1)[1]
+    text = (Path(__file__).parents[3] / "README.md").read_text().split("## On a hypervisor: `imds agent`", 1)[1]
     start = text.index("| flag | environment |")
     assert text[start : text.index("\n\n", start)] == options_table(AGENT_OPTIONS)
