@@ -9,6 +9,9 @@ identity the datapath asserted for the asking VM.
 from __future__ import annotations
 
 import json
+import os
+import signal
+import socket
 import subprocess
 import threading
 from collections.abc import Iterator
@@ -227,6 +230,32 @@ def test_haproxy_reload_under_requests_loses_none(host):
     assert len(results) >= 50
     assert len(results) % 25 == 0
     assert set(results) == {"200"}, results
+
+
+def test_haproxy_dying_is_restarted_by_the_agent(host):
+    """If the host's haproxy dies, the agent's periodic check starts it again."""
+    master = _haproxy_master(host)
+    os.kill(master, signal.SIGKILL)
+    wait_for("a new haproxy master", lambda: _haproxy_master(host, missing_ok=True) not in (None, master))
+    for vm in host.vms.values():
+        host.wait_served(vm)
+    assert "agent.haproxy_died" in host.agent.output()
+
+
+def _haproxy_master(host: Host, *, missing_ok: bool = False) -> int | None:
+    """The master's PID from its own CLI socket (``show proc``)."""
+    try:
+        with socket.socket(socket.AF_UNIX) as sock:
+            sock.settimeout(5)
+            sock.connect(str(host.state / "haproxy-master.sock"))
+            sock.sendall(b"show proc\n")
+            sock.shutdown(socket.SHUT_WR)
+            text = sock.makefile().read()
+    except OSError:
+        if missing_ok:
+            return None
+        raise
+    return next(int(line.split()[0]) for line in text.splitlines() if " master " in f" {line} ")
 
 
 def test_agent_restart_keeps_meta_addresses(host):

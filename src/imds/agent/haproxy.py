@@ -255,6 +255,10 @@ class Haproxy:
             time.sleep(0.05)
         raise HaproxyFailed(f"haproxy started no new worker within {READY_TIMEOUT}s: {self._tail()}")
 
+    def tail(self) -> str:
+        """The end of haproxy's own log."""
+        return self._tail()
+
     def _tail(self) -> str:
         return self.log.read_text(errors="replace")[-2000:].strip() if self.log.exists() else ""
 

@@ -255,6 +255,10 @@ class Agent:
         return False, False
 
     def _check(self) -> bool:
+        """Whether everything is still in place: haproxy running, both bridges' rules present."""
+        if self.haproxy is not None and self.haproxy.current is not None and not self.haproxy.running:
+            self.log.warning("agent.haproxy_died", log=self.haproxy.tail())
+            return False
         try:
             return self.flows_intact()
         except OvsCommandFailed as exc:
