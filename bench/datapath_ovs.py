@@ -1,4 +1,4 @@
-"""Added latency of the distributed OVS datapath: direct vs via OVS flows + haproxy, same run.
+"""Added latency of each host datapath against direct access, same run: imds proxy, OVS + haproxy.
 
 Starts ``imds serve --demo`` (in-memory, the demo instance bound to 127.0.0.1), a private
 userspace Open vSwitch (the test harness in ``tests/ovs_harness.py``), one VM network
@@ -6,6 +6,8 @@ namespace plugged into the integration bridge, and ``imds agent`` in front of th
 Then wrk loads the same document two ways for the same duration and connection count:
 
 - direct: from the host to ``imds serve`` on 127.0.0.1;
+- via ``imds proxy --map``: from the host to the proxy on 127.0.0.2 (caller 127.0.0.1 mapped
+  to the demo instance), which signs the id and forwards over its keep-alive pool;
 - via OVS: from inside the VM to ``http://169.254.169.254/metadata`` (br-int rewrite, patch,
   br-meta, tap-meta, haproxy, and back through the learned rules).
 
@@ -29,6 +31,8 @@ import subprocess
 import sys
 import tempfile
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -104,9 +108,15 @@ def main() -> None:
                     status, body = vm.get("http://169.254.169.254/metadata")
                     if (status, body.encode()) != (200, direct_body):
                         sys.exit("the two paths answer different bytes; not comparable")
-                    direct = _wrk([], direct_url, args.duration, args.connections)
-                    via = _wrk(["ip", "netns", "exec", vm.name], "http://169.254.169.254/metadata",
-                               args.duration, args.connections)
+                    results = {
+                        "direct (host → imds serve)": _wrk([], direct_url, args.duration, args.connections),
+                    }
+                    with _proxy(work, port, secret) as proxy_url:
+                        results["via imds proxy --map (loopback)"] = _wrk([], proxy_url, args.duration,
+                                                                          args.connections)
+                    results["via OVS flows + haproxy (VM → 169.254.169.254)"] = _wrk(
+                        ["ip", "netns", "exec", vm.name], "http://169.254.169.254/metadata",
+                        args.duration, args.connections)
             finally:
                 agent.stop()
                 ovs.vsctl("--if-exists", "del-br", meta_bridge, check=False)
@@ -115,7 +125,7 @@ def main() -> None:
     finally:
         serve.terminate()
         serve.wait(timeout=10)
-    _report(direct, via, args)
+    _report(results, args)
 
 
 def _ok(url: str) -> bool:
@@ -126,7 +136,27 @@ def _ok(url: str) -> bool:
         return False
 
 
-def _report(direct: dict[str, float], via: dict[str, float], args: argparse.Namespace) -> None:
+@contextmanager
+def _proxy(work: Path, upstream_port: int, secret: Path) -> Iterator[str]:
+    """``imds proxy --map`` on 127.0.0.2 mapping the caller 127.0.0.1 to the demo instance."""
+    mapping = work / "map"
+    mapping.write_text(f"127.0.0.1 {DEMO_ID}\n")
+    port = _free_port()
+    process = subprocess.Popen(
+        [str(IMDS), "proxy", "--listen", f"127.0.0.2:{port}", "--upstream", f"http://127.0.0.1:{upstream_port}",
+         "--shared-secret-file", str(secret), "--map", str(mapping)],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.2:{port}/metadata"
+    try:
+        wait_for("imds proxy", lambda: _ok(url))
+        yield url
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+
+
+def _report(results: dict[str, dict[str, float]], args: argparse.Namespace) -> None:
     when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     lines = [
         f"## {when}: GET /metadata, wrk -t1 -c{args.connections} -d{args.duration}s",
@@ -134,16 +164,15 @@ def _report(direct: dict[str, float], via: dict[str, float], args: argparse.Name
         "| path | req/s | p50 ms | p99 ms | non-2xx |",
         "|---|---|---|---|---|",
     ]
-    paths = (("direct (host → imds serve)", direct), ("via OVS flows + haproxy (VM → 169.254.169.254)", via))
-    for name, row in paths:
+    direct = next(iter(results.values()))
+    for name, row in results.items():
         cells = f"{row['rps']:.0f} | {row['p50_ms']:.2f} | {row['p99_ms']:.2f} | {row['non_2xx']:.0f}"
         lines.append(f"| {name} | {cells} |")
-    lines += [
-        "",
-        (f"via/direct: throughput {via['rps'] / direct['rps']:.2f}, "
-        f"p50 latency {via['p50_ms'] / direct['p50_ms']:.2f}x (+{via['p50_ms'] - direct['p50_ms']:.2f} ms)"),
-        "",
-    ]
+    lines.append("")
+    for name, row in list(results.items())[1:]:
+        lines.append(f"- {name} / direct: throughput {row['rps'] / direct['rps']:.2f}, p50 latency "
+                     f"{row['p50_ms'] / direct['p50_ms']:.2f}x (+{row['p50_ms'] - direct['p50_ms']:.2f} ms)")
+    lines.append("")
     text = "\n".join(lines)
     print(text)
     previous = RESULTS.read_text() if RESULTS.exists() else "# Datapath benchmark results\n\n"
