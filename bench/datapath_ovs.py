@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -125,6 +126,7 @@ def main() -> None:
     finally:
         serve.terminate()
         serve.wait(timeout=10)
+        shutil.rmtree(work, ignore_errors=True)
     _report(results, args)
 
 
