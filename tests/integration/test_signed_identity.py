@@ -13,7 +13,10 @@ import httpx
 import pytest
 from structlog.testing import capture_logs
 
+from fake_upstream import running_upstream
 from helpers import admin_client, client_from, make_settings, running_app
+from imds import config
+from imds.errors import ConfigError
 from imds.signing import sign
 from imds.web.instance import InstanceFront
 
@@ -239,10 +242,27 @@ async def test_imdsv2_token_minted_through_a_signed_proxy_is_bound_to_the_signed
 
 
 async def test_a_previous_secret_without_a_current_one_is_a_config_error(tmp_path: Path) -> None:
-    from imds import config  # noqa: PLC0415 - the loader under test
-    from imds.errors import ConfigError  # noqa: PLC0415
-
     path = tmp_path / "old"
     path.write_text("x")
     with pytest.raises(ConfigError, match="--proxy-shared-secret-file"):
         config.load({"proxy_previous_secret_file": str(path)}, environ={})
+
+
+async def test_an_unknown_signed_id_is_looked_up_by_id_in_pull_mode(tmp_path: Path) -> None:
+    """Pull mode: a signed id the catalog lacks is fetched as GET /device-metadata/{id}, then served."""
+    files = write_secrets(tmp_path, (SECRET,))
+    with running_upstream() as upstream:
+        upstream.put_metadata(BETA, ["10.80.9.9"], doc(BETA, "pulled"))
+        settings = make_settings(
+            trusted_proxies=(ipaddress.ip_network(PROXY_NET),), lookup_url=upstream.base, **files
+        )
+        async with running_app(settings) as app:
+            first = await fetch(app, "/metadata", headers=signed(BETA))
+            again = await fetch(app, "/latest/meta-data/hostname", headers=signed(BETA))
+            unknown = await fetch(app, "/metadata", headers=signed(ALPHA))
+        targets = [call.target for call in upstream.log()]
+    assert first.status_code == 200, first.text
+    assert first.json()["hostname"] == "pulled"
+    assert again.text == "pulled"
+    assert unknown.status_code == 404
+    assert targets == [f"/device-metadata/{BETA}", f"/device-metadata/{ALPHA}"]

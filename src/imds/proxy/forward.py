@@ -10,8 +10,8 @@ Raw ASGI (no framework) on the hot path. For every request:
 - an IMDSv2 token PUT that carried ``X-Forwarded-For`` from the VM is refused (403) here,
   as AWS refuses it: the VM's own header is about to be overwritten, so ``imds serve``
   could no longer tell (the rule is in ``imds.services.proxied``);
-- the request (and its body, read whole up to ``max_body_bytes``) goes over one keep-alive
-  ``httpx`` pool; status, headers (minus hop-by-hop) and body stream back as they arrive;
+- the request (and its body, read whole up to ``max_body_bytes``) goes over a keep-alive
+  pool (``imds.proxy.upstream``); status, headers (minus hop-by-hop) and body stream back;
 - an upstream that cannot be reached or times out → 503 (504 is not used: instances
   treat both alike, and 503 tells cloud-init to retry) with a JSON body.
 """
@@ -23,10 +23,9 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
-
 from imds import log
 from imds.proxy.identify import Identifier, Identity
+from imds.proxy.upstream import UpstreamFailed, UpstreamPool, UpstreamTimeout
 from imds.services.addresses import parse_host
 from imds.signing import INSTANCE_ID_HEADER, SIGNATURE_HEADER, TENANT_HEADER, sign
 
@@ -44,7 +43,7 @@ IDENTITY_HEADERS = frozenset(
     {INSTANCE_ID_HEADER.encode(), SIGNATURE_HEADER.encode(), TENANT_HEADER.encode(),
      b"x-forwarded-for", b"forwarded", b"x-real-ip"}
 )
-_DROPPED = HOP_BY_HOP | IDENTITY_HEADERS | {b"content-length", b"host"}
+_DROPPED = HOP_BY_HOP | IDENTITY_HEADERS | {b"content-length", b"host", b"expect"}
 _TOKEN_PATH = "/latest/api/token"  # noqa: S105 - a path, not a secret
 JSON = b"application/json"
 
@@ -76,25 +75,18 @@ class ProxyApp:
         self.policy = policy
         self._secret = secret
         self._signatures: dict[str, bytes] = {}
-        self._upstream = policy.upstream.rstrip("/")
-        self._client: httpx.AsyncClient | None = None
-
-    async def start(self) -> None:
-        """Start the identifier and open the upstream pool."""
-        await self.identifier.start()
-        policy = self.policy
-        self._client = httpx.AsyncClient(
-            timeout=httpx.Timeout(policy.timeout, connect=policy.connect_timeout),
-            limits=httpx.Limits(
-                max_connections=policy.max_connections, max_keepalive_connections=policy.max_connections
-            ),
-            trust_env=False,
+        self._upstream = policy.upstream
+        self._pool = UpstreamPool(
+            policy.upstream, size=policy.max_connections, connect_timeout=policy.connect_timeout, timeout=policy.timeout
         )
 
+    async def start(self) -> None:
+        """Start the identifier (the pool connects on demand)."""
+        await self.identifier.start()
+
     async def stop(self) -> None:
-        """Close the pool and stop the identifier."""
-        if self._client is not None:
-            await self._client.aclose()
+        """Close the idle upstream connections and stop the identifier."""
+        await self._pool.aclose()
         await self.identifier.stop()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -122,34 +114,31 @@ class ProxyApp:
         await self._forward(scope, send, identity, str(peer), body)
 
     async def _forward(self, scope: Scope, send: Send, identity: Identity, peer: str, body: bytes | None) -> None:
-        assert self._client is not None  # noqa: S101 - set by the lifespan before any request
-        path = scope.get("raw_path") or scope["path"].encode()
-        url = self._upstream + path.decode("latin-1")
+        target = scope.get("raw_path") or scope["path"].encode()
         if scope.get("query_string"):
-            url += "?" + scope["query_string"].decode("latin-1")
+            target += b"?" + scope["query_string"]
         headers = self._headers(scope, identity, peer)
-        request = self._client.build_request(scope["method"], url, headers=headers, content=body)
         try:
-            response = await self._client.send(request, stream=True)
-        except httpx.TimeoutException as exc:
-            _log.warning("proxy.upstream_timeout", upstream=self._upstream, instance_id=identity.instance_id)
-            await _answer(send, *_reply(503, f"metadata service did not answer in time: {type(exc).__name__}"))
+            response = await self._pool.request(scope["method"], target, headers, body)
+        except UpstreamTimeout as exc:
+            _log.warning("proxy.upstream_timeout", upstream=self._upstream, error=str(exc))
+            await _answer(send, *_reply(503, f"metadata service did not answer in time: {exc}"))
             return
-        except httpx.HTTPError as exc:
-            _log.warning("proxy.upstream_unavailable", upstream=self._upstream, error=type(exc).__name__)
+        except UpstreamFailed as exc:
+            _log.warning("proxy.upstream_unavailable", upstream=self._upstream, error=str(exc))
             await _answer(send, *_reply(503, "metadata service unavailable"))
             return
         try:
-            headers = [(k, v) for k, v in response.headers.raw if k.lower() not in HOP_BY_HOP]
-            await send({"type": "http.response.start", "status": response.status_code, "headers": headers})
-            async for chunk in response.aiter_raw():
+            answer = [(k, v) for k, v in response.headers if k.lower() not in HOP_BY_HOP]
+            await send({"type": "http.response.start", "status": response.status, "headers": answer})
+            async for chunk in response.chunks():
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
             await send({"type": "http.response.body", "body": b""})
-        except httpx.HTTPError as exc:
+        except UpstreamFailed as exc:
             # Headers are out: all that is left is to cut the answer short.
-            _log.warning("proxy.upstream_broke", upstream=self._upstream, error=type(exc).__name__)
+            _log.warning("proxy.upstream_broke", upstream=self._upstream, error=str(exc))
         finally:
-            await response.aclose()
+            response.close()
 
     def _headers(self, scope: Scope, identity: Identity, peer: str) -> list[tuple[bytes, bytes]]:
         headers = [(k, v) for k, v in scope["headers"] if k not in _DROPPED]
