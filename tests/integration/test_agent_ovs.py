@@ -268,6 +268,28 @@ def test_agent_restart_keeps_meta_addresses(host):
     assert {vm.uuid: _other_config(host, vm) for vm in host.vms.values()} == before
 
 
+def test_killed_agent_leaves_no_second_haproxy(host):
+    """An agent killed outright leaves its haproxy running; the next agent stops that one first."""
+    orphan = _haproxy_master(host)
+    host.agent.process.kill()  # type: ignore[union-attr]
+    host.agent.process.wait(timeout=10)  # type: ignore[union-attr]
+    assert _alive(orphan)
+    host.agent.start()
+    wait_for("the orphaned haproxy to go", lambda: not _alive(orphan))
+    for vm in host.vms.values():
+        host.wait_served(vm)
+    assert _haproxy_master(host) != orphan
+
+
+def _alive(pid: int | None) -> bool:
+    """Running (a zombie left for init to reap counts as gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
 def test_switch_restart_is_repaired_by_the_agent(host):
     """ovs-vswitchd restarting loses every flow; the agent notices and puts the datapath back."""
     host.ovs.restart_switch()

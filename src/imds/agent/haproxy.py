@@ -19,6 +19,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import re
+import signal
 import socket
 import subprocess
 import time
@@ -199,6 +200,7 @@ class Haproxy:
 
     def start(self) -> None:
         """Start the master and wait until it reports a worker; HaproxyFailed with its log otherwise."""
+        self._stop_leftover()
         self.socket.unlink(missing_ok=True)
         with self.log.open("ab") as sink:
             self.process = subprocess.Popen(  # noqa: S603 - the configured haproxy binary
@@ -206,6 +208,23 @@ class Haproxy:
                 stdin=subprocess.DEVNULL, stdout=sink, stderr=subprocess.STDOUT,
             )
         self._wait_worker(exclude=set())
+
+    def _stop_leftover(self) -> None:
+        """Stop a master a killed agent left behind (it still answers on our socket), by its PID."""
+        if not self.socket.exists():
+            return
+        try:
+            text = self.command("show proc")
+        except OSError:
+            return  # a stale socket file: nobody is listening
+        for line in text.splitlines():
+            fields = line.split()
+            if len(fields) >= 2 and fields[1] == "master" and fields[0].isdigit():
+                pid = int(fields[0])
+                os.kill(pid, signal.SIGTERM)
+                deadline = time.monotonic() + STOP_TIMEOUT
+                while _alive(pid) and time.monotonic() < deadline:
+                    time.sleep(0.05)
 
     def workers(self) -> set[int]:
         """PIDs of the current (not old) workers, from the master CLI's ``show proc``."""
@@ -275,6 +294,15 @@ class Haproxy:
                 self.process.wait(timeout=STOP_TIMEOUT)
         self.process = None
         self.current = None
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` still runs; an exited process waiting to be reaped by init counts as gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def _write_private(path: Path, text: str) -> None:
