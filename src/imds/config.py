@@ -487,8 +487,8 @@ def load_proxy(flags: Mapping[str, Any] | None = None, environ: Mapping[str, str
     """``imds proxy``'s settings from ``flags``, then ``environ``, then defaults (as ``load``)."""
     raw = _resolve(PROXY_OPTIONS, flags or {}, os.environ if environ is None else environ)
     upstream = raw["upstream"]
-    if not upstream or not upstream.lower().startswith(("http://", "https://")):
-        msg = "--upstream / IMDS_PROXY_UPSTREAM: an http:// or https:// URL of imds serve is required"
+    if not upstream or not upstream.lower().startswith("http://"):
+        msg = "--upstream / IMDS_PROXY_UPSTREAM: an http://HOST:PORT URL of imds serve is required"
         raise ConfigError(msg)
     if raw["shared_secret_file"] is None:
         msg = "--shared-secret-file / IMDS_PROXY_SHARED_SECRET_FILE is required"
