@@ -25,7 +25,11 @@ for them are chosen in exactly one place, ``imds.web.errors``.
     ├── StoreUnavailable         the database cannot be reached or answered with an error
     ├── UpstreamError            an upstream answered something unusable (4xx, bad JSON, bad record)
     │   └── UpstreamUnavailable  an upstream could not be reached, timed out, failed (5xx), or its breaker is open
-    └── ConfigError              configuration is invalid; raised at startup only
+    ├── ConfigError              configuration is invalid; raised at startup only
+    └── AgentError               the host agent could not program OVS or haproxy
+        ├── OvsCommandFailed     an ovs-vsctl / ovs-ofctl / ip command failed
+        ├── PoolExhausted        no Meta IP/MAC is left in the provider range
+        └── HaproxyFailed        haproxy refused the rendered config or did not reload
 """
 
 from __future__ import annotations
@@ -177,3 +181,32 @@ class UpstreamUnavailable(UpstreamError):
 
 class ConfigError(ImdsError):
     """The configuration is invalid. Raised at startup, never while serving."""
+
+
+class AgentError(ImdsError):
+    """The host agent could not program Open vSwitch or haproxy."""
+
+
+class OvsCommandFailed(AgentError):
+    """A command (``ovs-vsctl``, ``ovs-ofctl``, ``ip``) exited non-zero; carries its stderr."""
+
+    def __init__(self, command: str, stderr: str) -> None:
+        super().__init__(f"{command}: {stderr.strip() or 'failed'}")
+        self.command = command
+        self.stderr = stderr
+
+
+class PoolExhausted(AgentError):
+    """No Meta IP/MAC is left in the provider range for ``port``."""
+
+    def __init__(self, port: str, cidr: str, capacity: int) -> None:
+        super().__init__(
+            f"provider range {cidr} is exhausted ({capacity} Meta addresses in use): no Meta IP for port {port}; "
+            "widen --provider-cidr"
+        )
+        self.port = port
+        self.cidr = cidr
+
+
+class HaproxyFailed(AgentError):
+    """haproxy refused the rendered configuration, or would not start or reload."""

@@ -6,6 +6,7 @@ import click
 
 from imds import __version__
 from imds.cli import records, transfer
+from imds.cli.agent import agent
 from imds.cli.configdrive import configdrive
 from imds.cli.db import db
 from imds.cli.events import events
@@ -42,6 +43,7 @@ cli.add_command(records.list_)
 cli.add_command(records.delete)
 cli.add_command(transfer.import_)
 cli.add_command(transfer.export)
+cli.add_command(agent)
 cli.add_command(proxy)
 cli.add_command(events)
 
