@@ -11,7 +11,9 @@ for them are chosen in exactly one place, ``imds.web.errors``.
     │   ├── InstanceNotFound     the caller's address maps to no instance
     │   └── RecordNotFound       the instance has no record of this kind
     ├── InvalidInput             the request is malformed; carries one Problem per field
-    │   └── PayloadTooLarge      the body is over the configured limit
+    │   ├── PayloadTooLarge      the body is over the configured limit
+    │   ├── HeadersTooLarge      more header lines than the configured limit
+    │   └── RequestTimeout       the body did not arrive within the configured time
     ├── AuthError
     │   ├── Unauthenticated      no credentials, or credentials that do not verify
     │   ├── AuthNotConfigured    the admin API has no way to check credentials
@@ -19,6 +21,7 @@ for them are chosen in exactly one place, ``imds.web.errors``.
     │   └── Refused              a request that is never allowed in this form
     ├── Conflict                 the request conflicts with the service's state or configuration
     │   └── LookupDisabled       a refresh was asked for but no upstream is configured
+    ├── RateLimited              the caller sent more requests than its rate limit allows
     ├── StoreUnavailable         the database cannot be reached or answered with an error
     ├── UpstreamError            an upstream answered something unusable (4xx, bad JSON, bad record)
     │   └── UpstreamUnavailable  an upstream could not be reached, timed out, failed (5xx), or its breaker is open
@@ -92,6 +95,22 @@ class PayloadTooLarge(InvalidInput):
         self.limit = limit
 
 
+class HeadersTooLarge(InvalidInput):
+    """The request has more header lines than ``--max-headers`` allows."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__([Problem("headers", f"more than {limit} header lines (--max-headers)")], "headers too large")
+        self.limit = limit
+
+
+class RequestTimeout(InvalidInput):
+    """The request body did not arrive within ``--body-timeout``."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__([Problem("body", f"not received within {seconds:g}s (--body-timeout)")], "request timeout")
+        self.seconds = seconds
+
+
 class AuthError(ImdsError):
     """The admin API refused the credentials."""
 
@@ -132,6 +151,14 @@ class LookupDisabled(Conflict):
 
     def __init__(self) -> None:
         super().__init__("no upstream is configured: set --lookup-url / IMDS_LOOKUP_URL to enable refreshes")
+
+
+class RateLimited(ImdsError):
+    """The caller sent more requests than its rate limit allows; retry after ``retry_after`` seconds."""
+
+    def __init__(self, retry_after: int) -> None:
+        super().__init__(f"too many requests; retry after {retry_after}s")
+        self.retry_after = retry_after
 
 
 class StoreUnavailable(ImdsError):

@@ -17,11 +17,14 @@ from imds.errors import (
     AuthNotConfigured,
     Conflict,
     Forbidden,
+    HeadersTooLarge,
     ImdsError,
     InvalidInput,
     NotFound,
     PayloadTooLarge,
+    RateLimited,
     Refused,
+    RequestTimeout,
     StoreUnavailable,
     Unauthenticated,
     UpstreamError,
@@ -30,6 +33,8 @@ from imds.errors import (
 # First match wins, so subclasses come before their bases.
 STATUS: tuple[tuple[type[ImdsError], int], ...] = (
     (PayloadTooLarge, 413),
+    (HeadersTooLarge, 431),
+    (RequestTimeout, 408),
     (InvalidInput, 400),
     (NotFound, 404),
     (Unauthenticated, 401),
@@ -37,6 +42,7 @@ STATUS: tuple[tuple[type[ImdsError], int], ...] = (
     (Forbidden, 403),
     (Refused, 403),
     (Conflict, 409),
+    (RateLimited, 429),
     (StoreUnavailable, 503),
     (UpstreamError, 502),
     (ImdsError, 500),
@@ -62,6 +68,8 @@ def error_parts(exc: ImdsError) -> tuple[int, bytes, list[tuple[bytes, bytes]]]:
     """(status, body, extra headers) for an imds error."""
     status = status_for(exc)
     headers = [(b"www-authenticate", b'Bearer realm="imds"')] if status == 401 else []
+    if isinstance(exc, RateLimited):
+        headers.append((b"retry-after", str(exc.retry_after).encode()))
     return status, error_body(exc.message, exc), headers
 
 
