@@ -135,7 +135,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("body_timeout", "IMDS_BODY_TIMEOUT", "float", 10.0,
            "Seconds the server waits for each part of a request body."),
     Option("keepalive_timeout", "IMDS_KEEPALIVE_TIMEOUT", "float", 5.0,
-           "Seconds an idle keep-alive connection is kept (granian: bounded by --header-timeout)."),
+           "Seconds uvicorn keeps an idle keep-alive connection (granian closes it after --header-timeout)."),
     Option("max_connections", "IMDS_MAX_CONNECTIONS", "int", 512,
            "Most open connections per listener and worker; more wait in the kernel's backlog."),
     Option("rate_limit", "IMDS_RATE_LIMIT", "float", 50.0,
