@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import httpx
-from fastapi import FastAPI
+from fastapi import APIRouter, FastAPI
 from starlette.exceptions import HTTPException
 
 from imds import __version__, log
@@ -22,10 +22,13 @@ from imds.services.demo import load_demo
 from imds.store import Store
 from imds.web.admin import admin_router
 from imds.web.bounded import Bounded
-from imds.web.errors import handle_http_error, handle_imds_error
+from imds.web.docs import docs_router
+from imds.web.errors import handle_http_error, handle_imds_error, handle_unexpected
+from imds.web.ganeti_admin import ganeti_admin_router
 from imds.web.instance import InstanceFront
 from imds.web.openstack_admin import openstack_admin_router
 from imds.web.ops import ops_router
+from imds.web.records_admin import records_admin_router
 from imds.web.refresh import refresh_router
 
 _log = log.get("app")
@@ -51,15 +54,21 @@ def build_app(
         title="imds admin API",
         version=__version__,
         lifespan=lifespan,
-        exception_handlers={ImdsError: handle_imds_error, HTTPException: handle_http_error},
-        openapi_url="/openapi.json",
-        docs_url="/docs",
+        exception_handlers={ImdsError: handle_imds_error, HTTPException: handle_http_error,
+                            Exception: handle_unexpected},
+        openapi_url=None,  # served by ops_router, behind a token (read or metrics scope)
+        docs_url=None,  # imds.web.docs serves /docs with local assets (no CDN)
         redoc_url=None,
+        redirect_slashes=False,  # a 307 to http://<Host header>/… would be an open redirect: 404 as hollow
     )
-    for router in (admin_router(services), refresh_router(services), openstack_admin_router(services)):
+    routers: list[APIRouter] = [admin_router(services), refresh_router(services), openstack_admin_router(services),
+                                  records_admin_router(services)]
+    routers.append(ganeti_admin_router(services))  # Ganeti OS records
+    for router in routers:
         admin.include_router(router)
         admin.include_router(router, prefix="/api/v1", include_in_schema=False)
-    admin.include_router(ops_router(services))
+    admin.include_router(ops_router(services, admin.openapi))
+    admin.include_router(docs_router(title=admin.title, openapi_url="/openapi.json"))
     return InstanceFront(services, admin)
 
 

@@ -39,8 +39,9 @@ class Option:
 
 
 OPTIONS: tuple[Option, ...] = (
-    Option("listen", "IMDS_LISTEN", "list", ("127.0.0.1:8000",),
-           "HOST:PORT to listen on (repeatable; [v6]:PORT for IPv6; env: comma-separated)."),
+    Option("listen", "IMDS_LISTEN", "list", ("127.0.0.1:8000", "[::1]:8000"),
+           "HOST:PORT to listen on (repeatable; [v6]:PORT for IPv6; env: comma-separated; "
+           "the default's [::1] is skipped on a host without IPv6 loopback)."),
     Option("data_dir", "IMDS_DATA_DIR", "path", None,
            "Directory for the embedded database and generated keys "
            "(default: $XDG_DATA_HOME/imds or ~/.local/share/imds)."),
@@ -111,6 +112,14 @@ OPTIONS: tuple[Option, ...] = (
            "Seconds the breaker first stays open (doubling on each reopening, jittered, at most 120)."),
     Option("max_body_bytes", "IMDS_MAX_BODY_BYTES", "int", 1024 * 1024,
            "Largest admin request body accepted, in bytes."),
+    Option("max_addresses", "IMDS_MAX_ADDRESSES", "int", 4096,
+           "Most entries in one write's ipAddresses list."),
+    Option("max_document_depth", "IMDS_MAX_DOCUMENT_DEPTH", "int", 64,
+           "Deepest nesting of objects and lists accepted in a metadata document."),
+    Option("max_document_keys", "IMDS_MAX_DOCUMENT_KEYS", "int", 20000,
+           "Most object keys (counted over every level) accepted in a metadata document."),
+    Option("metrics_public", "IMDS_METRICS_PUBLIC", "bool", False,  # noqa: FBT003 - a table row, not a call site
+           "Serve /metrics without a token (hollow-compatible scraping); off: it needs a metrics or read scope."),
     Option("demo", "IMDS_DEMO", "bool", False,  # noqa: FBT003 - a table row, not a call site
            "Load a demo instance bound to 127.0.0.1 and ::1 at startup."),
     Option("log_level", "IMDS_LOG_LEVEL", "str", "info",
@@ -121,6 +130,19 @@ OPTIONS: tuple[Option, ...] = (
            "Seconds between polls of the change feed written by other replicas."),
     Option("shutdown_timeout", "IMDS_SHUTDOWN_TIMEOUT", "float", 10.0,
            "Seconds to let in-flight requests finish on shutdown."),
+    # Ganeti OS installation (services/os_records.py)
+    Option("private_key_file", "IMDS_PRIVATE_KEY_FILE", "path", None,
+           "Fernet keys (one per line; the first encrypts, all decrypt) encrypting private OS parameters at rest."),
+    Option("os_definitions_dir", "IMDS_OS_DEFINITIONS_DIR", "path", None,
+           "Directory of Ganeti OS definitions (DIR/<os>/create, export, import, rename, verify, parameters.list, "
+           "ganeti_api_version)."),
+    Option("os_param_max_bytes", "IMDS_OS_PARAM_MAX_BYTES", "int", 4096,
+           "Largest OS parameter value accepted, in bytes (UTF-8)."),
+    Option("os_package_max_bytes", "IMDS_OS_PACKAGE_MAX_BYTES", "int", 64 * 1024 * 1024,
+           "Largest personalization package fetched for /ganeti/.../os/package, in bytes (held in memory, "
+           "never on disk)."),
+    Option("os_package_timeout", "IMDS_OS_PACKAGE_TIMEOUT", "float", 30.0,
+           "Seconds a personalization package fetch may take."),
     # Server and listener limits (docs/server.md).
     Option("server", "IMDS_SERVER", "str", "granian",
            "HTTP server: granian (fastest, every limit below) or uvicorn (no header read timeout)."),
@@ -157,7 +179,7 @@ _FALSE = {"0", "false", "no", "off", ""}
 class Settings:
     """Validated configuration of ``imds serve``. Build it with ``load``."""
 
-    listen: tuple[tuple[str, int], ...] = (("127.0.0.1", 8000),)
+    listen: tuple[tuple[str, int], ...] = (("127.0.0.1", 8000), ("::1", 8000))
     data_dir: Path | None = None
     db_url: str = "memory://"
     migrate: bool = True
@@ -192,11 +214,20 @@ class Settings:
     lookup_breaker_failures: int = 5
     lookup_breaker_reset: float = 10.0
     max_body_bytes: int = 1024 * 1024
+    max_addresses: int = 4096
+    max_document_depth: int = 64
+    max_document_keys: int = 20000
+    metrics_public: bool = False
     demo: bool = False
     log_level: str = "info"
     log_instance_reads: bool = False
     feed_poll_interval: float = 1.0
     shutdown_timeout: float = 10.0
+    private_key_file: Path | None = None
+    os_definitions_dir: Path | None = None
+    os_param_max_bytes: int = 4096
+    os_package_max_bytes: int = 64 * 1024 * 1024
+    os_package_timeout: float = 30.0
     server: str = "granian"
     workers: int = 1
     max_header_bytes: int = 16384
@@ -301,19 +332,28 @@ def _coerce(option: Option, value: Any) -> Any:
         raise ConfigError(msg) from exc
 
 
+def _db_url(db_url: str) -> str:
+    """The database URL, with ``postgres://`` read as ``postgresql://``; ConfigError for other schemes."""
+    if db_url.startswith("postgres://"):  # Heroku's and libpq's alias; SQLAlchemy knows only postgresql://
+        db_url = "postgresql://" + db_url.removeprefix("postgres://")
+    if not db_url.startswith(("sqlite", "postgresql", "memory://")):
+        msg = (f"--db / IMDS_DB: unsupported database URL scheme in {_redact_url(db_url)!r} "
+               "(use sqlite:///PATH, postgresql://USER:PASS@HOST:PORT/DB or memory://)")
+        raise ConfigError(msg)
+    return db_url
+
+
 def _validate(raw: dict[str, Any], env: Mapping[str, str]) -> Settings:
     data_dir = raw["data_dir"] or _default_data_dir(env)
-    db_url = raw["db"] or f"sqlite:///{data_dir / 'imds.db'}"
-    if not db_url.startswith(("sqlite", "postgresql", "memory://")):
-        msg = f"--db / IMDS_DB: unsupported database URL scheme in {_redact_url(db_url)!r}"
-        raise ConfigError(msg)
+    db_url = _db_url(raw["db"] or f"sqlite:///{data_dir / 'imds.db'}")
     level = str(raw["log_level"]).lower()
     if level not in LOG_LEVELS:
         msg = f"--log-level / IMDS_LOG_LEVEL: {level!r} is not one of {', '.join(LOG_LEVELS)}"
         raise ConfigError(msg)
-    if raw["max_body_bytes"] <= 0:
-        msg = "--max-body-bytes / IMDS_MAX_BODY_BYTES must be positive"
-        raise ConfigError(msg)
+    for name in ("max_body_bytes", "max_addresses", "max_document_depth", "max_document_keys"):
+        if raw[name] <= 0:
+            msg = f"--{name.replace('_', '-')} / IMDS_{name.upper()} must be positive"
+            raise ConfigError(msg)
     if raw["imdsv2"] not in IMDSV2_MODES:
         msg = f"--imdsv2 / IMDS_IMDSV2: {raw['imdsv2']!r} is not one of {', '.join(IMDSV2_MODES)}"
         raise ConfigError(msg)
@@ -367,6 +407,10 @@ def _validate(raw: dict[str, Any], env: Mapping[str, str]) -> Settings:
         lookup_breaker_failures=int(raw["lookup_breaker_failures"]),
         lookup_breaker_reset=float(raw["lookup_breaker_reset"]),
         max_body_bytes=raw["max_body_bytes"],
+        max_addresses=raw["max_addresses"],
+        max_document_depth=raw["max_document_depth"],
+        max_document_keys=raw["max_document_keys"],
+        metrics_public=bool(raw["metrics_public"]),
         demo=bool(raw["demo"]),
         log_level=level,
         log_instance_reads=bool(raw["log_instance_reads"]),
@@ -382,7 +426,27 @@ def _validate(raw: dict[str, Any], env: Mapping[str, str]) -> Settings:
         max_connections=int(raw["max_connections"]),
         rate_limit=float(raw["rate_limit"]),
         rate_burst=int(raw["rate_burst"]),
+        **_ganeti_settings(raw),
     )
+
+
+def _ganeti_settings(raw: dict[str, Any]) -> dict[str, Any]:
+    """The Ganeti OS-installation options, checked."""
+    key_file = raw["private_key_file"]
+    if key_file is not None and not Path(key_file).is_file():
+        msg = f"--private-key-file / IMDS_PRIVATE_KEY_FILE: {key_file} is not a file"
+        raise ConfigError(msg)
+    for name in ("os_param_max_bytes", "os_package_max_bytes", "os_package_timeout"):
+        if raw[name] <= 0:
+            msg = f"--{name.replace('_', '-')} / IMDS_{name.upper()} must be positive"
+            raise ConfigError(msg)
+    return {
+        "private_key_file": key_file,
+        "os_definitions_dir": raw["os_definitions_dir"],
+        "os_param_max_bytes": int(raw["os_param_max_bytes"]),
+        "os_package_max_bytes": int(raw["os_package_max_bytes"]),
+        "os_package_timeout": float(raw["os_package_timeout"]),
+    }
 
 
 def _validate_server(raw: dict[str, Any], db_url: str) -> None:

@@ -89,7 +89,7 @@ class PayloadTooLarge(InvalidInput):
 
     def __init__(self, limit: int) -> None:
         super().__init__(
-            [Problem("body", f"request body is larger than {limit} bytes")],
+            [Problem("body", f"request body is larger than {limit} bytes (--max-body-bytes / IMDS_MAX_BODY_BYTES)")],
             message="request body too large",
         )
         self.limit = limit

@@ -11,6 +11,7 @@ import sys
 
 import structlog
 
+QUIET_DRIVERS = ("aiosqlite", "sqlalchemy", "asyncpg")
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
 
 
@@ -33,6 +34,7 @@ def configure(level: str = "info") -> None:
         structlog.stdlib.ProcessorFormatter(
             processors=[
                 structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+                structlog.processors.format_exc_info,  # uvicorn's "Exception in ASGI application" with its traceback
                 structlog.processors.JSONRenderer(),
             ],
             foreign_pre_chain=[*shared, structlog.stdlib.add_logger_name],
@@ -45,6 +47,12 @@ def configure(level: str = "info") -> None:
     logging.getLogger("uvicorn.access").disabled = True
     # Alembic narrates every plugin it loads at INFO; its migration lines are enough.
     logging.getLogger("alembic.runtime.plugins").setLevel(max(numeric, logging.WARNING))
+    # Database drivers log every statement WITH its parameters at debug/info (aiosqlite's
+    # "executing ... ('{...document...}', ...)"): private OS parameters, metadata and
+    # passwords would reach the log. They stay at WARNING whatever --log-level says
+    # (tests/security/test_secrets_canary.py greps a debug-level log for this).
+    for driver in QUIET_DRIVERS:
+        logging.getLogger(driver).setLevel(max(numeric, logging.WARNING))
 
 
 def get(name: str) -> structlog.typing.FilteringBoundLogger:

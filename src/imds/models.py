@@ -31,6 +31,7 @@ class Instance:
     userdata: bytes | None = None
     userdata_updated_at: datetime | None = None
     password: bytes | None = None  # OpenStack: posted once by the instance, cleared by an admin
+    os: OsRecord | None = None  # Ganeti OS installation (secrets are never here: see services/os_secrets.py)
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,7 @@ class WriteResult:
     moved: dict[Network, str] = field(default_factory=dict)
     dropped: tuple[Network, ...] = ()
     reason: str | None = None
+    warnings: tuple[str, ...] = ()  # e.g. an address inside a trusted-proxy network
 
 
 @dataclass(frozen=True)
@@ -82,3 +84,43 @@ class Principal:
 
     subject: str
     scopes: frozenset[str]
+
+
+# --- Ganeti OS parameters ---------------------------------------------------------------
+
+OS_KIND = "os"
+PUBLIC, PRIVATE, SECRET = "public", "private", "secret"
+VISIBILITIES = (PUBLIC, PRIVATE, SECRET)
+OS_MODES = ("run", "install", "self_install")
+
+
+@dataclass(frozen=True)
+class StoredParam:
+    """One OS parameter as the store holds it.
+
+    ``value`` is the public value, the private value (ciphertext when ``encrypted``), or
+    None for a secret, whose value lives only in process memory.
+    """
+
+    visibility: str
+    value: str | None = None
+    encrypted: bool = False
+
+
+@dataclass(frozen=True)
+class OsRecord:
+    """The stored OS record of one instance. ``generation`` changes on every write.
+
+    Secrets (and the package credentials) are held in memory under the generation that
+    carried them, so a replica never serves a secret from an older write.
+    """
+
+    os_type: str
+    mode: str
+    communication: bool
+    parameters: dict[str, StoredParam]
+    install_parameters: dict[str, StoredParam]
+    package_url: str | None
+    package_auth: bool
+    generation: str
+    updated_at: datetime | None = None  # the body's updated_at (the staleness guard), if it carried one

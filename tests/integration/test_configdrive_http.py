@@ -125,8 +125,8 @@ async def test_drive_errors():
 
 async def test_the_admin_api_documents_the_openstack_parts():
     """The OpenAPI request schema of POST /device-metadata names devices, network_data and vendor_data."""
-    async with running_app() as app, client_from(app) as anonymous:
-        spec = (await anonymous.get("/openapi.json")).json()
+    async with running_app() as app, admin_client(app) as admin:
+        spec = (await admin.get("/openapi.json")).json()
         schema = spec["paths"]["/device-metadata"]["post"]["requestBody"]["content"]["application/json"]["schema"]
         document = schema["properties"]["metadata"]["oneOf"][0]
         assert set(document["properties"]) == {"devices", "network_data", "vendor_data"}

@@ -202,7 +202,7 @@ async def test_every_listed_entry_answers_200_under_each_aws_version(version):
             f"{md}public-ipv4": b"40.91.78.229",
             f"{md}mac": b"40:a6:b7:74:9f:10",
             f"{md}placement/availability-zone": b"da11",
-            f"{md}placement/region": b"da",
+            f"{md}placement/region": b"da1",
             f"{md}public-keys/": b"0=test@testmachine.local\n1=test@testmachine.local-1",
             f"{md}public-keys/0/openssh-key": seed()["ssh_keys"][0].encode(),
             f"{md}public-keys/1/openssh-key": seed()["ssh_keys"][1].encode(),

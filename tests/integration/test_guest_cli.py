@@ -85,15 +85,49 @@ def test_system_python_runs_the_module_isolated(image, machine, expected):
     assert done.stdout == expected
 
 
-def test_zipapp_runs_on_the_system_python(image, machine, expected, tmp_path):
-    """One .pyz file built with zipapp is all an image needs; it runs isolated and prints the same rules."""
-    archive = tmp_path / "imds-guest.pyz"
-    zipapp.create_archive(image, archive, interpreter=SYSTEM_PYTHON, main="imds.guest.cli:main")
-    done = _run(SYSTEM_PYTHON, "-I", "-S", str(archive), *machine, "--dry-run")
+def documented_zipapp_commands() -> list[str]:
+    """docs/guest.md's zipapp recipe: the commands from "build one self-contained file" up to the install."""
+    text = (Path(__file__).parents[2] / "docs" / "guest.md").read_text()
+    recipe = text.split("# … or build one self-contained file", 1)[1].split("```", 1)[0]
+    commands = [line for line in recipe.splitlines()[1:] if line.strip() and not line.startswith("#")]
+    assert commands[-1].startswith("install "), commands  # installing into an image is the reader's part
+    return commands[:-1]
+
+
+@pytest.fixture
+def documented_zipapp(tmp_path):
+    """imds-guest.pyz built by running docs/guest.md's recipe literally, in a directory whose src/ is ours."""
+    workdir = tmp_path / "checkout"
+    workdir.mkdir()
+    (workdir / "src").symlink_to(SOURCE.parent)
+    done = _run("bash", "-euo", "pipefail", "-c", "\n".join(documented_zipapp_commands()), cwd=workdir)
+    assert done.returncode == 0, done.stderr
+    return workdir / "imds-guest.pyz"
+
+
+def test_zipapp_runs_on_the_system_python(documented_zipapp, machine, expected):
+    """The .pyz the docs build is all an image needs; it runs isolated and prints the same rules."""
+    done = _run(SYSTEM_PYTHON, "-I", "-S", str(documented_zipapp), *machine, "--dry-run")
     assert (done.returncode, done.stderr) == (0, "")
     assert done.stdout == expected
-    usage = _run(SYSTEM_PYTHON, "-I", "-S", str(archive), "udev", "--help")
+    usage = _run(SYSTEM_PYTHON, "-I", "-S", str(documented_zipapp), "udev", "--help")
     assert usage.stdout.startswith("usage: imds-guest.pyz udev [-h]")
+
+
+def test_documented_zipapp_exits_non_zero_on_failure(documented_zipapp, tmp_path):
+    """A failing run of the documented .pyz exits with main()'s status (2), so a systemd unit sees it."""
+    done = _run(SYSTEM_PYTHON, "-I", "-S", str(documented_zipapp), "udev", "--config-drive", str(tmp_path / "absent"))
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    assert "error: config drive" in done.stderr
+
+
+def test_zipapp_main_entry_point_would_hide_failures(image, tmp_path):
+    """Why the recipe writes __main__.py: zipapp's ``-m module:fn`` drops the return value and exits 0."""
+    archive = tmp_path / "dropped.pyz"
+    zipapp.create_archive(image, archive, interpreter=SYSTEM_PYTHON, main="imds.guest.cli:main")
+    done = _run(SYSTEM_PYTHON, "-I", "-S", str(archive), "udev", "--config-drive", str(tmp_path / "absent"))
+    assert done.returncode == 0
+    assert "error: config drive" in done.stderr
 
 
 def test_python_m_from_metadata_url_is_idempotent(tmp_path):

@@ -67,7 +67,7 @@ async def push(app: InstanceFront, path: str, body: dict[str, Any]) -> None:
 
 async def scrape(app: InstanceFront) -> dict[str, float]:
     """/metrics as {sample name: value} for unlabelled samples."""
-    async with client_from(app) as client:
+    async with admin_client(app) as client:
         text = (await client.get("/metrics")).text
     return {
         sample.name: sample.value
@@ -93,6 +93,19 @@ async def until(predicate: Callable[[], bool], what: str) -> None:
 
 def doc(instance_id: str, **fields: Any) -> dict[str, Any]:
     return {"id": instance_id, "hostname": f"host-{instance_id[:8]}", **fields}
+
+
+class FrozenClock:
+    """A monotonic clock that moves only when the test says so (injected into the lookup or breaker)."""
+
+    def __init__(self) -> None:
+        self.now = time.monotonic()
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
 
 
 def message(answer: httpx.Response) -> str:
@@ -309,20 +322,17 @@ async def test_a_short_negative_ttl_from_settings_expires(upstream):
     """lookup_negative_ttl=0.2: once it has passed, a caller the upstream has since learned is served."""
     ip, instance_id = next_ipv4(), new_id()
     async with pull_app(upstream, lookup_negative_ttl=0.2) as app:
+        assert app.services.lookup is not None
+        clock = FrozenClock()
+        app.services.lookup._clock = clock
         assert (await get(app, ip, "/metadata")).status_code == 404
         upstream.put_metadata(instance_id, [ip], doc(instance_id))
-        answers: list[int] = []
-
-        def served() -> bool:
-            return answers[-1:] == [200]
-
-        deadline = time.monotonic() + POLL_LIMIT
-        while not served() and time.monotonic() < deadline:
-            answers.append((await get(app, ip, "/metadata")).status_code)
-            await asyncio.sleep(0.05)
-        assert served(), answers
-        assert set(answers) <= {200, 404}
-        assert upstream.count() == 2  # the 404s in between came from the negative cache
+        clock.advance(0.19)
+        assert (await get(app, ip, "/metadata")).status_code == 404  # from the negative cache
+        assert upstream.count() == 1
+        clock.advance(0.02)
+        assert (await get(app, ip, "/metadata")).json() == doc(instance_id)
+        assert upstream.count() == 2
 
 
 async def test_a_hanging_upstream_times_out_into_a_502(upstream, store_url):
@@ -378,10 +388,15 @@ async def test_the_by_ip_cache_expires_after_cache_ttl(upstream):
     upstream.answer(f"/device-metadata?ip_address={asking}", 200,
                     {"id": instance_id, "ipAddresses": [], "metadata": doc(instance_id)})
     async with pull_app(upstream, lookup_cache_ttl=0.2) as app:
-        deadline = time.monotonic() + POLL_LIMIT
-        while upstream.count() < 2 and time.monotonic() < deadline:
-            assert (await get(app, asking, "/metadata")).json() == doc(instance_id)
-            await asyncio.sleep(0.05)
+        assert app.services.lookup is not None
+        clock = FrozenClock()
+        app.services.lookup._clock = clock
+        assert (await get(app, asking, "/metadata")).json() == doc(instance_id)
+        clock.advance(0.19)
+        assert (await get(app, asking, "/metadata")).json() == doc(instance_id)
+        assert upstream.count() == 1
+        clock.advance(0.02)
+        assert (await get(app, asking, "/metadata")).json() == doc(instance_id)
         assert upstream.count() == 2
 
 
@@ -503,7 +518,7 @@ async def test_background_refresh_picks_up_changes_and_keeps_serving_through_an_
     """refresh_after=0.2: an upstream change arrives by itself; then the upstream fails and the copy stays served."""
     ip, instance_id = next_ipv4(), new_id()
     upstream.put_metadata(instance_id, [ip], doc(instance_id, hostname="v1"))
-    async with pull_app(upstream, store_url, lookup_refresh_after=0.2, lookup_timeout=0.2,
+    async with pull_app(upstream, store_url, lookup_refresh_after=0.2, lookup_timeout=30.0,
                         lookup_breaker_failures=1000) as app:
         assert (await get(app, ip, "/metadata")).json()["hostname"] == "v1"
         upstream.put_metadata(instance_id, [ip], doc(instance_id, hostname="v2"))
@@ -515,6 +530,9 @@ async def test_background_refresh_picks_up_changes_and_keeps_serving_through_an_
         assert hostnames[-1] == "v2"
         assert f"/device-metadata/{instance_id}" in {c.target for c in upstream.log()}  # refreshed by id
         if outage == "hang":
+            # Only now a short timeout: the fetches above must not time out on a loaded machine.
+            assert app.services.lookup is not None
+            app.services.lookup._client._timeout = 0.2
             upstream.hang_all()
         else:
             upstream.fail_all(500)
@@ -550,6 +568,11 @@ async def test_the_breaker_opens_fails_fast_and_closes_after_a_successful_trial(
     The numbers are the imds_lookup_breaker_state gauge read from /metrics.
     """
     async with pull_app(upstream, store_url, lookup_breaker_failures=3, lookup_breaker_reset=0.2) as app:
+        # The breaker's time stands still until the test moves it: the open phase lasts as long as it needs.
+        assert app.services.lookup is not None
+        clock = FrozenClock()
+        app.services.lookup.breaker._clock = clock
+        app.services.lookup.breaker._jitter = lambda: 1.0
         upstream.fail_all(500)
         for _ in range(3):
             answer = await get(app, next_ipv4(), "/metadata")
@@ -570,17 +593,13 @@ async def test_the_breaker_opens_fails_fast_and_closes_after_a_successful_trial(
         upstream.recover()
         upstream.put_metadata(instance_id, [trial_ip], doc(instance_id))
         upstream.hold()
-        refused_while_open = 0
-        deadline = time.monotonic() + POLL_LIMIT
-        while True:
-            trial = asyncio.create_task(get(app, trial_ip, "/metadata"))
-            await until(lambda: trial.done() or upstream.count() > 3, "an answer or the trial")  # noqa: B023
-            if upstream.count() > 3:
-                break
-            assert message(trial.result()).startswith("upstream circuit breaker is open")
-            refused_while_open += 1
-            assert time.monotonic() < deadline, "the breaker never let a trial through"
-            await asyncio.sleep(0.02)
+        clock.advance(0.19)  # under the reset interval (0.2 s, jitter fixed at 1)... still open
+        still_open = await get(app, next_ipv4(), "/metadata")
+        assert message(still_open).startswith("upstream circuit breaker is open")
+        clock.advance(0.1)  # ... and past it
+        trial = asyncio.create_task(get(app, trial_ip, "/metadata"))
+        await until(lambda: upstream.count() > 3, "the trial call")
+        refused_while_open = 1
         assert upstream.count() == 4
         assert (await scrape(app))["imds_lookup_breaker_state"] == 2.0
         other = await get(app, next_ipv4(), "/metadata")
@@ -685,7 +704,10 @@ async def test_refresh_when_the_upstream_fails_is_502(upstream, store_url, failu
         upstream.hang_all()
     else:
         upstream.fail_all(int(failure))
-    async with pull_app(upstream, store_url, lookup_timeout=0.2) as app:
+    # Only the hanging upstream needs a short timeout (it never answers, so that case cannot flake); an
+    # upstream that answers gets a generous one, so a slow answer on a loaded machine is not a timeout.
+    timeout = 0.2 if failure == "hang" else 30.0
+    async with pull_app(upstream, store_url, lookup_timeout=timeout) as app:
         answer = await admin(app, "POST", f"/device-userdata/refresh/{instance_id}")
         assert answer.status_code == 502
         expected = ("upstream timed out after 0.2 s" if failure == "hang"

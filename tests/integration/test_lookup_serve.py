@@ -44,7 +44,7 @@ def test_an_unknown_caller_is_served_from_the_upstream_by_a_real_server(tmp_path
                 unknown = stranger.get(f"{server.url}/metadata")
                 assert unknown.status_code == 404
                 assert unknown.json() == {"message": f"no instance is associated with {STRANGER}"}
-                text = stranger.get(f"{server.url}/metrics").text
+                text = stranger.get(f"{server.url}/metrics", headers=server.admin_headers).text
             with client_at("127.0.0.1") as admin:
                 stored = admin.get(f"{server.url}/device-metadata/{instance_id}", headers=server.admin_headers)
                 assert stored.json() == document

@@ -81,7 +81,7 @@ def summary(results):
 out = {}
 
 # 1. The OpenStack metadata service, read by cloud-init's MetadataReader (what the datasource calls).
-reader = openstack.MetadataReader(url, timeout=2, retries=0)
+reader = openstack.MetadataReader(url, timeout=10, retries=0)
 out["reader"] = summary(reader.read_v2())
 out["reader"]["working_version"] = reader._find_working_version()
 
@@ -131,7 +131,7 @@ out["drive_device"] = {"ok": ok, **(facts(ds) if ok else {}), "source": ds.sourc
 util.mount_cb = real_mount_cb
 
 # 5. NoCloud-Net: read_seeded on the /nocloud/ URL, then the datasource with seedfrom (no device probing).
-md, ud, vd = util.read_seeded(url + "/nocloud/", timeout=2, retries=0)
+md, ud, vd = util.read_seeded(url + "/nocloud/", timeout=10, retries=0)
 out["read_seeded"] = {"meta": md, "userdata": b64(ud), "vendordata": b64(vd)}
 paths, distro, sys_cfg = source("nocloud-net", "NoCloud", {"seedfrom": url + "/nocloud/", "fs_label": None})
 ds = DataSourceNoCloud.DataSourceNoCloudNet(sys_cfg, distro, paths)

@@ -62,25 +62,30 @@ async def test_the_instance_posts_its_password_once(app):
     assert (await read(app)).content == PASSWORD
     assert (await read(app, version="2013-04-04")).content == PASSWORD
     again = await post(app, b"another", version="2013-04-04")
-    assert (again.status_code, again.text) == (409, "409 - Conflict")
+    assert again.status_code == 409
+    assert again.text.startswith("409 - Conflict: instance ")
+    assert again.text.endswith(" already has a password")
     assert (await read(app)).content == PASSWORD
     assert (await read(app, OTHER)).content == b""  # each instance has its own
+
+
+TOO_LONG = "a password is at most 1020 bytes"
 
 
 async def test_size_limit_and_empty_bodies():
     """1020 bytes is accepted; 1021 (declared or streamed without a length) and empty bodies are 400, nothing stored."""
     async with running_app() as app, admin_client(app) as admin:
         await push(admin, openstack_document(), [GUEST])
-        for body in (b"x" * 1021, b""):
+        for body, why in ((b"x" * 1021, TOO_LONG), (b"", "is empty: post the (encrypted) password")):
             answer = await post(app, body)
-            assert (answer.status_code, answer.text) == (400, "400 - Bad Request")
+            assert (answer.status_code, answer.text) == (400, f"400 - Bad Request: body: {why}")
 
         async def chunks():
             for _ in range(11):
                 yield b"y" * 100
 
         streamed = await post(app, chunks())
-        assert streamed.status_code == 400
+        assert (streamed.status_code, streamed.text) == (400, f"400 - Bad Request: body: {TOO_LONG}")
         assert (await read(app)).content == b""
         assert (await post(app, b"z" * 1020)).status_code == 200
         assert (await read(app)).content == b"z" * 1020

@@ -21,7 +21,7 @@ def env(**values: str) -> dict[str, str]:
 def test_defaults_without_flags_or_environment():
     """With nothing given, every option takes its documented default."""
     settings = load({}, BASE_ENV)
-    assert settings.listen == (("127.0.0.1", 8000),)
+    assert settings.listen == (("127.0.0.1", 8000), ("::1", 8000))
     assert settings.trusted_proxies == ()
     assert settings.migrate is True
     assert settings.demo is False

@@ -11,23 +11,18 @@ from typing import Any
 import click
 
 from imds.cli.options import resolve, settings_options
-from imds.errors import ImdsError, InvalidInput, RecordNotFound
+from imds.errors import ImdsError, InvalidInput
 from imds.models import METADATA, Instance
 
 _DB_OPTIONS = ("data_dir", "db")
 
 
 async def _load(url: str, instance_id: str) -> Instance:
-    from imds.store import open_store  # noqa: PLC0415 - SQLAlchemy loads only when a command runs
+    """The instance, which must have metadata (RecordNotFound otherwise), read from the database."""
+    from imds.services.offline import offline_records  # noqa: PLC0415 - the store loads only when a command runs
 
-    store = open_store(url)
-    try:
-        instance = await store.get(instance_id)
-    finally:
-        await store.close()
-    if instance is None:
-        raise RecordNotFound(METADATA, instance_id)
-    return instance
+    async with offline_records(url) as offline:
+        return await offline.records.get(METADATA, instance_id)
 
 
 def _write_atomically(path: Path, data: bytes) -> None:
@@ -76,3 +71,21 @@ def build(instance_id: str, output: Path, fmt: str, **flags: Any) -> None:
     except OSError as exc:
         raise click.ClickException(f"cannot write {output}: {exc.strerror}") from exc
     click.echo(f"wrote {output} ({kind}, label {drives.LABELS[kind]}, {len(data)} bytes)")
+
+
+@configdrive.command(name="list")
+@click.argument("image", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+def list_(image: Path) -> None:
+    """Print an ISO's volume label, then each file (Rock Ridge path) with its size in bytes."""
+    from pycdlib.pycdlibexception import PyCdlibException  # noqa: PLC0415 - pycdlib loads only when used
+
+    from imds.configdrive.iso import list_iso  # noqa: PLC0415
+
+    try:
+        with image.open("rb") as data:
+            label, files = list_iso(data)
+    except (PyCdlibException, OSError) as exc:
+        raise click.ClickException(f"{image}: not a readable ISO 9660 image ({exc})") from exc
+    click.echo(f"label {label}")
+    for path, size in files:
+        click.echo(f"{size:>10}  {path}")

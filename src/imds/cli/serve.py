@@ -9,6 +9,7 @@ import click
 
 from imds import log
 from imds.cli import servers
+from imds.cli.listen import listen_addresses
 from imds.cli.options import resolve, settings_options
 from imds.config import Settings
 from imds.errors import ImdsError
@@ -56,8 +57,9 @@ def run(settings: Settings) -> None:
         logger.info("db.migrated", db=settings.db_url.split(":", 1)[0])
     servers.raise_fd_limit()
     servers.quiet_server_floods()
-    sockets = [bind(host, port, hop_limit=settings.token_hop_limit) for host, port in settings.listen]
-    for host, port in settings.listen:
+    listen = listen_addresses(settings)
+    sockets = [bind(host, port, hop_limit=settings.token_hop_limit) for host, port in listen]
+    for host, port in listen:
         logger.info("listening", address=f"[{host}]:{port}" if ":" in host else f"{host}:{port}",
                     server=settings.server, workers=settings.workers)
     serve_with = servers.SERVERS[settings.server]

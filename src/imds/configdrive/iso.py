@@ -73,3 +73,19 @@ def iso_bytes(files: Mapping[str, bytes], label: str) -> bytes:
     out = io.BytesIO()
     write_iso(files, label, out)
     return out.getvalue()
+
+
+def list_iso(image: BinaryIO) -> tuple[str, list[tuple[str, int]]]:
+    """The volume label and every file as (Rock Ridge path, size), for ``imds configdrive list``."""
+    iso = pycdlib.PyCdlib()
+    iso.open_fp(image)
+    try:
+        label = iso.pvd.volume_identifier.decode().rstrip()
+        files = []
+        for root, _dirs, names in iso.walk(rr_path="/"):
+            for name in sorted(names):
+                path = f"{root.rstrip('/')}/{name}"
+                files.append((path, iso.get_record(rr_path=path).get_data_length()))
+    finally:
+        iso.close()
+    return label, sorted(files)

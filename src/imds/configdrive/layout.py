@@ -54,7 +54,10 @@ def config_drive(instance: Instance, *, seed: Callable[[], bytes] = _random_seed
                 continue
             data = node.with_seed(seed()) if isinstance(node, SeededJson) else body(node)
             files[f"openstack/{version}/{path}"] = data
-    trees = {HOLLOW_VERSION: hollow_meta_data(instance.metadata), "latest": aws_meta_data(instance.metadata)}
+    trees = {
+        HOLLOW_VERSION: hollow_meta_data(instance.metadata, instance.id),
+        "latest": aws_meta_data(instance.metadata, instance.id),
+    }
     for version in EC2_VERSIONS:
         files[f"ec2/{version}/meta-data.json"] = encode(nested(trees[version]))
         if instance.userdata is not None:

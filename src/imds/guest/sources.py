@@ -66,14 +66,17 @@ def from_config_drive_label(
     warn: Callable[[str], None],
     mount: Sequence[str] = ("mount",),
     umount: Sequence[str] = ("umount",),
+    mount_parent: Path | None = None,
 ) -> object:
     """Mount the ``config-2`` drive read-only on a temporary directory, read it, unmount it.
 
     ``mount``/``umount`` are the commands to run (tests pass fakes). A failed unmount is
-    reported through ``warn``: the document was read, so the run goes on.
+    reported through ``warn``: the document was read, so the run goes on (and the mount
+    point stays, with the drive on it). The mount point is a new directory under
+    ``mount_parent`` (default: the system temporary directory).
     """
     device = find_config_drive(dev_root)
-    mountpoint = Path(tempfile.mkdtemp(prefix="imds-config-drive-"))
+    mountpoint = Path(tempfile.mkdtemp(prefix="imds-config-drive-", dir=mount_parent))
     try:
         _run([*mount, "-o", "ro", str(device), str(mountpoint)], f"mounting {device}")
         try:

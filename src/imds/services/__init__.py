@@ -15,12 +15,18 @@ import httpx
 
 from imds import log
 from imds.config import Settings
+from imds.errors import AuthNotConfigured
 from imds.metrics import Metrics
 from imds.services.auth import Authenticator, Chain, NoAuth, StaticTokens
 from imds.services.breaker import Breaker
 from imds.services.catalog import Catalog
 from imds.services.identity import IdentitySigner
+from imds.services.limits import Limits
 from imds.services.lookup import Lookup, LookupPolicy
+from imds.services.os_crypto import PrivateCipher
+from imds.services.os_definitions import OsDefinitions
+from imds.services.os_records import OsRecords
+from imds.services.proxytrust import warn_stored
 from imds.services.templates import Template, compile_all
 from imds.services.tokens import TokenIssuer
 from imds.services.upsert import Records
@@ -45,6 +51,8 @@ class Services:
     http: httpx.AsyncClient
     tokens: TokenIssuer
     lookup: Lookup | None = None
+    os: OsRecords | None = None  # Ganeti OS records; always set by build_services
+    limits: Limits = field(default_factory=Limits)
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
     _signer: IdentitySigner | None = None
 
@@ -61,6 +69,7 @@ class Services:
         if self.settings.identity_key or self.settings.key_dir:
             _ = self.signer  # a bad key fails at startup, not at the first identity request
         await self.catalog.load()
+        warn_stored(self.catalog.holdings(), self.settings.trusted_proxies)
         self._tasks.append(asyncio.create_task(self.catalog.follow(), name="imds-feed-follower"))
         if self.lookup is not None and self.settings.lookup_refresh_after > 0:
             self._tasks.append(asyncio.create_task(self.lookup.refresh_loop(), name="imds-lookup-refresh"))
@@ -94,7 +103,7 @@ def build_services(
     http = http if http is not None else httpx.AsyncClient(timeout=5.0)
     metrics = Metrics()
     catalog = Catalog(store, poll_interval=settings.feed_poll_interval)
-    records = Records(store, catalog, metrics)
+    records = Records(store, catalog, metrics, trusted=settings.trusted_proxies)
     return Services(
         settings=settings,
         store=store,
@@ -106,7 +115,17 @@ def build_services(
         metrics=metrics,
         http=http,
         tokens=TokenIssuer.load(key_file=settings.imdsv2_key_file, data_dir=settings.key_dir),
+        os=OsRecords(
+            store, catalog, cipher=PrivateCipher.from_file(settings.private_key_file),
+            definitions=OsDefinitions.load(settings.os_definitions_dir),
+        ),
+        limits=limits_of(settings),
     )
+
+
+def limits_of(settings: Settings) -> Limits:
+    """The write limits configured in ``settings``."""
+    return Limits(settings.max_addresses, settings.max_document_depth, settings.max_document_keys)
 
 
 def _lookup(
@@ -130,6 +149,7 @@ def _lookup(
         refresh_after=settings.lookup_refresh_after,
         cache_ttl=settings.lookup_cache_ttl,
         concurrency=settings.lookup_concurrency,
+        limits=limits_of(settings),
     )
     breaker = Breaker(failures=settings.lookup_breaker_failures, reset=settings.lookup_breaker_reset)
     return Lookup(client, records, catalog, metrics, policy=policy, breaker=breaker)
@@ -143,5 +163,6 @@ def _authenticator(settings: Settings, http: httpx.AsyncClient) -> Authenticator
 
         jwt = OidcVerifier(settings, http)
     if not static and jwt is None:
+        _log.warning("admin.auth_not_configured", problem=AuthNotConfigured().message)
         return NoAuth()
     return Chain(static, jwt)

@@ -17,8 +17,9 @@ _BITS = {4: 32, 6: 128}
 def parse_network(text: str) -> Network:
     """Parse a host address or CIDR in any valid textual form into a normalised network.
 
-    Host bits below the prefix are cleared (``10.1.2.3/24`` is ``10.1.2.0/24``).
-    Raises ValueError with a readable message.
+    A CIDR with host bits set (``10.1.2.3/24``) is refused rather than widened: it is
+    either a typo for the network or a host written with its prefix, and guessing which
+    would bind a different set of callers. Raises ValueError with a readable message.
     """
     value = text.strip()
     if not value or value != text or "%" in value:
@@ -29,6 +30,11 @@ def parse_network(text: str) -> Network:
     except ValueError as exc:
         msg = f"{text!r} is not an IP address or CIDR"
         raise ValueError(msg) from exc
+    given = ipaddress.ip_interface(value).ip
+    if given != network.network_address:
+        msg = (f"{text!r} has host bits set: write the network {network} or the host {given} "
+               "(a CIDR is never widened)")
+        raise ValueError(msg)
     if isinstance(network, ipaddress.IPv6Network) and network.network_address.ipv4_mapped is not None:
         mapped = network.network_address.ipv4_mapped
         prefix = max(network.prefixlen - 96, 0)

@@ -2,7 +2,10 @@
 
 A write needs one of ``write``, ``create``, ``update``, ``metadata:create:<kind>`` or
 ``metadata:update:<kind>``; a read ``read`` or ``metadata:read:<kind>``; a delete
-``write``, ``delete`` or ``metadata:delete:<kind>`` (kind: ``metadata`` or ``userdata``).
+``write``, ``delete`` or ``metadata:delete:<kind>`` (kind: ``metadata``, ``userdata`` or
+``os``, the Ganeti OS record).
+``/metrics``, ``/openapi.json`` and ``/docs`` need ``read`` or the dedicated ``metrics``
+scope (a scraper's token then reads no record); ``--metrics-public`` opens ``/metrics``.
 
 Credentials come from a static token (every scope), a tokens file, or OIDC JWTs; with
 none configured every call is refused with a message that says how to configure one.
@@ -18,18 +21,25 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from imds.errors import AuthNotConfigured, ConfigError, Forbidden, Unauthenticated
-from imds.models import RECORD_KINDS, Principal
+from imds.models import OS_KIND, RECORD_KINDS, Principal
 
 _PREFIX = "metadata"
+METRICS_SCOPE = "metrics"
 ALL_SCOPES = frozenset(
-    {"read", "write", "create", "update", "delete"}
+    {"read", "write", "create", "update", "delete", METRICS_SCOPE}
     | {f"{_PREFIX}:{verb}:{kind}" for verb in ("create", "update", "read", "delete") for kind in RECORD_KINDS}
+    | {f"{_PREFIX}:{verb}:{OS_KIND}" for verb in ("create", "update", "read", "delete")}  # Ganeti OS records
 )
 
 
 def upsert_scopes(kind: str) -> tuple[str, ...]:
     """Scopes any one of which allows creating or replacing a record of ``kind``."""
     return ("write", "create", "update", f"{_PREFIX}:create:{kind}", f"{_PREFIX}:update:{kind}")
+
+
+def ops_scopes() -> tuple[str, ...]:
+    """Scopes any one of which allows reading ``/metrics`` and the API description."""
+    return ("read", METRICS_SCOPE)
 
 
 def read_scopes(kind: str) -> tuple[str, ...]:

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TypeVar, cast
 
 from imds import log
 from imds.errors import StoreUnavailable
-from imds.models import Address, Instance
+from imds.models import Address, Instance, Network
 from imds.services.addresses import AddressIndex
 from imds.store.interface import Store
 
@@ -60,6 +60,11 @@ class Catalog:
         """The instance whose longest matching prefix contains ``address``."""
         instance_id = self._index.lookup(address)
         return None if instance_id is None else self._entries.get(instance_id)
+
+    def holdings(self) -> Iterator[tuple[str, tuple[Network, ...]]]:
+        """(instance id, its addresses) for every instance held."""
+        for instance_id, entry in self._entries.items():
+            yield instance_id, entry.instance.addresses
 
     def get(self, instance_id: str) -> Entry | None:
         """The instance with this id, if the catalog holds it."""

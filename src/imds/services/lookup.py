@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from imds import log
@@ -34,6 +34,7 @@ from imds.metrics import Metrics
 from imds.models import METADATA, Address, Instance
 from imds.services.breaker import STATE_VALUES, Breaker
 from imds.services.catalog import Catalog
+from imds.services.limits import Limits
 from imds.services.upsert import Records
 from imds.services.wire import parse_metadata_write, parse_userdata_write
 from imds.upstream.client import UpstreamClient
@@ -62,6 +63,7 @@ class LookupPolicy:
     refresh_after: float = 0.0
     cache_ttl: float = 300.0
     concurrency: int = 16
+    limits: Limits = field(default_factory=Limits)
 
 
 class Lookup:
@@ -257,10 +259,10 @@ class Lookup:
     async def _store(self, kind: str, body: Any, subject: str) -> str:
         try:
             if kind == METADATA:
-                metadata = parse_metadata_write(body)
+                metadata = parse_metadata_write(body, self.policy.limits)
                 await self._records.put_metadata(metadata, subject=subject)
                 return metadata.id
-            userdata = parse_userdata_write(body)
+            userdata = parse_userdata_write(body, self.policy.limits)
             await self._records.put_userdata(userdata, subject=subject)
         except InvalidInput as exc:
             fields = ", ".join(p.field for p in exc.problems)

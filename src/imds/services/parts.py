@@ -8,9 +8,10 @@ They ride in the document pushed with ``POST /device-metadata`` as top-level key
 | ``network_data`` | OpenStack ``network_data.json``: ``links``, ``networks``, ``services`` | ``network_data.json`` |
 | ``vendor_data`` | a JSON object | ``vendor_data.json`` (and ``vendor_data2.json`` ``static``) |
 
-``network_data`` is checked only as far as guest tools depend on it: cloud-init indexes
-``link['id']``, ``link['type']`` and ``network['link']`` without a default, so those must
-be there, and a network must point at a link that exists.
+``network_data`` is checked only as far as guest tools and our renderers depend on it:
+cloud-init indexes ``link['id']``, ``link['type']`` and ``network['link']`` without a
+default, so those must be there, and a network must point at a link that exists; a DNS
+service needs its ``address`` and a bond's ``bond_links`` are link ids (strings).
 """
 
 from __future__ import annotations
@@ -58,14 +59,22 @@ def _network_data(value: Any) -> list[Problem]:
             else:
                 problems.append(Problem(path, "must be an object"))
     for path, link in items["links"]:
-        problems += _strings(path, link, "id", "type")
+        problems += _link(path, link)
     link_ids = {link.get("id") for _, link in items["links"]}
     for path, network in items["networks"]:
         problems += _strings(path, network, "link", "type")
         if isinstance(network.get("link"), str) and network["link"] not in link_ids:
             problems.append(Problem(f"{path}.link", f"names no link: {network['link']!r} is not a links[].id"))
     for path, service in items["services"]:
-        problems += _strings(path, service, "type")
+        problems += _strings(path, service, "type", *(("address",) if service.get("type") == "dns" else ()))
+    return problems
+
+
+def _link(path: str, link: dict[str, Any]) -> list[Problem]:
+    problems = _strings(path, link, "id", "type")
+    members = link.get("bond_links", [])
+    if not isinstance(members, list) or not all(isinstance(m, str) for m in members):
+        problems.append(Problem(f"{path}.bond_links", "must be a list of link ids (strings)"))
     return problems
 
 

@@ -37,9 +37,11 @@ def parse_ttl(value: str | None) -> int:
     """The requested TTL, 1 to 21600 seconds, or InvalidInput naming the header."""
     if value is None:
         raise InvalidInput.one(TTL_HEADER, "is required")
-    if not value.strip().isdigit() or not MIN_TTL <= int(value) <= MAX_TTL:
+    text = value.strip()
+    # ASCII digits only: str.isdigit() is also true for "²" and other digits int() refuses.
+    if not (text.isascii() and text.isdigit() and len(text) <= 6) or not MIN_TTL <= int(text) <= MAX_TTL:
         raise InvalidInput.one(TTL_HEADER, f"must be a whole number of seconds from {MIN_TTL} to {MAX_TTL}")
-    return int(value)
+    return int(text)
 
 
 class TokenIssuer:

@@ -14,7 +14,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 
 from imds import log
 from imds.errors import Conflict, InvalidInput, RecordNotFound, StoreUnavailable
@@ -22,6 +22,7 @@ from imds.metrics import Metrics
 from imds.models import METADATA, USERDATA, Instance, MetadataWrite, Network, UserdataWrite, WriteResult
 from imds.services.addresses import display
 from imds.services.catalog import Catalog
+from imds.services.proxytrust import inside_trusted
 from imds.services.wire import document_timestamp
 from imds.store.interface import Store, WriteTx
 
@@ -33,10 +34,11 @@ PASSWORD_MAX_BYTES = 1020  # Nova's limit: four 255-character chunks of system m
 class Records:
     """Create, replace, read and delete instance records."""
 
-    def __init__(self, store: Store, catalog: Catalog, metrics: Metrics) -> None:
+    def __init__(self, store: Store, catalog: Catalog, metrics: Metrics, *, trusted: Sequence[Network] = ()) -> None:
         self._store = store
         self._catalog = catalog
         self._metrics = metrics
+        self._trusted = tuple(trusted)  # trusted-proxy networks: binding an address inside one is warned about
 
     async def put_metadata(self, write: MetadataWrite, *, subject: str) -> WriteResult:
         """Replace the instance's metadata and address list, unless the write is stale."""
@@ -101,7 +103,9 @@ class Records:
                     await put(tx)
                     moved, dropped = await tx.replace_addresses(instance_id, addresses)
                     await tx.mark_changed([instance_id, *moved.values()])
-                    result = WriteResult(instance_id, applied=True, addresses=addresses, moved=moved, dropped=dropped)
+                    warnings = tuple(inside_trusted(addresses, self._trusted))
+                    result = WriteResult(instance_id, applied=True, addresses=addresses, moved=moved, dropped=dropped,
+                                         warnings=warnings)
         except StoreUnavailable:
             errors = self._metrics.metadata_store_errors if kind == METADATA else self._metrics.userdata_store_errors
             errors.inc()
@@ -121,7 +125,57 @@ class Records:
             moved={display(a): held_by for a, held_by in result.moved.items()},
             dropped=[display(a) for a in result.dropped],
         )
+        if result.warnings:
+            _log.warning("record.inside_trusted_proxy", instance_id=instance_id, problems=list(result.warnings))
         return result
+
+    # --- many upserts in one transaction (imds import) ---------------------------------------
+
+    async def put_many(
+        self, items: Sequence[tuple[MetadataWrite | None, UserdataWrite | None]], *, subject: str
+    ) -> list[WriteResult]:
+        """Apply each (metadata, userdata) pair by the rules above, all in one transaction.
+
+        Per item: a stale metadata write changes nothing for that item (``applied=False``,
+        addresses included); otherwise the given parts are replaced and the address list
+        (taken from the metadata write, else the userdata write) becomes the whole truth.
+        Items apply in order (a later item sees an earlier one's write). The store's batch
+        forms keep this to a few statements per batch; one log line for the batch.
+        """
+        results: list[WriteResult | None] = []
+        applied: list[tuple[int, MetadataWrite | None, UserdataWrite | None]] = []
+        async with self._store.write() as tx:
+            documents = await tx.metadata_of_many([m.id for m, _ in items if m is not None])
+            for metadata, userdata in items:
+                first = metadata or userdata
+                if first is None:
+                    continue
+                reason = None if metadata is None else _staleness(documents.get(metadata.id), metadata.metadata)
+                if reason is not None:
+                    results.append(WriteResult(first.id, applied=False, reason=reason))
+                    continue
+                if metadata is not None:
+                    documents[metadata.id] = metadata.metadata
+                applied.append((len(results), metadata, userdata))
+                results.append(None)
+            await tx.put_records(
+                [(m.id, m.metadata) for _, m, _ in applied if m is not None],
+                [(u.id, u.userdata) for _, _, u in applied if u is not None],
+            )
+            lists = [(first.id, first.addresses) for _, m, u in applied if (first := m or u) is not None]
+            changes = await tx.replace_addresses_many(lists)
+            changed: list[str] = []
+            for (index, _, _), (instance_id, addresses), (moved, dropped) in zip(applied, lists, changes, strict=True):
+                changed += [instance_id, *moved.values()]
+                results[index] = WriteResult(instance_id, applied=True, addresses=tuple(addresses), moved=moved,
+                                             dropped=dropped)
+            await tx.mark_changed(changed)
+        await self._catalog.refresh(changed)
+        self._metrics.metadata_inserts.inc(sum(m is not None for _, m, _ in applied))
+        self._metrics.userdata_inserts.inc(sum(u is not None for _, _, u in applied))
+        _log.info("records.written", subject=subject, items=len(items), applied=len(applied),
+                  stale=len(results) - len(applied))
+        return [result for result in results if result is not None]
 
     # --- the OpenStack password: written by the instance once, cleared by an admin ---------
 

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Protocol, runtime_checkable
 
-from imds.models import Change, Instance, JsonObject, Network
+from imds.models import Change, Instance, JsonObject, Network, OsRecord
 
 
 @runtime_checkable
@@ -72,6 +72,37 @@ class WriteTx(Protocol):
 
     async def remove_password(self, instance_id: str) -> bool:
         """Delete the instance's password; False when it had none."""
+        ...
+
+    async def os_of(self, instance_id: str) -> OsRecord | None:
+        """The stored Ganeti OS record, or None."""
+        ...
+
+    async def put_os(self, instance_id: str, record: OsRecord) -> None:
+        """Create or replace the OS record. The instance must exist (the caller checks)."""
+        ...
+
+    async def remove_os(self, instance_id: str) -> bool:
+        """Delete the OS record; False when there was none."""
+        ...
+
+    # Batch forms (imds import): one statement per step for many instances, same results
+    # as calling the single forms one after another.
+
+    async def metadata_of_many(self, instance_ids: Sequence[str]) -> dict[str, JsonObject]:
+        """The stored metadata documents of those instances that have one."""
+        ...
+
+    async def put_records(
+        self, metadata: Sequence[tuple[str, JsonObject]], userdata: Sequence[tuple[str, bytes]]
+    ) -> None:
+        """``put_metadata`` / ``put_userdata`` for each pair (the last pair for an id wins)."""
+        ...
+
+    async def replace_addresses_many(
+        self, lists: Sequence[tuple[str, Sequence[Network]]]
+    ) -> list[tuple[dict[Network, str], tuple[Network, ...]]]:
+        """``replace_addresses`` for each (instance, addresses) in order; each one's (moved, dropped)."""
         ...
 
 

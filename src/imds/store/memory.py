@@ -13,7 +13,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from imds.models import METADATA, Change, Instance, JsonObject, Network
+from imds.models import METADATA, Change, Instance, JsonObject, Network, OsRecord
 
 
 @dataclass
@@ -23,6 +23,7 @@ class _Row:
     userdata: bytes | None = None
     userdata_updated_at: datetime | None = None
     password: bytes | None = None
+    os: OsRecord | None = None  # frozen: shared between copies safely
 
 
 @dataclass
@@ -103,6 +104,37 @@ class _MemoryTx:
         row.password = None
         return True
 
+    async def os_of(self, instance_id: str) -> OsRecord | None:
+        row = self._s.rows.get(instance_id)
+        return None if row is None else row.os
+
+    async def put_os(self, instance_id: str, record: OsRecord) -> None:
+        self._s.rows[instance_id].os = record
+
+    async def remove_os(self, instance_id: str) -> bool:
+        row = self._s.rows.get(instance_id)
+        if row is None or row.os is None:
+            return False
+        row.os = None
+        return True
+
+    async def metadata_of_many(self, instance_ids: Sequence[str]) -> dict[str, JsonObject]:
+        found = {instance_id: await self.metadata_of(instance_id) for instance_id in instance_ids}
+        return {instance_id: document for instance_id, document in found.items() if document is not None}
+
+    async def put_records(
+        self, metadata: Sequence[tuple[str, JsonObject]], userdata: Sequence[tuple[str, bytes]]
+    ) -> None:
+        for instance_id, document in metadata:
+            await self.put_metadata(instance_id, document)
+        for instance_id, data in userdata:
+            await self.put_userdata(instance_id, data)
+
+    async def replace_addresses_many(
+        self, lists: Sequence[tuple[str, Sequence[Network]]]
+    ) -> list[tuple[dict[Network, str], tuple[Network, ...]]]:
+        return [await self.replace_addresses(instance_id, addresses) for instance_id, addresses in lists]
+
 
 class MemoryStore:
     """Dict-backed store; each write works on a copy that replaces the state on success."""
@@ -131,6 +163,7 @@ class MemoryStore:
             userdata=row.userdata,
             userdata_updated_at=row.userdata_updated_at,
             password=row.password,
+            os=row.os,
         )
 
     async def get(self, instance_id: str) -> Instance | None:

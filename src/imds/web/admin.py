@@ -16,7 +16,7 @@ from imds.services import Services
 from imds.services.addresses import display
 from imds.services.auth import delete_scopes, read_scopes, require, upsert_scopes
 from imds.services.render.json import encode, metadata_bytes
-from imds.services.wire import parse_instance_id, parse_json, parse_metadata_write, parse_userdata_write
+from imds.services.wire import parse_body, parse_instance_id, parse_metadata_write, parse_userdata_write
 from imds.web.body import read_limited
 from imds.web.errors import JSON
 
@@ -87,6 +87,8 @@ def _write_response(result: WriteResult) -> Response:
         body["ipAddresses"] = [display(a) for a in result.addresses]
         body["moved"] = {display(a): held_by for a, held_by in result.moved.items()}
         body["dropped"] = [display(a) for a in result.dropped]
+        if result.warnings:
+            body["warnings"] = list(result.warnings)
     else:
         body["reason"] = result.reason
     header = {"X-Imds-Write": "applied" if result.applied else "stale"}
@@ -111,13 +113,13 @@ def admin_router(services: Services) -> APIRouter:
     @router.post("/device-metadata", openapi_extra=_body(METADATA_SCHEMA), summary="Create or replace metadata")
     async def post_metadata(request: Request) -> Response:
         subject = await principal_for(request, upsert_scopes(METADATA))
-        write = parse_metadata_write(parse_json(await read_limited(request, limit)))
+        write = await parse_body(parse_metadata_write, await read_limited(request, limit), services.limits)
         return _write_response(await records.put_metadata(write, subject=subject))
 
     @router.post("/device-userdata", openapi_extra=_body(USERDATA_SCHEMA), summary="Create or replace userdata")
     async def post_userdata(request: Request) -> Response:
         subject = await principal_for(request, upsert_scopes(USERDATA))
-        write = parse_userdata_write(parse_json(await read_limited(request, limit)))
+        write = await parse_body(parse_userdata_write, await read_limited(request, limit), services.limits)
         return _write_response(await records.put_userdata(write, subject=subject))
 
     # GET and HEAD are separate routes so each gets its own OpenAPI operation id.

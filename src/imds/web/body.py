@@ -11,9 +11,9 @@ async def read_limited(request: Request, limit: int) -> bytes:
     """The whole body, or PayloadTooLarge as soon as it is known to exceed ``limit``."""
     declared = request.headers.get("content-length")
     if declared is not None:
-        if not declared.isdigit():
+        if not (declared.isascii() and declared.isdigit()):  # "²".isdigit() is True
             raise InvalidInput.one("Content-Length", "must be a number")
-        if int(declared) > limit:
+        if len(declared.lstrip("0")) > len(str(limit)) or int(declared) > limit:
             raise PayloadTooLarge(limit)
     chunks: list[bytes] = []
     size = 0

@@ -80,6 +80,11 @@ async def handle_imds_error(_request: Request, exc: Exception) -> Response:
     return Response(body, status_code=status, media_type=JSON, headers={k.decode(): v.decode() for k, v in headers})
 
 
+async def handle_unexpected(_request: Request, _exc: Exception) -> Response:
+    """A bug: JSON 500 without details (the front logs it with its traceback, never with the body)."""
+    return Response(error_body("internal error"), status_code=500, media_type=JSON)
+
+
 async def handle_http_error(_request: Request, exc: Exception) -> Response:
     """Framework errors (unknown route, wrong method) as JSON in the same shape."""
     status = getattr(exc, "status_code", 500)

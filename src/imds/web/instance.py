@@ -19,6 +19,7 @@ from imds.services.lookup import LookupNeeded
 from imds.services.ratelimit import RateLimiter
 from imds.web.ec2 import Ec2Flavor
 from imds.web.errors import error_body, error_parts
+from imds.web.ganeti import GanetiFlavor
 from imds.web.json import JsonFlavor
 from imds.web.nocloud import NoCloudFlavor
 from imds.web.openstack import OpenStackFlavor
@@ -38,6 +39,8 @@ def _group(path: str) -> str:
         return "ops"
     if "/device-" in path or path in {"/docs", "/openapi.json"} or path.startswith(("/identity", "/api/v1/")):
         return "admin"
+    if path.startswith("/os-definitions"):  # Ganeti OS definitions
+        return "admin"
     return "other"
 
 
@@ -54,6 +57,8 @@ class InstanceFront:
         self._prefixes: dict[str, Handler] = {**ec2_flavor.prefixes()}
         self._prefixes.update(OpenStackFlavor(services, locator).prefixes())
         self._prefixes.update(NoCloudFlavor(services, locator).prefixes())
+        self.ganeti = GanetiFlavor(services, locator)  # the channel helper wires ganeti.channel["read"/"write"]
+        self._prefixes.update(self.ganeti.prefixes())
         self._log_reads = services.settings.log_instance_reads
         metrics = services.metrics
         self._observe = metrics.latency.labels("instance").observe
@@ -132,15 +137,21 @@ class InstanceFront:
         started = time.perf_counter()
         group = _group(scope["path"])
         status = 500
+        answered = False
 
         async def send_and_note(message: MutableMapping[str, Any]) -> None:
-            nonlocal status
+            nonlocal status, answered
             if message["type"] == "http.response.start":
-                status = message["status"]
+                status, answered = message["status"], True
             await send(message)
 
         try:
             await self.admin(scope, receive, send_and_note)
+        except Exception:  # noqa: BLE001 - logged here once, with its traceback; the answer was a 500
+            _log.exception("admin.error", method=scope.get("method"), path=scope["path"], group=group)
+            if not answered:
+                await send({"type": "http.response.start", "status": 500, "headers": [(b"content-type", JSON)]})
+                await send({"type": "http.response.body", "body": error_body("internal error")})
         finally:
             metrics = self.services.metrics
             metrics.requests.labels(group, str(status)).inc()

@@ -51,6 +51,18 @@ def plain(status: int) -> Reply:
     return Reply(status, f"{status} - {HTTPStatus(status).phrase}".encode())
 
 
+def plain_error(exc: ImdsError) -> Reply:
+    """A plain-text error reply; a 400 or 409 also says why (``400 - Bad Request: body: …``)."""
+    status = status_for(exc)
+    if isinstance(exc, InvalidInput):
+        reason = "; ".join(f"{problem.field}: {problem.message}" for problem in exc.problems)
+    elif isinstance(exc, Conflict):
+        reason = exc.message
+    else:
+        return plain(status)
+    return Reply(status, f"{status} - {HTTPStatus(status).phrase}: {reason}".encode())
+
+
 def text_or_binary(data: bytes) -> bytes:
     """The content type for userdata: text when it is UTF-8, else octet-stream."""
     try:
@@ -107,7 +119,7 @@ class OpenStackFlavor:
                 return plain(405)
             return self._read(scope, version, rest)
         except ImdsError as exc:
-            return plain(status_for(exc))
+            return plain_error(exc)
 
     def _read(self, scope: Scope, version: str, rest: str) -> Reply:
         kind = USERDATA if rest == USER_DATA else METADATA
@@ -141,7 +153,7 @@ class OpenStackFlavor:
             try:
                 await records.set_password(instance_id, await read_body(receive, PASSWORD_MAX_BYTES))
             except ImdsError as exc:
-                return plain(status_for(exc))
+                return plain_error(exc)
             return Reply(200, b"")
 
         return Pending(complete=complete)

@@ -1,19 +1,30 @@
-"""Operational endpoints: liveness, readiness and Prometheus metrics."""
+"""Operational endpoints: liveness, readiness (public), Prometheus metrics and the API description.
+
+``/healthz`` and ``/readyz`` answer anyone (load balancers and orchestrators probe them).
+``/metrics`` and ``/openapi.json`` need a token with the ``read`` or ``metrics``
+scope: they reveal instance counts, error rates and the admin surface. ``--metrics-public``
+keeps ``/metrics`` open for scrapers that cannot send a token (hollow's behaviour).
+"""
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from collections.abc import Callable
+from typing import Any
+
+from fastapi import APIRouter, Request
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.responses import Response
 
 from imds.errors import StoreUnavailable
 from imds.services import Services
+from imds.services.auth import ops_scopes
 from imds.services.render.json import encode
+from imds.web.admin import authorize
 from imds.web.errors import JSON
 
 
-def ops_router(services: Services) -> APIRouter:
-    """``/healthz``, ``/readyz`` and ``/metrics``."""
+def ops_router(services: Services, openapi: Callable[[], dict[str, Any]]) -> APIRouter:
+    """``/healthz``, ``/readyz``, ``/metrics`` and ``/openapi.json`` (``openapi``: the schema)."""
     router = APIRouter(include_in_schema=False)
 
     @router.get("/healthz")
@@ -31,8 +42,15 @@ def ops_router(services: Services) -> APIRouter:
         body = {"status": "not ready" if problems else "ready", "instances": len(catalog), "problems": problems}
         return Response(encode(body), status_code=503 if problems else 200, media_type=JSON)
 
+    @router.get("/openapi.json")
+    async def openapi_json(request: Request) -> Response:
+        await authorize(services, request, ops_scopes())
+        return Response(encode(openapi()), media_type=JSON)
+
     @router.get("/metrics")
-    async def metrics() -> Response:
+    async def metrics(request: Request) -> Response:
+        if not services.settings.metrics_public:
+            await authorize(services, request, ops_scopes())
         services.metrics.instances.set(len(services.catalog))
         services.metrics.feed_position.set(services.catalog.position)
         return Response(generate_latest(services.metrics.registry), media_type=CONTENT_TYPE_LATEST)

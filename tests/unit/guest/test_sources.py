@@ -61,7 +61,9 @@ def test_config_drive_by_label_is_mounted_read_only_then_unmounted(tmp_path, dri
     fake.by_label("config-2", "sr0")
     mount, umount, log = drive_tools
     warnings: list[str] = []
-    document = sources.from_config_drive_label(fake.dev, warn=warnings.append, mount=[str(mount)], umount=[str(umount)])
+    document = sources.from_config_drive_label(
+        fake.dev, warn=warnings.append, mount=[str(mount)], umount=[str(umount)], mount_parent=tmp_path,
+    )
     assert document == load_fixture("lxc")
     mounted, unmounted = log.read_text().splitlines()
     mountpoint = mounted.split()[-1]
@@ -81,7 +83,7 @@ def test_upper_case_label_is_found(tmp_path):
 def test_no_config_drive_label(tmp_path):
     """Without a config-2 label, auto fails before mounting anything."""
     with pytest.raises(SourceError, match=f"^no config drive: {tmp_path}/disk/by-label/config-2 does not exist$"):
-        sources.from_config_drive_label(tmp_path, warn=print, mount=["false"], umount=["false"])
+        sources.from_config_drive_label(tmp_path, warn=print, mount=["false"], umount=["false"], mount_parent=tmp_path)
 
 
 def test_failed_mount_is_an_error_with_its_message(tmp_path):
@@ -90,7 +92,9 @@ def test_failed_mount_is_an_error_with_its_message(tmp_path):
     fake.by_label("config-2", "sr0")
     mount = write_script(tmp_path / "mount", 'echo "mount: wrong fs type" >&2\nexit 32')
     with pytest.raises(SourceError, match=r"^mounting .*/sr0: .*/mount -o ro .*: mount: wrong fs type$"):
-        sources.from_config_drive_label(fake.dev, warn=print, mount=[str(mount)], umount=["false"])
+        sources.from_config_drive_label(
+            fake.dev, warn=print, mount=[str(mount)], umount=["false"], mount_parent=tmp_path,
+        )
 
 
 def test_failed_unmount_is_a_warning_after_a_good_read(tmp_path, drive_tools):
@@ -100,11 +104,16 @@ def test_failed_unmount_is_a_warning_after_a_good_read(tmp_path, drive_tools):
     mount, _, _ = drive_tools
     umount = write_script(tmp_path / "bad-umount", 'echo "umount: target is busy" >&2\nexit 32')
     warnings: list[str] = []
-    document = sources.from_config_drive_label(fake.dev, warn=warnings.append, mount=[str(mount)], umount=[str(umount)])
+    document = sources.from_config_drive_label(
+        fake.dev, warn=warnings.append, mount=[str(mount)], umount=[str(umount)], mount_parent=tmp_path,
+    )
     assert document == load_fixture("lxc")
     assert len(warnings) == 1
     assert warnings[0].startswith("unmounting ")
     assert warnings[0].endswith(": umount: target is busy")
+    # Still "mounted": the mount point and the drive's files stay (in this test's tmp_path, never in /tmp).
+    (left,) = tmp_path.glob("imds-config-drive-*")
+    assert (left / "openstack" / "latest" / "meta_data.json").is_file()
 
 
 # Metadata URL, served by a real http.server on 127.0.0.1

@@ -25,29 +25,46 @@ def addr(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
     [
         ("10.1.2.3", "10.1.2.3/32"),
         ("10.1.2.3/32", "10.1.2.3/32"),
-        ("10.1.2.3/24", "10.1.2.0/24"),
-        ("10.1.2.3/255.255.255.0", "10.1.2.0/24"),
-        ("10.1.2.3/0.0.0.255", "10.1.2.0/24"),
+        ("10.1.2.0/24", "10.1.2.0/24"),
+        ("10.1.2.0/255.255.255.0", "10.1.2.0/24"),
+        ("10.1.2.0/0.0.0.255", "10.1.2.0/24"),
         ("0.0.0.0/0", "0.0.0.0/0"),
         ("2001:db8::1", "2001:db8::1/128"),
         ("2001:DB8::1", "2001:db8::1/128"),
         ("2001:0db8:0000:0000:0000:0000:0000:0001", "2001:db8::1/128"),
         ("2001:db8:0:0:0:0:0:1", "2001:db8::1/128"),
-        ("2001:db8::abcd/64", "2001:db8::/64"),
-        ("2001:DB8:0:0:1::/48", "2001:db8::/48"),
+        ("2001:db8::/64", "2001:db8::/64"),
+        ("2001:DB8:0:0:0::/48", "2001:db8::/48"),
         ("::1", "::1/128"),
         ("::ffff:10.1.2.3", "10.1.2.3/32"),
         ("::FFFF:10.1.2.3", "10.1.2.3/32"),
         ("::ffff:a01:203", "10.1.2.3/32"),
         ("0:0:0:0:0:ffff:10.1.2.3", "10.1.2.3/32"),
         ("::ffff:10.1.0.0/112", "10.1.0.0/16"),
-        ("::ffff:10.1.2.3/120", "10.1.2.0/24"),
+        ("::ffff:10.1.2.0/120", "10.1.2.0/24"),
     ],
 )
 def test_parse_network_normalises_every_valid_textual_form(text, expected):
-    """Hosts become /32 or /128, v6 is compressed lower-case, host bits clear and v4-mapped v6 is v4."""
+    """Hosts become /32 or /128, v6 is compressed lower-case, masks become prefixes and v4-mapped v6 is v4."""
     assert parse_network(text) == net(expected)
     assert str(parse_network(text)) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "network", "host"),
+    [
+        ("10.1.2.3/24", "10.1.2.0/24", "10.1.2.3"),
+        ("10.1.2.3/8", "10.0.0.0/8", "10.1.2.3"),
+        ("10.1.2.3/255.255.255.0", "10.1.2.0/24", "10.1.2.3"),
+        ("2001:db8::abcd/64", "2001:db8::/64", "2001:db8::abcd"),
+        ("::ffff:10.1.2.3/120", "::ffff:a01:200/120", "::ffff:a01:203"),
+    ],
+)
+def test_parse_network_refuses_host_bits_instead_of_widening(text, network, host):
+    """10.1.2.3/8 is never silently stored as 10.0.0.0/8: the message offers both readings."""
+    with pytest.raises(ValueError, match="has host bits set") as raised:
+        parse_network(text)
+    assert f"write the network {network} or the host {host}" in str(raised.value)
 
 
 @pytest.mark.parametrize(

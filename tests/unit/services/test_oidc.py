@@ -64,7 +64,7 @@ async def make_verifier(
     if issuer is not None:
         values["oidc_issuer"] = issuer.issuer
     values.update(settings)
-    async with httpx.AsyncClient(timeout=2.0, verify=_TLS) as http:
+    async with httpx.AsyncClient(timeout=30.0, verify=_TLS) as http:
         yield OidcVerifier(make_settings(**values), http, clock=clock or Clock())
 
 

@@ -63,7 +63,7 @@ AWS_SEED: dict[str, str] = {
     f"network/interfaces/macs/{MAC1}/mac": MAC1,
     "placement": "availability-zone\nregion",
     "placement/availability-zone": "da11",
-    "placement/region": "da",
+    "placement/region": "da1",  # the zone minus its last letter, as clients derive it
     "public-hostname": "metadata-example-01",
     "public-ipv4": "40.91.78.229",
     "public-keys": "0=test@testmachine.local\n1=test@testmachine.local-1",
@@ -305,14 +305,18 @@ def test_addresses_absent_means_no_address_keys_in_the_aws_layout():
 @pytest.mark.parametrize(
     ("extra", "expected"),
     [
-        ({}, ("da", "da11")),
+        ({}, ("da1", "da11")),
         ({"region": "us-west-2", "availability_zone": "us-west-2a"}, ("us-west-2", "us-west-2a")),
         ({"region": "us-west-2"}, ("us-west-2", "da11")),
-        ({"availability_zone": "us-west-2a"}, ("da", "us-west-2a")),
+        ({"availability_zone": "us-west-2a"}, ("us-west-2", "us-west-2a")),
+        ({"availability_zone": "z", "facility": None}, ("da", "z")),
     ],
 )
 def test_placement_prefers_explicit_region_and_zone_over_metro_and_facility(extra, expected):
-    """Explicit region / availability_zone keys beat metro / facility, each on its own."""
+    """An explicit region wins; else the zone minus its last letter, as botocore and cloud-init derive it.
+
+    Facility da11 gives region da1 (not the metro da); the metro only when that is empty.
+    """
     doc = {**seed(), **extra}
     assert placement(doc) == expected
     tree = aws_meta_data(doc)
@@ -323,7 +327,7 @@ def test_placement_prefers_explicit_region_and_zone_over_metro_and_facility(extr
 def test_placement_is_absent_without_any_location():
     """No region, metro, zone or facility: no placement/ at all; with only one, only that leaf."""
     assert resolve(aws_meta_data(without(seed(), "metro", "facility")), "placement") is None
-    only_zone = aws_meta_data(without(seed(), "metro"))
+    only_zone = aws_meta_data({**without(seed(), "metro"), "facility": "z"})  # too short to derive a region from
     assert body(resolve(only_zone, "placement")) == b"availability-zone"  # type: ignore[arg-type]
 
 
@@ -378,7 +382,7 @@ def test_identity_document_carries_the_records_fields():
         "pendingTime": "2024-05-06T07:08:09Z",
         "privateIp": "10.70.17.9",
         "ramdiskId": None,
-        "region": "da",
+        "region": "da1",
         "version": "2017-09-30",
     }
 

@@ -96,7 +96,7 @@ def test_metadata_as_a_json_encoded_string():
 def test_addresses_are_normalised_and_deduplicated_in_order():
     """Every textual form is normalised; equal networks collapse to the first occurrence."""
     write = parse_metadata_write(
-        metadata(ipAddresses=["10.1.2.3/24", "2001:DB8::1", "10.1.2.0/24", "::ffff:10.9.9.9", "10.9.9.9/32"])
+        metadata(ipAddresses=["10.1.2.0/255.255.255.0", "2001:DB8::1", "10.1.2.0/24", "::ffff:10.9.9.9", "10.9.9.9/32"])
     )
     assert [str(a) for a in write.addresses] == ["10.1.2.0/24", "2001:db8::1/128", "10.9.9.9/32"]
 

@@ -5,11 +5,11 @@ signer). Mapping from the Equinix-shaped document:
 
 | EC2 key | from |
 |---|---|
-| instance-id, hostname, local-hostname | ``id``, ``hostname`` |
+| instance-id, hostname, local-hostname | the record id, ``hostname`` |
 | instance-type | ``plan`` |
 | ami-id | ``operating_system.image_tag`` (else ``operating_system.slug``) |
-| placement/region | ``region``, else ``metro`` |
 | placement/availability-zone | ``availability_zone``, else ``facility`` |
+| placement/region | ``region``, else the zone minus its last character, else ``metro`` |
 | local-ipv4 / public-ipv4 / ipv6s | ``network.addresses`` (family + ``public``) |
 | mac, network/interfaces/macs/… | ``network.interfaces`` (addresses go to the bond's MAC, else the first) |
 | public-keys/N/openssh-key | ``ssh_keys`` (name: the key's comment, made unique with ``-N``) |
@@ -17,9 +17,14 @@ signer). Mapping from the Equinix-shaped document:
 | spot/termination-time | ``spot.termination_time`` |
 | block-device-mapping/ami, root | ``storage.disks[0].device`` |
 
-botocore derives the region by dropping the availability zone's last character (as AWS
-names zones: ``us-east-1a``). Documents whose facility is not region + one letter should
-carry explicit ``region`` and ``availability_zone`` keys if SDK region detection matters.
+botocore and cloud-init (off AWS) derive the region by dropping the availability zone's
+last character (as AWS names zones: ``us-east-1a``), so without an explicit ``region``
+the flavor reports that same region (facility ``da11`` → region ``da1``, not the metro
+``da``) in ``placement/region`` and the identity document: every client sees one region.
+An explicit ``region`` wins; it should then match the zone.
+
+The instance id is always the record's id (the document's own ``id``, which writes
+require to be the same, is not consulted).
 """
 
 from __future__ import annotations
@@ -86,9 +91,19 @@ def _addresses(doc: JsonObject) -> list[_Address]:
                 network = str(ipaddress.ip_network(f"{item['network']}/{item['cidr']}", strict=False))
             except ValueError:
                 network = None
-        found.append(_Address(item["address"], int(item.get("address_family") or 0), item.get("public") is True,
-                              network))
+        found.append(_Address(item["address"], _family(item), item.get("public") is True, network))
     return found
+
+
+def _family(item: JsonObject) -> int:
+    """4 or 6 as the entry says (writes refuse anything else), else from the address; 0 if neither."""
+    family = item.get("address_family")
+    if family in (4, 6) and not isinstance(family, bool):
+        return int(family)
+    try:
+        return ipaddress.ip_address(item["address"]).version
+    except ValueError:
+        return 0
 
 
 def _matching(doc: JsonObject, family: int, *, public: bool) -> list[str]:
@@ -99,11 +114,14 @@ def _matching(doc: JsonObject, family: int, *, public: bool) -> list[str]:
 # hollow's 2009-04-04 subset: exact text of hollow-metadataservice's EC2 router.
 
 
-def hollow_meta_data(doc: JsonObject) -> Dir:
-    """Hollow's ``/2009-04-04/meta-data`` tree (subtrees listed without ``/``, as hollow does)."""
+def hollow_meta_data(doc: JsonObject, instance_id: str | None = None) -> Dir:
+    """Hollow's ``/2009-04-04/meta-data`` tree (subtrees listed without ``/``, as hollow does).
+
+    ``instance_id`` is the record's id (default: the document's ``id``).
+    """
     os_ = _obj(doc.get("operating_system"))
     items: list[tuple[str, Leaf | Dir]] = [
-        ("instance-id", _text(doc.get("id"))),
+        ("instance-id", _text(doc.get("id") if instance_id is None else instance_id)),
         ("hostname", _text(doc.get("hostname"))),
         ("iqn", _text(doc.get("iqn"))),
         ("plan", _text(doc.get("plan"))),
@@ -139,10 +157,12 @@ def hollow_meta_data(doc: JsonObject) -> Dir:
 
 
 def placement(doc: JsonObject) -> tuple[str, str]:
-    """(region, availability zone) as the EC2 flavor reports them."""
-    region = _text(doc.get("region") or doc.get("metro"))
+    """(region, availability zone) as the EC2 flavor reports them (see the module docstring)."""
     zone = _text(doc.get("availability_zone") or doc.get("facility"))
-    return region, zone
+    if doc.get("region"):
+        return _text(doc["region"]), zone
+    derived = zone[:-1]  # what botocore's retrieve_region() and cloud-init's Ec2 datasource compute
+    return derived or _text(doc.get("metro")), zone
 
 
 def _key_name(key: str, index: int) -> str:
@@ -205,8 +225,11 @@ def _tags(doc: JsonObject) -> Dir | None:
     return Dir([("instance", Dir(pairs))]) if pairs else None
 
 
-def aws_meta_data(doc: JsonObject) -> Dir:
-    """The ``meta-data`` tree of the AWS layout (keys in AWS's alphabetical order)."""
+def aws_meta_data(doc: JsonObject, instance_id: str | None = None) -> Dir:
+    """The ``meta-data`` tree of the AWS layout (keys in AWS's alphabetical order).
+
+    ``instance_id`` is the record's id (default: the document's ``id``).
+    """
     os_ = _obj(doc.get("operating_system"))
     hostname = _text(doc.get("hostname"))
     region, zone = placement(doc)
@@ -216,7 +239,7 @@ def aws_meta_data(doc: JsonObject) -> Dir:
         "ami-launch-index": "0",
         "hostname": hostname,
         "instance-action": "none",
-        "instance-id": _text(doc.get("id")),
+        "instance-id": _text(doc.get("id") if instance_id is None else instance_id),
         "instance-life-cycle": "spot" if isinstance(doc.get("spot"), dict) else "on-demand",
         "instance-type": _text(doc.get("plan")),
         "local-hostname": hostname,
@@ -259,7 +282,7 @@ def identity_document(instance: Instance) -> bytes:
         "marketplaceProductCodes": None,
         "imageId": _text(_obj(doc.get("operating_system")).get("image_tag")
                          or _obj(doc.get("operating_system")).get("slug")),
-        "instanceId": _text(doc.get("id") or instance.id),
+        "instanceId": instance.id,
         "instanceType": plan,
         "kernelId": None,
         "pendingTime": instance.metadata_updated_at.strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -278,7 +301,7 @@ def version_root(instance: Instance, version: str, signer: Signer) -> Dir:
     doc = instance.metadata
     if version == HOLLOW_VERSION:
         if doc is not None:
-            items.append(("meta-data", hollow_meta_data(doc)))
+            items.append(("meta-data", hollow_meta_data(doc, instance.id)))
     elif doc is not None:
         document = identity_document(instance)
         identity = Dir([
@@ -287,7 +310,7 @@ def version_root(instance: Instance, version: str, signer: Signer) -> Dir:
             ("rsa2048", signer.pkcs7(document)),
             ("signature", signer.signature(document)),
         ])
-        items += [("dynamic", Dir([("instance-identity", identity)])), ("meta-data", aws_meta_data(doc))]
+        items += [("dynamic", Dir([("instance-identity", identity)])), ("meta-data", aws_meta_data(doc, instance.id))]
     if instance.userdata is not None:
         items.append(("user-data", instance.userdata))
     return Dir(items, bare=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 from imds.errors import RecordNotFound
 from imds.models import METADATA, USERDATA, Instance, JsonObject
@@ -29,5 +30,25 @@ def userdata_bytes(instance: Instance) -> bytes:
 
 
 def encode(document: object) -> bytes:
-    """Compact JSON, non-ASCII kept as UTF-8."""
-    return json.dumps(document, separators=(",", ":"), ensure_ascii=False).encode()
+    """Compact JSON, non-ASCII kept as UTF-8.
+
+    Writes refuse what JSON text cannot carry (lone surrogates, NaN, Infinity), but a
+    record stored before that check still renders: such values are replaced
+    (``?``, ``null``) instead of failing every read of the instance.
+    """
+    try:
+        return json.dumps(document, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
+    except (UnicodeEncodeError, ValueError):
+        return json.dumps(_clean(document), separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def _clean(value: object) -> object:
+    if isinstance(value, dict):
+        return {_clean(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_clean(v) for v in value]
+    if isinstance(value, str):
+        return value.encode("utf-8", "replace").decode() if not value.isascii() else value
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value

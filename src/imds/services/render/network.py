@@ -122,8 +122,9 @@ def _networks(doc: JsonObject, network: JsonObject, carrier: str) -> list[JsonOb
 
 
 def _netmask(item: JsonObject, v6: bool) -> str:
-    if isinstance(item.get("cidr"), int):
-        return str(ipaddress.ip_network(f"{'::' if v6 else '0.0.0.0'}/{item['cidr']}").netmask)  # noqa: S104
+    cidr = item.get("cidr")
+    if isinstance(cidr, int) and not isinstance(cidr, bool) and 0 <= cidr <= (128 if v6 else 32):
+        return str(ipaddress.ip_network(f"{'::' if v6 else '0.0.0.0'}/{cidr}").netmask)  # noqa: S104
     return str(item.get("netmask") or ("ffff:ffff:ffff:ffff::" if v6 else "255.255.255.255"))
 
 
@@ -163,7 +164,8 @@ def network_config_v2(data: JsonObject) -> JsonObject | None:
     for network in _list(data.get("networks")):
         if isinstance(network, dict) and network.get("link") in device:
             _add_network(device[network["link"]], network)
-    dns = [s["address"] for s in _list(data.get("services")) if isinstance(s, dict) and s.get("type") == "dns"]
+    dns = [s["address"] for s in _list(data.get("services"))
+           if isinstance(s, dict) and s.get("type") == "dns" and isinstance(s.get("address"), str)]
     for entry in device.values():
         if dns and entry.get("addresses"):
             entry["nameservers"] = {"addresses": dns}
@@ -174,7 +176,8 @@ def _device(link: JsonObject, names: dict[str, str]) -> tuple[str, JsonObject]:
     """(section, entry) of one link: ``ethernets``, ``bonds`` or ``vlans``."""
     mac = link.get("ethernet_mac_address") or link.get("vlan_mac_address")
     if link.get("type") == "bond":
-        entry: JsonObject = {"interfaces": [names.get(m, m) for m in _list(link.get("bond_links"))],
+        members = [m for m in _list(link.get("bond_links")) if isinstance(m, str)]
+        entry: JsonObject = {"interfaces": [names.get(m, m) for m in members],
                              "parameters": _bond_parameters(link)}
         section = "bonds"
     elif link.get("type") == "vlan":
@@ -218,10 +221,10 @@ def _add_network(entry: JsonObject, network: JsonObject) -> None:
 def _prefix(netmask: Any, address: str) -> int:
     """The prefix length of a netmask (``255.255.255.254`` → 31); a host prefix when it is missing."""
     v6 = ":" in address
-    if isinstance(netmask, int):
+    if isinstance(netmask, int) and not isinstance(netmask, bool):
         return netmask
     if isinstance(netmask, str) and netmask:
-        if netmask.isdigit():
+        if netmask.isascii() and netmask.isdigit() and len(netmask) <= 3:  # "²".isdigit() is True
             return int(netmask)
         try:
             return int(ipaddress.ip_address(netmask)).bit_count()  # masks are contiguous ones

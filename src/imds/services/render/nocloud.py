@@ -17,7 +17,7 @@ import yaml
 from imds.models import Instance
 from imds.services.render.network import network_config_v2, network_data
 from imds.services.render.openstack import public_keys, vendor_data
-from imds.services.render.tree import Dir, Leaf
+from imds.services.render.tree import Dir, Leaf, text_bytes
 
 META_DATA = "meta-data"
 USER_DATA = "user-data"
@@ -42,7 +42,7 @@ def nocloud_tree(instance: Instance) -> Dir:
     items: list[tuple[str, Leaf | Dir]] = [
         (META_DATA, _yaml(meta)),
         (USER_DATA, instance.userdata or b""),
-        (VENDOR_DATA, vendor.encode() if isinstance(vendor, str) else b""),
+        (VENDOR_DATA, text_bytes(vendor) if isinstance(vendor, str) else b""),
     ]
     network = network_config_v2(network_data(doc))
     if network is not None:

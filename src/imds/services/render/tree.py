@@ -60,7 +60,12 @@ def body(node: Leaf | Dir) -> bytes:
     """What a GET of this node answers: the listing of a Dir, or the leaf's bytes."""
     if isinstance(node, Dir):
         return node.listing().encode()
-    return node.encode() if isinstance(node, str) else node
+    return text_bytes(node) if isinstance(node, str) else node
+
+
+def text_bytes(text: str) -> bytes:
+    """UTF-8 bytes of a leaf; a lone surrogate (only in records stored before writes refused them) becomes ``?``."""
+    return text.encode("utf-8", "replace")
 
 
 def walk(root: Dir, prefix: str = "") -> Iterable[tuple[str, Leaf | Dir]]:

@@ -17,13 +17,16 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from imds.errors import StoreUnavailable
-from imds.models import METADATA, Change, Instance, JsonObject, Network
+from imds.models import METADATA, Change, Instance, JsonObject, Network, OsRecord
+from imds.store.sql.diagnose import describe, is_not_migrated, not_migrated, sqlite_problem
 from imds.store.sql.engine import create_engine, is_sqlite
+from imds.store.sql.os_rows import os_document, os_record
 from imds.store.sql.tables import (
     changes,
     feed_head,
     instance_ip_addresses,
     instance_metadata,
+    instance_os,
     instance_passwords,
     instance_userdata,
     instances,
@@ -47,6 +50,34 @@ def _utc(value: datetime | None) -> datetime | None:
 def _chunks(items: Sequence[str]) -> Iterable[Sequence[str]]:
     for start in range(0, len(items), _CHUNK):
         yield items[start : start + _CHUNK]
+
+
+def _replay_address_lists(
+    before: dict[str, str], lists: Sequence[tuple[str, Sequence[Network]]]
+) -> tuple[dict[str, str], list[tuple[dict[Network, str], tuple[Network, ...]]]]:
+    """``replace_addresses`` applied in order in memory: the final holders, and each call's (moved, dropped)."""
+    owners = dict(before)
+    holding: dict[str, set[str]] = {}
+    for address, holder in owners.items():
+        holding.setdefault(holder, set()).add(address)
+    results: list[tuple[dict[Network, str], tuple[Network, ...]]] = []
+    for instance_id, addresses in lists:
+        wanted = {str(a): a for a in addresses}
+        mine = holding.setdefault(instance_id, set())
+        dropped = sorted(a for a in mine if a not in wanted)
+        for address in dropped:
+            del owners[address]
+            mine.discard(address)
+        moved: dict[Network, str] = {}
+        for address, network in wanted.items():
+            previous = owners.get(address)
+            if previous is not None and previous != instance_id:
+                moved[network] = previous
+                holding[previous].discard(address)
+            owners[address] = instance_id
+            mine.add(address)
+        results.append((moved, tuple(ipaddress.ip_network(a) for a in dropped)))
+    return owners, results
 
 
 class _SqlTx:
@@ -122,6 +153,7 @@ class _SqlTx:
             instance_ip_addresses.delete().where(instance_ip_addresses.c.instance_id == instance_id)
         )
         await self.remove_password(instance_id)  # the foreign key cascades too; this does not rely on it
+        await self.remove_os(instance_id)
         await self._conn.execute(instances.delete().where(instances.c.id == instance_id))
 
     async def mark_changed(self, instance_ids: Iterable[str]) -> None:
@@ -147,12 +179,102 @@ class _SqlTx:
         result = await self._conn.execute(t.delete().where(t.c.instance_id == instance_id))
         return bool(result.rowcount)
 
+    async def os_of(self, instance_id: str) -> OsRecord | None:
+        t = instance_os
+        row = await self._conn.execute(sa.select(t.c.document).where(t.c.instance_id == instance_id))
+        document: JsonObject | None = row.scalar_one_or_none()
+        return None if document is None else os_record(document)
+
+    async def put_os(self, instance_id: str, record: OsRecord) -> None:
+        await self._put(instance_os, instance_id, {"document": os_document(record)})
+
+    async def remove_os(self, instance_id: str) -> bool:
+        t = instance_os
+        result = await self._conn.execute(t.delete().where(t.c.instance_id == instance_id))
+        return bool(result.rowcount)
+
+    # --- batch forms (imds import): a few statements per batch instead of several per instance
+
+    async def _ensure_instances(self, instance_ids: Iterable[str]) -> None:
+        ids = list(dict.fromkeys(instance_ids))
+        found: set[str] = set()
+        for chunk in _chunks(ids):
+            rows = await self._conn.execute(sa.select(instances.c.id).where(instances.c.id.in_(chunk)))
+            found.update(rows.scalars())
+        missing = [{"id": instance_id} for instance_id in ids if instance_id not in found]
+        if missing:
+            await self._conn.execute(instances.insert(), missing)
+
+    async def metadata_of_many(self, instance_ids: Sequence[str]) -> dict[str, JsonObject]:
+        t = instance_metadata
+        documents: dict[str, JsonObject] = {}
+        for chunk in _chunks(list(dict.fromkeys(instance_ids))):
+            rows = await self._conn.execute(sa.select(t.c.instance_id, t.c.document).where(t.c.instance_id.in_(chunk)))
+            documents.update({row.instance_id: row.document for row in rows})
+        return documents
+
+    async def put_records(
+        self, metadata: Sequence[tuple[str, JsonObject]], userdata: Sequence[tuple[str, bytes]]
+    ) -> None:
+        await self._ensure_instances([i for i, _ in metadata] + [i for i, _ in userdata])
+        await self._put_many(instance_metadata, "document", dict(metadata))
+        await self._put_many(instance_userdata, "userdata", dict(userdata))
+
+    async def _put_many(self, table: sa.Table, column: str, values: dict[str, Any]) -> None:
+        if not values:
+            return
+        now = datetime.now(UTC)
+        held: set[str] = set()
+        for chunk in _chunks(list(values)):
+            rows = await self._conn.execute(sa.select(table.c.instance_id).where(table.c.instance_id.in_(chunk)))
+            held.update(rows.scalars())
+        updates = [{"key": i, column: v, "updated_at": now} for i, v in values.items() if i in held]
+        if updates:
+            statement = table.update().where(table.c.instance_id == sa.bindparam("key"))
+            await self._conn.execute(statement.values({column: sa.bindparam(column)}), updates)
+        inserts = [{"instance_id": i, column: v, "updated_at": now} for i, v in values.items() if i not in held]
+        if inserts:
+            await self._conn.execute(table.insert(), inserts)
+
+    async def replace_addresses_many(
+        self, lists: Sequence[tuple[str, Sequence[Network]]]
+    ) -> list[tuple[dict[Network, str], tuple[Network, ...]]]:
+        t = instance_ip_addresses
+        ids = list(dict.fromkeys(instance_id for instance_id, _ in lists))
+        await self._ensure_instances(ids)
+        before: dict[str, str] = {}  # address → holder, for every address this batch touches
+        for chunk in _chunks(ids):
+            rows = await self._conn.execute(sa.select(t.c.address, t.c.instance_id).where(t.c.instance_id.in_(chunk)))
+            before.update({row.address: row.instance_id for row in rows})
+        wanted_all = list(dict.fromkeys(str(a) for _, addresses in lists for a in addresses))
+        for chunk in _chunks(wanted_all):
+            rows = await self._conn.execute(sa.select(t.c.address, t.c.instance_id).where(t.c.address.in_(chunk)))
+            before.update({row.address: row.instance_id for row in rows})
+        owners, results = _replay_address_lists(before, lists)
+        gone = [a for a in before if a not in owners]
+        for chunk in _chunks(gone):
+            await self._conn.execute(t.delete().where(t.c.address.in_(chunk)))
+        moved = [{"key": a, "instance_id": owners[a]} for a in before if a in owners and owners[a] != before[a]]
+        if moved:
+            statement = t.update().where(t.c.address == sa.bindparam("key"))
+            await self._conn.execute(statement.values(instance_id=sa.bindparam("instance_id")), moved)
+        new = [{"address": a, "instance_id": holder} for a, holder in owners.items() if a not in before]
+        if new:
+            await self._conn.execute(t.insert(), new)
+        return results
+
 
 class SqlStore:
     """Store over an SQLAlchemy async engine. The database must be migrated."""
 
     def __init__(self, url: str) -> None:
-        self._engine = create_engine(url)
+        self._url = url
+        if (problem := sqlite_problem(url)) is not None:
+            raise StoreUnavailable(f"cannot open the database: {problem}")
+        try:
+            self._engine = create_engine(url)
+        except OSError as exc:  # the SQLite file's directory cannot be created
+            raise StoreUnavailable(f"cannot open the database: {describe(url, exc)}") from exc
         # One process has one SQLite writer at a time anyway; queueing here rather than
         # in SQLite's busy handler keeps waits fair and short.
         self._local_writer = asyncio.Lock() if is_sqlite(url) else None
@@ -178,8 +300,8 @@ class SqlStore:
                 yield tx
                 if tx.seq != start:
                     await conn.execute(feed_head.update().where(feed_head.c.id == 1).values(seq=tx.seq))
-        except SQLAlchemyError as exc:
-            raise StoreUnavailable(f"database write failed: {type(exc).__name__}") from exc
+        except (SQLAlchemyError, OSError) as exc:
+            raise StoreUnavailable(f"database write failed: {self._explain(exc)}") from exc
 
     @asynccontextmanager
     async def _read(self) -> AsyncIterator[AsyncConnection]:
@@ -188,8 +310,12 @@ class SqlStore:
                 conn = await plain.execution_options(imds_read=True)
                 async with conn.begin():
                     yield conn
-        except SQLAlchemyError as exc:
-            raise StoreUnavailable(f"database read failed: {type(exc).__name__}") from exc
+        except (SQLAlchemyError, OSError) as exc:
+            raise StoreUnavailable(f"database read failed: {self._explain(exc)}") from exc
+
+    def _explain(self, exc: BaseException) -> str:
+        """Which database and why, in one line (see ``diagnose``); never SQL or a password."""
+        return not_migrated(self._url, exc) if is_not_migrated(exc) else describe(self._url, exc)
 
     async def _load(self, conn: AsyncConnection, ids: Sequence[str] | None) -> dict[str, Instance]:
         def where(column: sa.Column[Any], chunk: Sequence[str] | None) -> Any:
@@ -215,6 +341,8 @@ class SqlStore:
                 sa.select(instance_passwords).where(where(instance_passwords.c.instance_id, chunk))
             ):
                 parts[row.instance_id]["password"] = bytes(row.password)
+            for row in await conn.execute(sa.select(instance_os).where(where(instance_os.c.instance_id, chunk))):
+                parts[row.instance_id]["os"] = os_record(row.document)
         return {
             i: Instance(**{**p, "addresses": tuple(sorted(p["addresses"], key=str))}) for i, p in parts.items()
         }

@@ -77,3 +77,14 @@ instance_passwords = sa.Table(
     sa.Column("password", sa.LargeBinary, nullable=False),
     sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
 )
+
+# The Ganeti OS record (revision 0003): os type, mode and the public and private parameters.
+# Secret parameters and package credentials are never stored; ``document`` lists only
+# their names. Private values are Fernet tokens when the service has a key file.
+instance_os = sa.Table(
+    "instance_os",
+    metadata_obj,
+    sa.Column("instance_id", _ID, sa.ForeignKey("instances.id", ondelete="CASCADE"), primary_key=True),
+    sa.Column("document", sa.JSON(none_as_null=True), nullable=False),
+    sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
+)

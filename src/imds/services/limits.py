@@ -1,0 +1,98 @@
+"""Write-time limits and the checks every stored JSON document must pass.
+
+A document is stored only if every renderer can serve it: its strings are valid Unicode
+(no lone surrogates, which UTF-8 cannot carry), its numbers are finite, and it stays
+within the configured depth and key count. The checks walk the document once, without
+recursion, and report each offending value under its path (``metadata.a.b[2]``).
+
+| limit | flag | default |
+|---|---|---|
+| addresses per write | ``--max-addresses`` | 4096 |
+| nesting depth of a document | ``--max-document-depth`` | 64 |
+| object keys in a document | ``--max-document-keys`` | 20000 |
+| request body bytes | ``--max-body-bytes`` | 1 MiB (checked while reading, see ``imds.web.body``) |
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from imds.config import OPTIONS
+from imds.errors import Problem
+
+MAX_PROBLEMS = 20  # a hostile document could have a million bad strings: name the first few
+
+
+def flag_of(name: str) -> str:
+    """``--flag / IMDS_ENV`` of the option ``name``, for messages that name a limit."""
+    option = next(o for o in OPTIONS if o.name == name)
+    return f"{option.flag} / {option.env}"
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one admin write may hold."""
+
+    max_addresses: int = 4096
+    max_document_depth: int = 64
+    max_document_keys: int = 20000
+
+
+def check_addresses_count(count: int, limits: Limits) -> Problem | None:
+    """A problem when a write lists more addresses than allowed."""
+    if count <= limits.max_addresses:
+        return None
+    return Problem(
+        "ipAddresses",
+        f"lists {count} addresses; at most {limits.max_addresses} are accepted ({flag_of('max_addresses')})",
+    )
+
+
+def check_document(document: Any, where: str, limits: Limits) -> list[Problem]:
+    """Every problem with a JSON value: bad strings, non-finite numbers, depth and key count."""
+    problems: list[Problem] = []
+    keys = 0
+    stack: list[tuple[Any, str, int]] = [(document, where, 1)]
+    while stack and len(problems) < MAX_PROBLEMS:
+        value, path, depth = stack.pop()
+        if isinstance(value, dict | list) and depth > limits.max_document_depth:
+            problems.append(Problem(path, f"is nested deeper than {limits.max_document_depth} levels "
+                                          f"({flag_of('max_document_depth')})"))
+            continue
+        if isinstance(value, dict):
+            keys += len(value)
+            for key, child in value.items():
+                child_path = f"{path}.{key}" if _valid_text(key) else f"{path}.{key!r}"
+                if not _valid_text(key):
+                    problems.append(Problem(child_path, "key is not valid Unicode text (a lone surrogate)"))
+                stack.append((child, child_path, depth + 1))
+        elif isinstance(value, list):
+            stack.extend((child, f"{path}[{index}]", depth + 1) for index, child in enumerate(value))
+        else:
+            problem = _scalar(value, path)
+            if problem is not None:
+                problems.append(problem)
+    if keys > limits.max_document_keys:
+        problems.append(Problem(where, f"has {keys} keys; at most {limits.max_document_keys} are accepted "
+                                       f"({flag_of('max_document_keys')})"))
+    return problems
+
+
+def _scalar(value: Any, path: str) -> Problem | None:
+    if isinstance(value, str) and not _valid_text(value):
+        return Problem(path, "is not valid Unicode text (it holds a lone surrogate such as \\ud800)")
+    if isinstance(value, float) and not math.isfinite(value):
+        return Problem(path, "must be a finite number (JSON has no NaN or Infinity)")
+    return None
+
+
+def _valid_text(text: str) -> bool:
+    if text.isascii():
+        return True
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True

@@ -1,0 +1,106 @@
+"""One-line explanations of database failures for operators: which database, and what to do.
+
+SQLAlchemy's own text names neither the file nor the server and wraps the driver's
+message in its class name; ``describe`` says which database (password hidden), what went
+wrong in plain words and, where there is one, the fix.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import ArgumentError, DBAPIError
+
+_UPGRADE_HINT = "run `imds db upgrade` with the same --db / --data-dir (imds serve migrates at start-up)"
+
+
+def shown(url: str) -> str:
+    """The URL with its password hidden."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:
+        return "(unparsable database URL)"
+
+
+def reason(exc: BaseException) -> str:
+    """The driver's own message, first line, without SQLAlchemy's ``(module.Class)`` prefix."""
+    source = exc.orig if isinstance(exc, DBAPIError) and exc.orig is not None else exc
+    if isinstance(source, OSError) and source.strerror:
+        text = source.strerror
+    else:
+        text = next(iter(str(source).splitlines()), "") or type(source).__name__
+    return text.strip()
+
+
+def describe(url: str, exc: BaseException) -> str:
+    """Which database failed and why, in one line (no password, no SQL)."""
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        return f"{reason(exc)} (unparsable database URL)"
+    if parsed.get_backend_name() == "sqlite":
+        return _sqlite(parsed, exc)
+    return _server(parsed, exc)
+
+
+def is_not_migrated(exc: BaseException) -> bool:
+    """Whether the failure is a missing table, i.e. a database ``imds db upgrade`` never ran on."""
+    text = f"{type(getattr(exc, 'orig', None) or exc).__name__} {reason(exc)}".lower()
+    return "no such table" in text or ("relation" in text and "does not exist" in text) or "undefinedtable" in text
+
+
+def not_migrated(url: str, exc: BaseException) -> str:
+    """The message for a database whose tables are missing."""
+    return f"the database {shown(url)} is not migrated ({reason(exc)}): {_UPGRADE_HINT}"
+
+
+def sqlite_problem(url: str) -> str | None:
+    """For an SQLite URL whose path cannot work (a directory, or a file where a directory must be), why.
+
+    Checked before connecting: the driver's own failure says only "unable to open database file".
+    """
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        return None
+    if parsed.get_backend_name() != "sqlite" or not parsed.database or parsed.database == ":memory:":
+        return None
+    path = Path(parsed.database)
+    why = _path_problem(path)
+    return None if why is None else f"SQLite database {path}: {why}"
+
+
+def _path_problem(path: Path) -> str | None:
+    blocker = next((p for p in path.parents if p.exists() and not p.is_dir()), None)
+    if blocker is not None:
+        return f"{blocker} is a file, not a directory (check --data-dir / IMDS_DATA_DIR and --db / IMDS_DB)"
+    if path.is_dir():
+        return f"{path} is a directory, not a database file (check --db / IMDS_DB)"
+    return None
+
+
+def _sqlite(parsed: URL, exc: BaseException) -> str:
+    database = parsed.database or ":memory:"
+    path = Path(database)
+    why = reason(exc)
+    if (problem := _path_problem(path)) is not None:
+        why = problem
+    elif path.parent.is_dir() and not os.access(path.parent, os.W_OK | os.X_OK):
+        why = f"{why}: directory {path.parent} is not writable by this user"
+    elif not path.parent.exists() and isinstance(exc, OSError):
+        why = f"cannot create directory {path.parent}: {why}"
+    return f"SQLite database {database}: {why}"
+
+
+def _server(parsed: URL, exc: BaseException) -> str:
+    where = f"{parsed.get_backend_name()} server {parsed.host or 'localhost'}:{parsed.port or 5432}"
+    who = f"database {parsed.database or '(default)'}, user {parsed.username or '(default)'}"
+    why = reason(exc)
+    refused = ("connection refused", "connect call failed")
+    if isinstance(exc, ConnectionRefusedError) or any(text in why.lower() for text in refused):
+        why = "connection refused: is the server running, and are host and port right?"
+    elif isinstance(exc, OSError) and not isinstance(exc, DBAPIError):
+        why = f"cannot connect: {why}"
+    return f"{where} ({who}): {why}"

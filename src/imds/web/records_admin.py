@@ -1,0 +1,83 @@
+"""Whole records by id, for operators' tools (``imds get|list|export --url``).
+
+``GET /device-records`` streams every stored instance as JSON lines, and
+``GET /device-records/{id}`` answers one, each in the upsert wire format
+(``imds.services.records_io``): what ``POST /device-metadata`` / ``/device-userdata``
+accept, so an export is also an import. Both need a read scope for metadata *and* one for
+userdata, since both come back. ``POST /device-records[?dry_run=true]`` takes a JSON array of
+such objects (at most ``--max-body-bytes``) and applies them in one transaction, answering
+``{"results": [{"id", "outcome": created|updated|unchanged|stale|rejected, "reason"}]}`` in
+order; it needs write scopes for both kinds.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+from fastapi import APIRouter, Request
+from starlette.responses import Response, StreamingResponse
+
+from imds.errors import InvalidInput
+from imds.models import METADATA, USERDATA
+from imds.services import Services
+from imds.services.auth import read_scopes, upsert_scopes
+from imds.services.bulk import apply_batch, parse_item, rejected
+from imds.services.records_io import stored_instance, stored_instances, to_wire
+from imds.services.render.json import encode
+from imds.services.wire import parse_instance_id, parse_json
+from imds.web.admin import ID_PARAM, authorize
+from imds.web.body import read_limited
+from imds.web.errors import JSON
+
+NDJSON = "application/x-ndjson"
+
+
+def records_admin_router(services: Services) -> APIRouter:
+    """``/device-records`` and ``/device-records/{id}``, bound to ``services``."""
+    router = APIRouter(tags=["admin"])
+
+    async def authorize_both(request: Request) -> None:
+        await authorize(services, request, read_scopes(METADATA))
+        await authorize(services, request, read_scopes(USERDATA))
+
+    @router.get("/device-records", summary="Every instance record, as JSON lines in the upsert format",
+                response_class=StreamingResponse)
+    async def list_records(request: Request) -> StreamingResponse:
+        await authorize_both(request)
+        instances = await stored_instances(services.store)
+
+        def lines() -> Iterator[bytes]:
+            for instance in instances:
+                yield json.dumps(to_wire(instance), separators=(",", ":")).encode() + b"\n"
+
+        return StreamingResponse(lines(), media_type=NDJSON)
+
+    @router.post("/device-records", summary="Create or replace many records in one transaction (imds import)")
+    async def post_records(request: Request, dry_run: bool = False) -> Response:
+        subject = await authorize(services, request, upsert_scopes(METADATA))
+        await authorize(services, request, upsert_scopes(USERDATA))
+        objects = parse_json(await read_limited(request, services.settings.max_body_bytes))
+        if not isinstance(objects, list):
+            raise InvalidInput.one("body", "must be a JSON array of upsert objects")
+        items, results = [], {}
+        for index, obj in enumerate(objects):
+            label = f"item {index}"
+            try:
+                items.append((index, parse_item(obj, label=label)))
+            except InvalidInput as exc:
+                results[index] = rejected(label, obj, exc)
+        written = await apply_batch(services.records, services.store, [item for _, item in items],
+                                    subject=subject, dry_run=dry_run)
+        results.update({index: result for (index, _), result in zip(items, written, strict=True)})
+        body = [{"id": r.id, "outcome": r.outcome, "reason": r.reason} for _, r in sorted(results.items())]
+        return Response(encode({"results": body}), media_type=JSON)
+
+    @router.get("/device-records/{instance_id}", summary="One instance record in the upsert format",
+                openapi_extra={"parameters": [ID_PARAM]})
+    async def get_record(request: Request, instance_id: str) -> Response:
+        await authorize_both(request)
+        instance = await stored_instance(services.store, parse_instance_id(instance_id))
+        return Response(encode(to_wire(instance)), media_type=JSON)
+
+    return router

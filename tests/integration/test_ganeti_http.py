@@ -1,0 +1,189 @@
+"""The /ganeti flavor through HTTP: metad's parameters.json, scripts, install package, gating, replicas."""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from factories import next_ipv4
+from ganeti_data import os_body, put_os, seed_instance
+from helpers import admin_client, client_from, make_settings, running_app
+
+pytestmark = pytest.mark.anyio
+
+EXAMPLES = Path(__file__).parents[2] / "examples" / "ganeti-os"
+TINY = EXAMPLES / "tiny"
+
+
+async def guest_get(app: Any, ip: str, path: str) -> httpx.Response:
+    async with client_from(app, ip) as guest:
+        return await guest.get(path)
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+def db_url(request: pytest.FixtureRequest) -> str:
+    """memory://, or a migrated SQLite file (migrations run outside the event loop)."""
+    return "memory://" if request.param == "memory" else str(request.getfixturevalue("sqlite_url"))
+
+
+@pytest.fixture
+async def app(db_url: str) -> AsyncIterator[Any]:
+    """The app with the example OS definitions, on memory:// and on migrated SQLite."""
+    async with running_app(make_settings(db_url=db_url, os_definitions_dir=EXAMPLES)) as running:
+        yield running
+
+
+async def test_parameters_json_is_metads_format(app):
+    """{name: [value, visibility]}, public then private then secret, install parameters merged while installing."""
+    ip = next_ipv4()
+    async with admin_client(app) as admin:
+        instance_id = await seed_instance(admin, ip)
+        await put_os(admin, os_body(instance_id))
+    answer = await guest_get(app, ip, "/ganeti/latest/os/parameters.json")
+    assert answer.status_code == 200
+    assert answer.headers["content-type"] == "application/json"
+    assert answer.content == (
+        b'{"hostname":["web-1","public"],"disk":["/dev/vda","public"],'
+        b'"root-hash":["private-value","private"],"root-password":["secret-value","secret"]}'
+    )
+    assert json.loads((await guest_get(app, ip, "/ganeti/latest/os/parameters.json/")).content)["disk"] == [
+        "/dev/vda", "public",
+    ]
+
+
+async def test_install_parameter_overrides_and_run_mode_drops_them(app):
+    """Same name in both sections: the install value wins while installing; in run mode only parameters count."""
+    ip = next_ipv4()
+    body = os_body("", install_parameters={"hostname": {"value": "installer", "visibility": "private"}})
+    async with admin_client(app) as admin:
+        body["id"] = await seed_instance(admin, ip)
+        await put_os(admin, body)
+        served = json.loads((await guest_get(app, ip, "/ganeti/latest/os/parameters.json")).content)
+        assert served["hostname"] == ["installer", "private"]
+        await put_os(admin, {**body, "mode": "run", "communication": True})
+        served = json.loads((await guest_get(app, ip, "/ganeti/latest/os/parameters.json")).content)
+        assert served == {"hostname": ["web-1", "public"], "root-hash": ["private-value", "private"],
+                          "root-password": ["secret-value", "secret"]}
+
+
+async def test_served_only_while_installing_or_communicating(app):
+    """Mode run without communication: every /ganeti path is 404 (plain text); install or communication: 200."""
+    ip, stranger = next_ipv4(), next_ipv4()
+    async with admin_client(app) as admin:
+        instance_id = await seed_instance(admin, ip)
+        assert (await guest_get(app, ip, "/ganeti/latest/os/parameters.json")).status_code == 404  # no OS record
+        for mode, communication, status in [("run", False, 404), ("run", True, 200), ("self_install", False, 200),
+                                            ("install", False, 200)]:
+            await put_os(admin, os_body(instance_id, mode=mode, communication=communication))
+            for path in ("/ganeti", "/ganeti/latest", "/ganeti/latest/os/", "/ganeti/latest/os/parameters.json",
+                         "/ganeti/latest/os/scripts/create", "/ganeti/latest/os/os-install-package"):
+                answer = await guest_get(app, ip, path)
+                assert answer.status_code == status, (mode, communication, path)
+                if status == 404:
+                    assert answer.text == "404 - Not Found"
+        await admin.delete(f"/device-os/{instance_id}")
+    assert (await guest_get(app, ip, "/ganeti/latest/os/parameters.json")).status_code == 404
+    assert (await guest_get(app, stranger, "/ganeti/latest/os/parameters.json")).text == "404 - Not Found"
+
+
+async def test_listings_scripts_and_install_package(app):
+    """Listings name only what answers; scripts are the definition's bytes; the install package is its tar.gz."""
+    ip = next_ipv4()
+    async with admin_client(app) as admin:
+        instance_id = await seed_instance(admin, ip)
+        await put_os(admin, os_body(instance_id, os_type="tiny+default"))
+    assert (await guest_get(app, ip, "/ganeti")).text == "latest"
+    assert (await guest_get(app, ip, "/ganeti/latest/")).text == "os/"
+    listing = (await guest_get(app, ip, "/ganeti/latest/os")).text
+    assert listing == "os-install-package\nparameters.json\nscripts/"
+    scripts = (await guest_get(app, ip, "/ganeti/latest/os/scripts/")).text.splitlines()
+    assert scripts == ["create", "export", "import", "rename", "verify"]
+    for name in scripts:
+        answer = await guest_get(app, ip, f"/ganeti/latest/os/scripts/{name}")
+        assert answer.status_code == 200
+        assert answer.content == (TINY / name).read_bytes()
+    for missing in ("/ganeti/latest/os/scripts/parameters.list", "/ganeti/latest/os/package", "/ganeti/2009/os",
+                    "/ganeti/latest/meta_data.json", "/ganeti/latest/os/scripts/../create"):
+        assert (await guest_get(app, ip, missing)).text == "404 - Not Found", missing
+    package = await guest_get(app, ip, "/ganeti/latest/os/os-install-package")
+    assert package.headers["content-type"] == "application/gzip"
+    with tarfile.open(fileobj=io.BytesIO(package.content), mode="r:gz") as archive:
+        members = {m.name: m for m in archive.getmembers()}
+        assert set(members) == {"tiny", *(f"tiny/{p.name}" for p in TINY.iterdir())}
+        create = archive.extractfile("tiny/create")
+        assert create is not None
+        assert create.read() == (TINY / "create").read_bytes()
+        assert members["tiny/create"].mode == 0o755
+    again = await guest_get(app, ip, "/ganeti/latest/os/os-install-package")
+    assert again.content == package.content  # built once, reproducible
+
+
+async def test_channel_paths_are_404_until_wired_and_other_writes_405(app):
+    """The read and write paths are the channel's (404 for now); a POST elsewhere is 405; HEAD has no body."""
+    ip = next_ipv4()
+    async with admin_client(app) as admin:
+        instance_id = await seed_instance(admin, ip)
+        await put_os(admin, os_body(instance_id))
+    async with client_from(app, ip) as guest:
+        assert (await guest.get("/ganeti/latest/read")).text == "404 - Not Found"
+        assert (await guest.post("/ganeti/latest/write", content=b"x")).text == "404 - Not Found"
+        assert (await guest.post("/ganeti/latest/os/parameters.json")).text == "405 - Method Not Allowed"
+        head = await guest.head("/ganeti/latest/os/parameters.json")
+        assert (head.status_code, head.content) == (200, b"")
+        assert int(head.headers["content-length"]) > 0
+    assert app.ganeti.channel == {}
+
+
+async def test_unknown_os_type_is_refused_and_undeclared_parameters_too(app):
+    """With definitions loaded, os_type must name one and parameter names must be in its parameters.list."""
+    async with admin_client(app) as admin:
+        instance_id = await seed_instance(admin, next_ipv4())
+        unknown = await admin.post("/device-os", json=os_body(instance_id, os_type="debian"))
+        assert unknown.status_code == 400
+        assert unknown.json()["errors"] == [{"field": "os_type", "message": "no such OS definition; known: tiny"}]
+        undeclared = await admin.post("/device-os", json=os_body(instance_id, parameters={"colour": {"value": "x"}}))
+        assert undeclared.json()["errors"] == [
+            {"field": "parameters.colour", "message": "is not declared in tiny/parameters.list"}
+        ]
+        listed = (await admin.get("/os-definitions")).json()["os_definitions"]
+        assert [d["name"] for d in listed] == ["tiny"]
+        one = (await admin.get("/os-definitions/tiny")).json()
+        assert one["scripts"] == ["create", "export", "import", "rename", "verify"]
+        assert one["api_versions"] == [20, 15]
+        assert set(one["parameters"]) == {"hostname", "root-hash", "root-password", "disk"}
+        assert (await admin.get("/os-definitions/nope")).status_code == 404
+
+
+async def test_two_replicas_on_one_database(sqlite_url: str):
+    """The replica that took the write serves the secret; the other serves it absent and reports it lost."""
+    settings = make_settings(db_url=sqlite_url)
+    ip = next_ipv4()
+    async with running_app(settings) as a, running_app(settings) as b, admin_client(a) as admin_a, \
+            admin_client(b) as admin_b:
+        instance_id = await seed_instance(admin_a, ip)
+        await put_os(admin_a, os_body(instance_id))
+        await b.services.catalog.catch_up()
+        on_a = json.loads((await guest_get(a, ip, "/ganeti/latest/os/parameters.json")).content)
+        on_b = json.loads((await guest_get(b, ip, "/ganeti/latest/os/parameters.json")).content)
+        assert on_a["root-password"] == ["secret-value", "secret"]
+        assert "root-password" not in on_b
+        assert on_b["root-hash"] == ["private-value", "private"]
+        assert (await admin_b.get(f"/device-os/{instance_id}")).json()["parameters"]["root-password"] == {
+            "visibility": "secret", "secret_state": "lost",
+        }
+        # A later write through B carries the secret again: now B holds it and A, whose copy is of an older
+        # write, serves it absent rather than stale.
+        again = {"root-password": {"value": "new", "visibility": "secret"}}
+        await put_os(admin_b, os_body(instance_id, parameters=again))
+        await a.services.catalog.catch_up()
+        assert json.loads((await guest_get(b, ip, "/ganeti/latest/os/parameters.json")).content)["root-password"] == [
+            "new", "secret",
+        ]
+        assert "root-password" not in json.loads((await guest_get(a, ip, "/ganeti/latest/os/parameters.json")).content)

@@ -1,0 +1,104 @@
+"""Self-install in a network-namespace "instance": the example create script, fetched from imds, reads its parameters.
+
+The test builds a netns joined to the root namespace by a veth pair on a /30 of
+198.18.0.0/15 (the benchmarking range; nothing routes it), starts ``imds serve`` bound
+to the root side, registers the guest's address, and runs inside the netns: curl fetches
+``os/scripts/create`` from the service and the script runs, reading ``os/parameters.json``
+and writing the ``OSP_<NAME>`` variables Ganeti would give it. Everything it creates is
+removed by name; the server is stopped by PID.
+"""
+
+from __future__ import annotations
+
+import secrets
+import shlex
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+from factories import new_id
+from serve_process import serving
+
+EXAMPLES = Path(__file__).parents[2] / "examples" / "ganeti-os"
+
+
+def run(*argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run(list(argv), capture_output=True, text=True, timeout=30, check=False)
+    if check:
+        assert done.returncode == 0, f"{shlex.join(argv)}: {done.stderr}"
+    return done
+
+
+@dataclass(frozen=True)
+class Guest:
+    """A netns "instance": its name, its address and the root side's address."""
+
+    netns: str
+    address: str
+    host: str
+
+    def run(self, *argv: str) -> subprocess.CompletedProcess[str]:
+        return run("ip", "netns", "exec", self.netns, *argv, check=False)
+
+
+@pytest.fixture
+def guest() -> Iterator[Guest]:
+    """A netns with one veth end (no loopback use inside); the other end in the root namespace."""
+    suffix = secrets.token_hex(3)
+    netns, outside, inside = f"gnt{suffix}", f"gnr{suffix}", f"gnp{suffix}"
+    base = secrets.randbelow(64) * 4
+    third = secrets.randbelow(256)
+    host, address = f"198.18.{third}.{base + 1}", f"198.18.{third}.{base + 2}"
+    run("ip", "netns", "add", netns)
+    try:
+        run("ip", "link", "add", outside, "type", "veth", "peer", "name", inside)
+        run("ip", "link", "set", inside, "netns", netns)
+        run("ip", "addr", "add", f"{host}/30", "dev", outside)
+        run("ip", "link", "set", outside, "up")
+        run("ip", "netns", "exec", netns, "ip", "addr", "add", f"{address}/30", "dev", inside)
+        run("ip", "netns", "exec", netns, "ip", "link", "set", inside, "up")
+        yield Guest(netns, address, host)
+    finally:
+        run("ip", "link", "del", outside, check=False)
+        run("ip", "netns", "del", netns, check=False)
+    assert netns not in run("ip", "netns", "list").stdout
+
+
+def test_create_script_runs_in_the_instance_and_reads_its_parameters(tmp_path: Path, guest: Guest):
+    """The guest fetches create from imds and runs it; it writes every OSP_<NAME> with the served values."""
+    with serving(tmp_path, "--db", "memory://", "--os-definitions-dir", str(EXAMPLES), host=guest.host) as server:
+        instance_id = new_id()
+        with httpx.Client(base_url=server.url, headers=server.admin_headers, timeout=10.0, trust_env=False) as admin:
+            body = {"id": instance_id, "ipAddresses": [guest.address], "metadata": {"id": instance_id}}
+            assert admin.post("/device-metadata", json=body).status_code == 200
+            record = {
+                "id": instance_id, "os_type": "tiny", "mode": "self_install",
+                "parameters": {
+                    "hostname": {"value": "netns-guest", "visibility": "public"},
+                    "root-hash": {"value": "$6$salt$hash", "visibility": "private"},
+                    "root-password": {"value": "it's a secret", "visibility": "secret"},
+                },
+                "install_parameters": {"disk": {"value": "/dev/vda", "visibility": "public"}},
+            }
+            assert admin.post("/device-os", json=record).json()["applied"] is True
+        script = tmp_path / "create"
+        fetched = guest.run("curl", "-fsS", "--max-time", "10", "-o", str(script),
+                            f"{server.url}/ganeti/latest/os/scripts/create")
+        assert fetched.returncode == 0, fetched.stderr
+        assert script.read_bytes() == (EXAMPLES / "tiny" / "create").read_bytes()
+        script.chmod(0o755)
+        ran = guest.run("env", f"IMDS_URL={server.url}", f"TINY_OS_TARGET={tmp_path}", str(script))
+        assert ran.returncode == 0, ran.stderr
+        stranger = run("curl", "-sS", "--max-time", "10", f"{server.url}/ganeti/latest/os/parameters.json")
+        assert stranger.stdout == "404 - Not Found"  # the root namespace is not the instance
+    lines = (tmp_path / "ganeti-os.env").read_text().splitlines()
+    assert lines == [
+        "OSP_DISK=/dev/vda",
+        "OSP_HOSTNAME=netns-guest",
+        "OSP_ROOT-HASH='$6$salt$hash'",
+        "OSP_ROOT-PASSWORD='it'\"'\"'s a secret'",
+    ]

@@ -1,0 +1,62 @@
+"""scripts/: root only when something is missing, and pinned gate tools."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import tempfile
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).parents[2]
+GATES = ("ruff", "mypy", "pytest", "pytest-timeout", "types-jsonschema", "types-pyyaml")
+
+
+def _as_nobody(script: str) -> tuple[subprocess.CompletedProcess[str], list[str]]:
+    """Run ``script`` in scripts/'s shell as an unprivileged user with a ``sudo`` that only logs its calls."""
+    with tempfile.TemporaryDirectory(prefix="imds-test-scripts-") as scratch:  # pytest's tmp_path is root-only
+        tmp_path = Path(scratch)
+        tmp_path.chmod(0o777)
+        return _run_as_nobody(script, tmp_path)
+
+
+def _run_as_nobody(script: str, tmp_path: Path) -> tuple[subprocess.CompletedProcess[str], list[str]]:
+    log = tmp_path / "sudo.log"
+    fake = tmp_path / "bin" / "sudo"
+    fake.parent.mkdir()
+    fake.write_text(f'#!/bin/sh\necho "$*" >> {log}\n')
+    fake.chmod(0o755)
+    path = f"PATH={fake.parent}:{os.environ['PATH']}"
+    done = subprocess.run(
+        ["runuser", "-u", "nobody", "--", "env", path, f"HOME={tmp_path}", "bash", "-euo", "pipefail", "-c", script],
+        cwd=ROOT, capture_output=True, text=True, timeout=60, check=False,
+    )
+    return done, (log.read_text().splitlines() if log.exists() else [])
+
+
+def test_apt_ensure_uses_no_sudo_when_everything_is_installed():
+    """Installed packages (bash, and the cloud-init guard file) need no root: sudo is never called."""
+    script = (ROOT / "scripts" / "test").read_text()
+    guard = re.search(r"^\[ -e /etc/cloud/cloud-init.disabled \].*$", script, re.MULTILINE)
+    assert guard is not None, "scripts/test must check the guard file before asking for root"
+    assert Path("/etc/cloud/cloud-init.disabled").exists()
+    done, calls = _as_nobody(f". scripts/lib.sh; apt_ensure bash coreutils; {guard.group(0)}")
+    assert done.returncode == 0, done.stderr
+    assert calls == []
+
+
+def test_apt_ensure_asks_for_root_for_a_missing_package():
+    """A package that is not installed goes through sudo apt-get (here a fake sudo that installs nothing)."""
+    done, calls = _as_nobody(". scripts/lib.sh; apt_ensure imds-no-such-package")
+    assert done.returncode == 0, done.stderr
+    assert calls[0] == "apt-get update -qq"
+    assert calls[1].endswith("install -y -qq --no-install-recommends imds-no-such-package")
+
+
+def test_gate_tools_are_pinned_exactly():
+    """ruff/mypy/pytest and the stubs are == pins, so a new release cannot turn a fresh clone red."""
+    extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["test"]
+    pins = {re.split(r"[=<>~!\[ ]", spec, maxsplit=1)[0].lower(): spec for spec in extra}
+    for tool in GATES:
+        assert re.fullmatch(rf"{re.escape(tool)}==[0-9][0-9a-z.]*", pins[tool], re.IGNORECASE), pins.get(tool)
