@@ -26,3 +26,9 @@ def sqlite_url(tmp_path: Path) -> str:
     url = f"sqlite:///{tmp_path / 'imds.db'}"
     migrate.upgrade(url)
     return url
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+def local_store_url(request: pytest.FixtureRequest) -> str:
+    """memory:// or a migrated SQLite file: the two stores that need no server."""
+    return "memory://" if request.param == "memory" else request.getfixturevalue("sqlite_url")

@@ -52,6 +52,10 @@ OPTIONS: tuple[Option, ...] = (
            "Apply database migrations at startup."),
     Option("trusted_proxy", "IMDS_TRUSTED_PROXIES", "list", (),
            "CIDR of a proxy whose X-Forwarded-For is believed (repeatable; default: none)."),
+    Option("proxy_shared_secret_file", "IMDS_PROXY_SHARED_SECRET_FILE", "path", None,
+           "File holding the secret a trusted proxy signs X-Instance-ID with (unset: signed ids are refused)."),
+    Option("proxy_previous_secret_file", "IMDS_PROXY_PREVIOUS_SECRET_FILE", "path", None,
+           "The previous proxy secret, still accepted during a rotation (remove it when every proxy has the new one)."),
     Option("api_url", "IMDS_API_URL", "str", None,
            "Template for the api_url field, e.g. https://{{.facility}}.example/{{.id}}."),
     Option("phone_home_url", "IMDS_PHONE_HOME_URL", "str", None,
@@ -184,6 +188,8 @@ class Settings:
     db_url: str = "memory://"
     migrate: bool = True
     trusted_proxies: tuple[Network, ...] = ()
+    proxy_shared_secret_file: Path | None = None
+    proxy_previous_secret_file: Path | None = None
     api_url: str | None = None
     phone_home_url: str | None = None
     user_state_url: str | None = None
@@ -264,13 +270,14 @@ class Settings:
         return f"Settings(listen={self.listen!r}, db_url={_redact_url(self.db_url)!r}, admin_token={token})"
 
 
-def options_table() -> str:
+def options_table(table: tuple[Option, ...] = OPTIONS) -> str:
     """The README's configuration table, in Markdown (``tests/unit/test_docs.py`` keeps them equal).
 
-    Regenerate with ``python -c "from imds.config import options_table; print(options_table())"``.
+    Regenerate with ``python -c "from imds.config import options_table; print(options_table())"``
+    (``options_table(PROXY_OPTIONS)`` for ``imds proxy``'s).
     """
     rows = ["| flag | environment | default | meaning |", "|---|---|---|---|"]
-    for option in OPTIONS:
+    for option in table:
         default = option.default
         if isinstance(default, bool):
             shown = "on" if default else "off"
@@ -367,6 +374,9 @@ def _validate(raw: dict[str, Any], env: Mapping[str, str]) -> Settings:
             raise ConfigError(msg)
     _validate_lookup(raw)
     _validate_server(raw, db_url)
+    if raw["proxy_previous_secret_file"] is not None and raw["proxy_shared_secret_file"] is None:
+        msg = "--proxy-previous-secret-file / IMDS_PROXY_PREVIOUS_SECRET_FILE needs --proxy-shared-secret-file"
+        raise ConfigError(msg)
     tokens_file = raw["admin_tokens_file"]
     if tokens_file is not None and not Path(tokens_file).is_file():
         msg = f"--admin-tokens-file / IMDS_ADMIN_TOKENS_FILE: {tokens_file} is not a file"
@@ -377,6 +387,8 @@ def _validate(raw: dict[str, Any], env: Mapping[str, str]) -> Settings:
         db_url=db_url,
         migrate=bool(raw["migrate"]),
         trusted_proxies=tuple(_parse_cidr(item) for item in raw["trusted_proxy"]),
+        proxy_shared_secret_file=raw["proxy_shared_secret_file"],
+        proxy_previous_secret_file=raw["proxy_previous_secret_file"],
         api_url=raw["api_url"],
         phone_home_url=raw["phone_home_url"],
         user_state_url=raw["user_state_url"],
@@ -536,3 +548,97 @@ def _redact_url(url: str) -> str:
     creds, _, host = rest.rpartition("@")
     user = creds.split(":", 1)[0]
     return f"{scheme}://{user}:***@{host}"
+
+
+# -- imds proxy ---------------------------------------------------------------------------
+# Its own table (flags generated the same way, env vars IMDS_PROXY_*), its own settings.
+
+PROXY_OPTIONS: tuple[Option, ...] = (
+    Option("listen", "IMDS_PROXY_LISTEN", "list", ("169.254.169.254:80",),
+           "HOST:PORT to listen on (repeatable; [v6]:PORT, [fe80::a9fe:a9fe%IFACE]:PORT; env: comma-separated)."),
+    Option("upstream", "IMDS_PROXY_UPSTREAM", "str", None,
+           "Base URL of imds serve, e.g. http://10.0.0.2:8000 (required)."),
+    Option("shared_secret_file", "IMDS_PROXY_SHARED_SECRET_FILE", "path", None,
+           "File holding the secret that signs X-Instance-ID (the one imds serve checks; required)."),
+    Option("map", "IMDS_PROXY_MAP", "path", None,
+           "Identify VMs by source IP from this file (JSON or lines; see README), reloaded on SIGHUP or change."),
+    Option("map_poll_interval", "IMDS_PROXY_MAP_POLL_INTERVAL", "float", 2.0,
+           "Seconds between checks of the --map file for changes (0: SIGHUP only)."),
+    Option("timeout", "IMDS_PROXY_TIMEOUT", "float", 5.0,
+           "Seconds an upstream read or write may take, per request (then 503)."),
+    Option("connect_timeout", "IMDS_PROXY_CONNECT_TIMEOUT", "float", 2.0,
+           "Seconds to connect to the upstream (then 503)."),
+    Option("max_connections", "IMDS_PROXY_MAX_CONNECTIONS", "int", 64,
+           "Keep-alive connections to the upstream, at most."),
+    Option("max_body_bytes", "IMDS_PROXY_MAX_BODY_BYTES", "int", 64 * 1024,
+           "Largest request body a VM may send (then 413)."),
+    Option("log_level", "IMDS_PROXY_LOG_LEVEL", "str", "info",
+           "Log level: debug, info, warning or error."),
+)
+
+
+@dataclass(frozen=True)
+class ProxySettings:
+    """Validated configuration of ``imds proxy``. Build it with ``load_proxy``."""
+
+    upstream: str
+    shared_secret_file: Path
+    listen: tuple[tuple[str, int], ...] = (("169.254.169.254", 80),)
+    map_file: Path | None = None
+    map_poll_interval: float = 2.0
+    timeout: float = 5.0
+    connect_timeout: float = 2.0
+    max_connections: int = 64
+    max_body_bytes: int = 64 * 1024
+    log_level: str = "info"
+
+
+def _resolve(table: tuple[Option, ...], flags: Mapping[str, Any], env: Mapping[str, str]) -> dict[str, Any]:
+    raw: dict[str, Any] = {}
+    for option in table:
+        given = flags.get(option.name)
+        if given is not None and given != ():
+            raw[option.name] = _coerce(option, given)
+        elif option.env in env:
+            raw[option.name] = _coerce(option, env[option.env])
+        else:
+            raw[option.name] = option.default
+    return raw
+
+
+def load_proxy(flags: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None) -> ProxySettings:
+    """``imds proxy``'s settings from ``flags``, then ``environ``, then defaults (as ``load``)."""
+    raw = _resolve(PROXY_OPTIONS, flags or {}, os.environ if environ is None else environ)
+    upstream = raw["upstream"]
+    if not upstream or not upstream.lower().startswith(("http://", "https://")):
+        msg = "--upstream / IMDS_PROXY_UPSTREAM: an http:// or https:// URL of imds serve is required"
+        raise ConfigError(msg)
+    if raw["shared_secret_file"] is None:
+        msg = "--shared-secret-file / IMDS_PROXY_SHARED_SECRET_FILE is required"
+        raise ConfigError(msg)
+    if raw["map"] is None:
+        msg = "an identification mode is required: --map FILE / IMDS_PROXY_MAP"
+        raise ConfigError(msg)
+    level = str(raw["log_level"]).lower()
+    if level not in LOG_LEVELS:
+        msg = f"--log-level / IMDS_PROXY_LOG_LEVEL: {level!r} is not one of {', '.join(LOG_LEVELS)}"
+        raise ConfigError(msg)
+    for name in ("timeout", "connect_timeout", "max_connections", "max_body_bytes"):
+        if raw[name] <= 0:
+            msg = f"--{name.replace('_', '-')} / IMDS_PROXY_{name.upper()} must be positive"
+            raise ConfigError(msg)
+    if raw["map_poll_interval"] < 0:
+        msg = "--map-poll-interval / IMDS_PROXY_MAP_POLL_INTERVAL must be 0 (off) or positive"
+        raise ConfigError(msg)
+    return ProxySettings(
+        upstream=upstream,
+        shared_secret_file=raw["shared_secret_file"],
+        listen=tuple(parse_listen(item) for item in raw["listen"]),
+        map_file=raw["map"],
+        map_poll_interval=float(raw["map_poll_interval"]),
+        timeout=float(raw["timeout"]),
+        connect_timeout=float(raw["connect_timeout"]),
+        max_connections=int(raw["max_connections"]),
+        max_body_bytes=int(raw["max_body_bytes"]),
+        log_level=level,
+    )

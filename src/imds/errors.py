@@ -19,6 +19,8 @@ for them are chosen in exactly one place, ``imds.web.errors``.
     │   ├── AuthNotConfigured    the admin API has no way to check credentials
     │   ├── Forbidden            valid credentials without a required scope
     │   └── Refused              a request that is never allowed in this form
+    │       ├── BadSignature     a proxy's X-Instance-ID-Signature does not verify
+    │       └── ProxyNotConfigured  a signed id arrived but no proxy shared secret is configured
     ├── Conflict                 the request conflicts with the service's state or configuration
     │   └── LookupDisabled       a refresh was asked for but no upstream is configured
     ├── RateLimited              the caller sent more requests than its rate limit allows
@@ -140,6 +142,24 @@ class Forbidden(AuthError):
 
 class Refused(AuthError):
     """A request that is never allowed in this form (e.g. an IMDSv2 token PUT through a proxy)."""
+
+
+class BadSignature(Refused):
+    """A trusted proxy's ``X-Instance-ID-Signature`` does not sign its ``X-Instance-ID``."""
+
+    def __init__(self, instance_id: str) -> None:
+        super().__init__(f"X-Instance-ID-Signature does not verify for instance {instance_id}")
+        self.instance_id = instance_id
+
+
+class ProxyNotConfigured(Refused):
+    """A signed instance id arrived from a trusted proxy, but ``imds serve`` has no secret to check it."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            "X-Instance-ID refused: no proxy shared secret configured "
+            "(set --proxy-shared-secret-file / IMDS_PROXY_SHARED_SECRET_FILE)"
+        )
 
 
 class Conflict(ImdsError):

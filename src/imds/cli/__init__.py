@@ -8,6 +8,7 @@ from imds import __version__
 from imds.cli import records, transfer
 from imds.cli.configdrive import configdrive
 from imds.cli.db import db
+from imds.cli.proxy import proxy
 from imds.cli.serve import serve
 
 
@@ -40,6 +41,7 @@ cli.add_command(records.list_)
 cli.add_command(records.delete)
 cli.add_command(transfer.import_)
 cli.add_command(transfer.export)
+cli.add_command(proxy)
 
 
 def main() -> None:

@@ -28,9 +28,9 @@ def _decorator(option: Option) -> Callable[[Any], Any]:
     )
 
 
-def settings_options(names: tuple[str, ...] | None = None) -> Callable[[Any], Any]:
-    """Add the flags for ``names`` (all options when None) to a click command."""
-    chosen = [o for o in OPTIONS if names is None or o.name in names]
+def settings_options(names: tuple[str, ...] | None = None, table: tuple[Option, ...] = OPTIONS) -> Callable[[Any], Any]:
+    """Add the flags for ``names`` (all options of ``table`` when None) to a click command."""
+    chosen = [o for o in table if names is None or o.name in names]
 
     def apply(command: Any) -> Any:
         for option in reversed(chosen):

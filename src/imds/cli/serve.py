@@ -35,7 +35,13 @@ def bind(host: str, port: int, *, hop_limit: int = 0) -> socket.socket:
     elif hop_limit:
         sock.setsockopt(socket.IPPROTO_IP, socket.IP_TTL, hop_limit)
     try:
-        sock.bind((host, port))
+        # A zoned link-local address (fe80::a9fe:a9fe%eth0) needs its scope id in a 4-tuple.
+        zoned = "%" in host
+        sock.bind(socket.getaddrinfo(host, port, family, socket.SOCK_STREAM)[0][4] if zoned else (host, port))
+    except socket.gaierror as exc:
+        sock.close()
+        msg = f"cannot listen on {host}:{port}: {exc.strerror} (a zone is for link-local fe80:: addresses)"
+        raise click.ClickException(msg) from exc
     except OSError as exc:
         sock.close()
         msg = f"cannot listen on {host}:{port}: {exc.strerror}"

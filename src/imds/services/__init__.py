@@ -26,10 +26,12 @@ from imds.services.lookup import Lookup, LookupPolicy
 from imds.services.os_crypto import PrivateCipher
 from imds.services.os_definitions import OsDefinitions
 from imds.services.os_records import OsRecords
+from imds.services.proxied import SignedIdentity
 from imds.services.proxytrust import warn_stored
 from imds.services.templates import Template, compile_all
 from imds.services.tokens import TokenIssuer
 from imds.services.upsert import Records
+from imds.signing import read_secret
 from imds.store import Store, open_store
 from imds.upstream.auth import ClientCredentials, NoCredentials, OAuth2ClientCredentials, StaticBearer, UpstreamAuth
 from imds.upstream.client import UpstreamClient
@@ -53,6 +55,7 @@ class Services:
     lookup: Lookup | None = None
     os: OsRecords | None = None  # Ganeti OS records; always set by build_services
     limits: Limits = field(default_factory=Limits)
+    signed: SignedIdentity | None = None
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
     _signer: IdentitySigner | None = None
 
@@ -120,12 +123,23 @@ def build_services(
             definitions=OsDefinitions.load(settings.os_definitions_dir),
         ),
         limits=limits_of(settings),
+        signed=_signed_identity(settings),
     )
 
 
 def limits_of(settings: Settings) -> Limits:
     """The write limits configured in ``settings``."""
     return Limits(settings.max_addresses, settings.max_document_depth, settings.max_document_keys)
+
+
+def _signed_identity(settings: Settings) -> SignedIdentity:
+    """The proxy secrets, read once here (current first, then the previous during a rotation)."""
+    files = (
+        (settings.proxy_shared_secret_file, "--proxy-shared-secret-file"),
+        (settings.proxy_previous_secret_file, "--proxy-previous-secret-file"),
+    )
+    secrets = [read_secret(path, flag) for path, flag in files if path is not None]
+    return SignedIdentity(settings.trusted_proxies, secrets)
 
 
 def _lookup(

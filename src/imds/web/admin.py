@@ -18,7 +18,7 @@ from imds.services.auth import delete_scopes, read_scopes, require, upsert_scope
 from imds.services.render.json import encode, metadata_bytes
 from imds.services.wire import parse_body, parse_instance_id, parse_metadata_write, parse_userdata_write
 from imds.web.body import read_limited
-from imds.web.errors import JSON
+from imds.web.errors import JSON, documented
 
 ID_PARAM = {"name": "instance_id", "in": "path", "required": True, "schema": {"type": "string", "format": "uuid"}}
 _ID_EXTRA: dict[str, Any] = {"parameters": [ID_PARAM]}
@@ -103,7 +103,7 @@ def _data_response(request: Request, body: bytes, media_type: str) -> Response:
 
 def admin_router(services: Services) -> APIRouter:
     """The admin routes, bound to ``services``."""
-    router = APIRouter(tags=["admin"])
+    router = APIRouter(tags=["admin"], responses=documented(400, 401, 403, 404, 413, 503))
     records = services.records
     limit = services.settings.max_body_bytes
 

@@ -50,6 +50,33 @@ STATUS: tuple[tuple[type[ImdsError], int], ...] = (
 
 JSON = "application/json"
 
+_ERROR_SCHEMA = {
+    "type": "object",
+    "required": ["message"],
+    "properties": {
+        "message": {"type": "string"},
+        "errors": {"type": "array", "items": {"type": "object", "properties": {
+            "field": {"type": "string"}, "message": {"type": "string"}}}},
+    },
+}
+_MEANINGS = {
+    400: "Invalid request: errors[] names each offending field (and the flag of any limit).",
+    401: "Missing or invalid credentials.",
+    403: "The token holds none of the scopes the route needs.",
+    404: "No such record, or no such route.",
+    409: "The request conflicts with the configuration (e.g. a refresh without --lookup-url).",
+    413: "The body is larger than --max-body-bytes.",
+    502: "The upstream source of truth failed.",
+    503: "The database is unavailable.",
+}
+
+
+def documented(*statuses: int) -> dict[int | str, dict[str, object]]:
+    """OpenAPI ``responses`` for the error statuses a router's routes answer, with the error body schema."""
+    return {
+        status: {"description": _MEANINGS[status], "content": {JSON: {"schema": _ERROR_SCHEMA}}} for status in statuses
+    }
+
 
 def status_for(exc: ImdsError) -> int:
     """The HTTP status for an imds error."""

@@ -50,7 +50,9 @@ class InstanceFront:
     def __init__(self, services: Services, admin: ASGIApp) -> None:
         self.services = services
         self.admin = admin
-        locator = Locator(services.catalog, services.settings.trusted_proxies, services.metrics, services.lookup)
+        locator = Locator(
+            services.catalog, services.settings.trusted_proxies, services.metrics, services.lookup, services.signed
+        )
         json_flavor, ec2_flavor = JsonFlavor(services, locator), Ec2Flavor(services, locator)
         self._ec2 = ec2_flavor
         self._exact: dict[str, Handler] = {**json_flavor.routes(), **ec2_flavor.routes()}

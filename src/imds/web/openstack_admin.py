@@ -24,14 +24,14 @@ from imds.services.render.json import encode
 from imds.services.upsert import PASSWORD
 from imds.services.wire import parse_instance_id
 from imds.web.admin import ID_PARAM, authorize
-from imds.web.errors import JSON
+from imds.web.errors import JSON, documented
 
 _ID_EXTRA = {"parameters": [ID_PARAM]}
 
 
 def openstack_admin_router(services: Services) -> APIRouter:
     """The config drive and password routes, bound to ``services``."""
-    router = APIRouter(tags=["admin"])
+    router = APIRouter(tags=["admin"], responses=documented(400, 401, 403, 404, 503))
     records = services.records
 
     @router.get(

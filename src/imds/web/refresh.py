@@ -18,12 +18,12 @@ from imds.services.lookup import Lookup
 from imds.services.render.json import metadata_bytes
 from imds.services.wire import parse_instance_id
 from imds.web.admin import ID_PARAM, authorize
-from imds.web.errors import JSON
+from imds.web.errors import JSON, documented
 
 
 def refresh_router(services: Services) -> APIRouter:
     """The refresh routes, bound to ``services``."""
-    router = APIRouter(tags=["admin"])
+    router = APIRouter(tags=["admin"], responses=documented(400, 401, 403, 404, 409, 502, 503))
 
     def lookup() -> Lookup:
         if services.lookup is None:

@@ -10,7 +10,7 @@ import ipaddress
 from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.exc import SQLAlchemyError
@@ -32,7 +32,15 @@ from imds.store.sql.tables import (
     instances,
 )
 
+_T = TypeVar("_T")
 _CHUNK = 500  # stays far below SQLite's bound-parameter limit
+_YIELD_EVERY = 2048  # address rows converted between two yields to the event loop
+
+
+def _stored_network(text: str) -> Network:
+    """A stored (normalised) address; the class is picked up front, so IPv6 rows skip a failed IPv4 parse."""
+    return ipaddress.IPv6Network(text) if ":" in text else ipaddress.IPv4Network(text)
+
 _RECORD_TABLES = {METADATA: instance_metadata}
 
 
@@ -47,7 +55,7 @@ def _utc(value: datetime | None) -> datetime | None:
     return value.replace(tzinfo=UTC)
 
 
-def _chunks(items: Sequence[str]) -> Iterable[Sequence[str]]:
+def _chunks(items: Sequence[_T]) -> Iterable[Sequence[_T]]:
     for start in range(0, len(items), _CHUNK):
         yield items[start : start + _CHUNK]
 
@@ -144,8 +152,8 @@ class _SqlTx:
                 t.update().where(t.c.address.in_([str(a) for a in moved])).values(instance_id=instance_id)
             )
         new = [{"address": a, "instance_id": instance_id} for a in wanted if a not in owners]
-        if new:
-            await self._conn.execute(t.insert(), new)
+        for batch in _chunks(new):  # in batches: 60,000 rows' parameters built at once held the event loop
+            await self._conn.execute(t.insert(), batch)
         return moved, tuple(ipaddress.ip_network(a) for a in dropped)
 
     async def forget_instance(self, instance_id: str) -> None:
@@ -333,10 +341,13 @@ class SqlStore:
                 sa.select(instance_userdata).where(where(instance_userdata.c.instance_id, chunk))
             ):
                 parts[row.instance_id].update(userdata=bytes(row.userdata), userdata_updated_at=_utc(row.updated_at))
-            for row in await conn.execute(
+            rows = await conn.execute(
                 sa.select(instance_ip_addresses).where(where(instance_ip_addresses.c.instance_id, chunk))
-            ):
-                parts[row.instance_id]["addresses"].append(ipaddress.ip_network(row.address))
+            )
+            for count, row in enumerate(rows, 1):
+                parts[row.instance_id]["addresses"].append(_stored_network(row.address))
+                if count % _YIELD_EVERY == 0:
+                    await asyncio.sleep(0)  # one instance with 60,000 addresses must not hold the event loop
             for row in await conn.execute(
                 sa.select(instance_passwords).where(where(instance_passwords.c.instance_id, chunk))
             ):
