@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from imds import log
-from imds.errors import RateLimited
+from imds.errors import ImdsError, RateLimited
 from imds.services import Services
 from imds.services.lookup import LookupNeeded
 from imds.services.ratelimit import RateLimiter
@@ -117,11 +117,13 @@ class InstanceFront:
         if self._limiter is None:
             return None
         client = scope.get("client")
+        key = client[0] if client else "-"
         if self._behind_proxies:
-            address = self._locator.address(scope)
-            key = str(address) if address is not None else "-"
-        else:
-            key = client[0] if client else "-"
+            try:
+                address = self._locator.address(scope)
+            except ImdsError:  # a bad X-Forwarded-For: the handler answers it (400); count it against the peer
+                address = None
+            key = str(address) if address is not None else key
         wait = self._limiter.retry_after(key)
         if not wait:
             return None
