@@ -57,20 +57,26 @@ class Server:
         """Everything the process wrote so far."""
         return self.log.read_text(errors="replace")
 
-    def wait_healthy(self) -> None:
-        """Block (bounded) until ``/healthz`` answers 200; fail with the log otherwise."""
+    def wait_healthy(self, *, loaded: bool = True) -> None:
+        """Block (bounded) until ``/healthz`` answers 200 (and the catalog is loaded); fail with the log otherwise."""
         deadline = time.monotonic() + START_TIMEOUT
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 pytest.fail(f"imds serve exited with {self.process.returncode}:\n{self.output()}")
             try:
                 with client_at() as client:
-                    if client.get(f"{self.url}/healthz", timeout=1.0).status_code == 200:
+                    healthy = client.get(f"{self.url}/healthz", timeout=1.0).status_code == 200
+                    if healthy and (not loaded or self.loaded(client)):
                         return
             except httpx.TransportError:
                 pass
             time.sleep(0.05)
         pytest.fail(f"imds serve not healthy within {START_TIMEOUT}s:\n{self.output()}")
+
+    def loaded(self, client: httpx.Client) -> bool:
+        """Whether ``/readyz`` says the instance catalog is in memory (the store may still be down)."""
+        loading = client.get(f"{self.url}/readyz", timeout=5.0).json().get("loading", {"phase": "loaded"})
+        return bool(loading["phase"] == "loaded")
 
     def terminate(self) -> tuple[int, float]:
         """SIGTERM by PID; (exit status, seconds it took)."""
@@ -100,8 +106,13 @@ class Server:
 
 
 @contextmanager
-def serving(tmp_path: Path, *args: str, host: str = "127.0.0.1", v6: bool = False) -> Iterator[Server]:
-    """``imds serve *args`` on a free port of ``host`` (and of ``[::1]`` with ``v6``), stopped by PID afterwards."""
+def serving(
+    tmp_path: Path, *args: str, host: str = "127.0.0.1", v6: bool = False, loaded: bool = True
+) -> Iterator[Server]:
+    """``imds serve *args`` on a free port of ``host`` (and of ``[::1]`` with ``v6``), stopped by PID afterwards.
+
+    Yields once the server is healthy and (unless ``loaded`` is False) its catalog is loaded.
+    """
     port = free_port(host)
     listen = ["--listen", f"{host}:{port}"]
     v6_url = None
@@ -120,7 +131,7 @@ def serving(tmp_path: Path, *args: str, host: str = "127.0.0.1", v6: bool = Fals
         )
     server = Server(process, f"http://{host}:{port}", log, v6_url)
     try:
-        server.wait_healthy()
+        server.wait_healthy(loaded=loaded)
         yield server
     finally:
         server.stop()

@@ -21,7 +21,9 @@ from imds.services import Services, build_services
 from imds.services.demo import load_demo
 from imds.store import Store
 from imds.web.admin import admin_router
+from imds.web.audit_admin import audit_router
 from imds.web.bounded import Bounded
+from imds.web.channel_admin import channel_admin_router
 from imds.web.docs import docs_router
 from imds.web.errors import handle_http_error, handle_imds_error, handle_unexpected
 from imds.web.ganeti_admin import ganeti_admin_router
@@ -42,7 +44,7 @@ def build_app(
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
-        async with services.running():
+        async with services.running(background=True):  # the listener answers 503 until the catalog is loaded
             if settings.demo:
                 instance_id = await load_demo(services.records)
                 _log.info("demo.loaded", instance_id=instance_id, addresses=["127.0.0.1", "::1"])
@@ -64,11 +66,13 @@ def build_app(
     routers: list[APIRouter] = [admin_router(services), refresh_router(services), openstack_admin_router(services),
                                   records_admin_router(services)]
     routers.append(ganeti_admin_router(services))  # Ganeti OS records
+    routers.append(audit_router(services))  # the audit log (GET /audit)
     for router in routers:
         admin.include_router(router)
         admin.include_router(router, prefix="/api/v1", include_in_schema=False)
     admin.include_router(ops_router(services, admin.openapi))
     admin.include_router(docs_router(title=admin.title, openapi_url="/openapi.json"))
+    admin.include_router(channel_admin_router(services))  # the host's side of the instance<->host channel
     return InstanceFront(services, admin)
 
 

@@ -147,6 +147,29 @@ OPTIONS: tuple[Option, ...] = (
            "never on disk)."),
     Option("os_package_timeout", "IMDS_OS_PACKAGE_TIMEOUT", "float", 30.0,
            "Seconds a personalization package fetch may take."),
+    # The instance<->host channel and change watch (README: "The instance↔host channel").
+    Option("event_rate", "IMDS_EVENT_RATE", "float", 1.0,
+           "Events (and phone-homes) an instance may post per second, on average, per replica."),
+    Option("event_burst", "IMDS_EVENT_BURST", "int", 10,
+           "Events an instance may post at once before --event-rate applies."),
+    Option("event_max_bytes", "IMDS_EVENT_MAX_BYTES", "int", 4096,
+           "Largest event body an instance may post, in bytes."),
+    Option("event_retain", "IMDS_EVENT_RETAIN", "int", 1000,
+           "Events kept per instance; older ones are dropped."),
+    Option("message_max_bytes", "IMDS_MESSAGE_MAX_BYTES", "int", 65536,
+           "Largest message the host may queue for an instance, in bytes."),
+    Option("message_max_queued", "IMDS_MESSAGE_MAX_QUEUED", "int", 100,
+           "Messages that may wait for one instance; one more is refused (409)."),
+    Option("watch_max_timeout", "IMDS_WATCH_MAX_TIMEOUT", "int", 300,
+           "Largest timeout_sec a wait_for_change request may ask for (and the default)."),
+    # Anti-SSRF policy per flavor and database fault bounds (services/instance_auth.py, store/sql/engine.py)
+    Option("instance_auth", "IMDS_INSTANCE_AUTH", "list", (),
+           "Flavors whose paths need 'Metadata: true', a Metadata-Flavor header or an IMDSv2 token "
+           "(json, openstack, nocloud, ganeti or all; repeatable; env: comma-separated; default: none)."),
+    Option("db_connect_timeout", "IMDS_DB_CONNECT_TIMEOUT", "float", 5.0,
+           "Seconds to wait for a database connection before answering 503."),
+    Option("db_statement_timeout", "IMDS_DB_STATEMENT_TIMEOUT", "float", 5.0,
+           "Seconds one database statement (or SQLite's write lock) may take before answering 503."),
     # Server and listener limits (docs/server.md).
     Option("server", "IMDS_SERVER", "str", "granian",
            "HTTP server: granian (fastest, every limit below) or uvicorn (no header read timeout)."),
@@ -234,6 +257,16 @@ class Settings:
     os_param_max_bytes: int = 4096
     os_package_max_bytes: int = 64 * 1024 * 1024
     os_package_timeout: float = 30.0
+    event_rate: float = 1.0
+    event_burst: int = 10
+    event_max_bytes: int = 4096
+    event_retain: int = 1000
+    message_max_bytes: int = 65536
+    message_max_queued: int = 100
+    watch_max_timeout: int = 300
+    instance_auth: frozenset[str] = frozenset()
+    db_connect_timeout: float = 5.0
+    db_statement_timeout: float = 5.0
     server: str = "granian"
     workers: int = 1
     max_header_bytes: int = 16384
@@ -439,7 +472,31 @@ def _validate(raw: dict[str, Any], env: Mapping[str, str]) -> Settings:
         rate_limit=float(raw["rate_limit"]),
         rate_burst=int(raw["rate_burst"]),
         **_ganeti_settings(raw),
+        **_channel_settings(raw),
+        **_fault_settings(raw),
     )
+
+
+INSTANCE_AUTH_FLAVORS = ("json", "openstack", "nocloud", "ganeti")
+
+
+def _fault_settings(raw: dict[str, Any]) -> dict[str, Any]:
+    """The anti-SSRF flavors and the database timeouts, checked."""
+    chosen = {str(value).strip().lower() for value in raw["instance_auth"] if str(value).strip()}
+    unknown = sorted(chosen - {*INSTANCE_AUTH_FLAVORS, "all"})
+    if unknown:
+        msg = (f"--instance-auth / IMDS_INSTANCE_AUTH: {', '.join(unknown)} is not one of "
+               f"{', '.join(INSTANCE_AUTH_FLAVORS)} or all")
+        raise ConfigError(msg)
+    for name in ("db_connect_timeout", "db_statement_timeout"):
+        if raw[name] <= 0:
+            msg = f"--{name.replace('_', '-')} / IMDS_{name.upper()} must be positive"
+            raise ConfigError(msg)
+    return {
+        "instance_auth": frozenset(INSTANCE_AUTH_FLAVORS) if "all" in chosen else frozenset(chosen),
+        "db_connect_timeout": float(raw["db_connect_timeout"]),
+        "db_statement_timeout": float(raw["db_statement_timeout"]),
+    }
 
 
 def _ganeti_settings(raw: dict[str, Any]) -> dict[str, Any]:
@@ -461,6 +518,16 @@ def _ganeti_settings(raw: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _channel_settings(raw: dict[str, Any]) -> dict[str, Any]:
+    """The channel's limits, each positive."""
+    names = ("event_rate", "event_burst", "event_max_bytes", "event_retain", "message_max_bytes",
+             "message_max_queued", "watch_max_timeout")
+    for name in names:
+        if raw[name] <= 0:
+            flag = "--" + name.replace("_", "-")
+            msg = f"{flag} / IMDS_{name.upper()} must be positive"
+            raise ConfigError(msg)
+    return {name: raw[name] for name in names}
 def _validate_server(raw: dict[str, Any], db_url: str) -> None:
     """Server choice and listener limits: a known server, positive limits, workers that can share a store."""
     if raw["server"] not in SERVERS:
@@ -564,6 +631,12 @@ PROXY_OPTIONS: tuple[Option, ...] = (
            "Identify VMs by source IP from this file (JSON or lines; see README), reloaded on SIGHUP or change."),
     Option("map_poll_interval", "IMDS_PROXY_MAP_POLL_INTERVAL", "float", 2.0,
            "Seconds between checks of the --map file for changes (0: SIGHUP only)."),
+    Option("inport", "IMDS_PROXY_INPORT", "bool", False,  # noqa: FBT003 - a table row, not a call site
+           "Identify VMs by OVS port: source 128.0.0.0|ofport (imds agent --mode inport), looked up in --ovsdb."),
+    Option("ovsdb", "IMDS_PROXY_OVSDB", "str", None,
+           "OVSDB server for --inport (unix:PATH), e.g. unix:/var/run/openvswitch/db.sock."),
+    Option("integration_bridge", "IMDS_PROXY_INTEGRATION_BRIDGE", "str", "br-int",
+           "For --inport: the bridge whose OpenFlow port numbers the source addresses carry."),
     Option("timeout", "IMDS_PROXY_TIMEOUT", "float", 5.0,
            "Seconds an upstream read or write may take, per request (then 503)."),
     Option("connect_timeout", "IMDS_PROXY_CONNECT_TIMEOUT", "float", 2.0,
@@ -586,6 +659,9 @@ class ProxySettings:
     listen: tuple[tuple[str, int], ...] = (("169.254.169.254", 80),)
     map_file: Path | None = None
     map_poll_interval: float = 2.0
+    inport: bool = False
+    ovsdb: str | None = None
+    integration_bridge: str = "br-int"
     timeout: float = 5.0
     connect_timeout: float = 2.0
     max_connections: int = 64
@@ -610,14 +686,17 @@ def load_proxy(flags: Mapping[str, Any] | None = None, environ: Mapping[str, str
     """``imds proxy``'s settings from ``flags``, then ``environ``, then defaults (as ``load``)."""
     raw = _resolve(PROXY_OPTIONS, flags or {}, os.environ if environ is None else environ)
     upstream = raw["upstream"]
-    if not upstream or not upstream.lower().startswith(("http://", "https://")):
-        msg = "--upstream / IMDS_PROXY_UPSTREAM: an http:// or https:// URL of imds serve is required"
+    if not upstream or not upstream.lower().startswith("http://"):
+        msg = "--upstream / IMDS_PROXY_UPSTREAM: an http://HOST:PORT URL of imds serve is required"
         raise ConfigError(msg)
     if raw["shared_secret_file"] is None:
         msg = "--shared-secret-file / IMDS_PROXY_SHARED_SECRET_FILE is required"
         raise ConfigError(msg)
-    if raw["map"] is None:
-        msg = "an identification mode is required: --map FILE / IMDS_PROXY_MAP"
+    if (raw["map"] is None) == (not raw["inport"]):
+        msg = "exactly one identification mode is required: --map FILE, or --ovsdb unix:PATH --inport"
+        raise ConfigError(msg)
+    if raw["inport"] and not raw["ovsdb"]:
+        msg = "--inport needs --ovsdb unix:PATH / IMDS_PROXY_OVSDB"
         raise ConfigError(msg)
     level = str(raw["log_level"]).lower()
     if level not in LOG_LEVELS:
@@ -636,9 +715,95 @@ def load_proxy(flags: Mapping[str, Any] | None = None, environ: Mapping[str, str
         listen=tuple(parse_listen(item) for item in raw["listen"]),
         map_file=raw["map"],
         map_poll_interval=float(raw["map_poll_interval"]),
+        inport=bool(raw["inport"]),
+        ovsdb=raw["ovsdb"],
+        integration_bridge=raw["integration_bridge"],
         timeout=float(raw["timeout"]),
         connect_timeout=float(raw["connect_timeout"]),
         max_connections=int(raw["max_connections"]),
         max_body_bytes=int(raw["max_body_bytes"]),
         log_level=level,
     )
+
+
+# ``imds agent`` (one per hypervisor) has its own table, so its flags and IMDS_AGENT_* variables
+# stay apart from the server's. Provider ranges are validated by ``imds.agent.allocate.Pool``.
+AGENT_OPTIONS: tuple[Option, ...] = (
+    Option("ovsdb", "IMDS_AGENT_OVSDB", "str", "unix:/var/run/openvswitch/db.sock",
+           "OVSDB server to read VM ports from and write Meta addresses to (unix:PATH or tcp:HOST:PORT)."),
+    Option("integration_bridge", "IMDS_AGENT_INTEGRATION_BRIDGE", "str", "br-int",
+           "The bridge VM ports are plugged into (the operator's; it must exist)."),
+    Option("metadata_bridge", "IMDS_AGENT_METADATA_BRIDGE", "str", "br-meta",
+           "The bridge the agent creates for tap-meta."),
+    Option("upstream", "IMDS_AGENT_UPSTREAM", "str", None,
+           "imds serve URL that haproxy forwards to, e.g. http://10.0.0.2:8000 (required)."),
+    Option("shared_secret_file", "IMDS_AGENT_SHARED_SECRET_FILE", "path", None,
+           "File holding the proxy shared secret that signs X-Instance-ID (required)."),
+    Option("provider_cidr", "IMDS_AGENT_PROVIDER_CIDR", "str", "240.0.0.0/16",
+           "IPv4 range of Meta IPs; the first host is tap-meta (haproxy)."),
+    Option("provider_cidr6", "IMDS_AGENT_PROVIDER_CIDR6", "str", "fd00:a9fe::/64",
+           "IPv6 range of Meta IPv6 addresses (ULA); the first host is tap-meta."),
+    Option("provider_base_mac", "IMDS_AGENT_PROVIDER_BASE_MAC", "str", "fa:16:ee:00:00:00",
+           "Meta MACs are this plus the Meta IP's offset in the range (tap-meta: ...:01)."),
+    Option("provider_vlan_id", "IMDS_AGENT_PROVIDER_VLAN_ID", "int", 998,
+           "VLAN tagging metadata traffic on the patch link between the two bridges."),
+    Option("state_dir", "IMDS_AGENT_STATE_DIR", "path", "/var/lib/imds/agent",
+           "Directory for the haproxy config and master socket."),
+    Option("haproxy_bin", "IMDS_AGENT_HAPROXY_BIN", "str", "haproxy",
+           "haproxy executable."),
+    Option("meta_netns", "IMDS_AGENT_META_NETNS", "str", None,
+           "Network namespace for tap-meta (created if missing; default: the host's own)."),
+    Option("meta_port", "IMDS_AGENT_META_PORT", "str", "tap-meta",
+           "Name of the internal port haproxy listens behind."),
+    Option("mode", "IMDS_AGENT_MODE", "str", "haproxy",
+           "haproxy (one haproxy, a Meta IP per VM) or inport (source 128.0.0.0|ofport, for imds proxy --inport)."),
+    Option("check_interval", "IMDS_AGENT_CHECK_INTERVAL", "float", 2.0,
+           "Seconds between checks that the flows are still installed (ovs-vswitchd restarts lose them)."),
+    Option("log_level", "IMDS_AGENT_LOG_LEVEL", "str", "info",
+           "Log level: debug, info, warning or error."),
+)
+AGENT_MODES = ("haproxy", "inport")
+
+
+@dataclass(frozen=True)
+class AgentSettings:
+    """Validated configuration of ``imds agent``. Build it with ``load_agent``."""
+
+    upstream: str
+    shared_secret_file: Path
+    ovsdb: str = "unix:/var/run/openvswitch/db.sock"
+    integration_bridge: str = "br-int"
+    metadata_bridge: str = "br-meta"
+    provider_cidr: str = "240.0.0.0/16"
+    provider_cidr6: str = "fd00:a9fe::/64"
+    provider_base_mac: str = "fa:16:ee:00:00:00"
+    provider_vlan_id: int = 998
+    state_dir: Path = Path("/var/lib/imds/agent")
+    haproxy_bin: str = "haproxy"
+    meta_netns: str | None = None
+    meta_port: str = "tap-meta"
+    mode: str = "haproxy"
+    check_interval: float = 2.0
+    log_level: str = "info"
+
+
+def load_agent(flags: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None) -> AgentSettings:
+    """Resolve ``AGENT_OPTIONS`` (flag, else IMDS_AGENT_* variable, else default) and validate them."""
+    raw = _resolve(AGENT_OPTIONS, flags or {}, os.environ if environ is None else environ)
+    for name in ("upstream", "shared_secret_file"):
+        if raw[name] is None:
+            option = next(o for o in AGENT_OPTIONS if o.name == name)
+            raise ConfigError(f"{option.flag} / {option.env} is required")
+    if raw["mode"] not in AGENT_MODES:
+        raise ConfigError(f"--mode / IMDS_AGENT_MODE: {raw['mode']!r} is not one of {', '.join(AGENT_MODES)}")
+    if not 1 <= raw["provider_vlan_id"] <= 4094:
+        raise ConfigError("--provider-vlan-id / IMDS_AGENT_PROVIDER_VLAN_ID must be 1 to 4094")
+    if raw["check_interval"] <= 0:
+        raise ConfigError("--check-interval / IMDS_AGENT_CHECK_INTERVAL must be positive")
+    level = str(raw["log_level"]).lower()
+    if level not in LOG_LEVELS:
+        raise ConfigError(f"--log-level / IMDS_AGENT_LOG_LEVEL: {level!r} is not one of {', '.join(LOG_LEVELS)}")
+    for name in ("meta_port", "integration_bridge", "metadata_bridge"):
+        if not 0 < len(raw[name]) <= 15:
+            raise ConfigError(f"--{name.replace('_', '-')}: {raw[name]!r} must be 1-15 characters (a Linux name)")
+    return AgentSettings(**{**raw, "log_level": level, "state_dir": Path(raw["state_dir"])})

@@ -14,6 +14,7 @@ for them are chosen in exactly one place, ``imds.web.errors``.
     │   ├── PayloadTooLarge      the body is over the configured limit
     │   ├── HeadersTooLarge      more header lines than the configured limit
     │   └── RequestTimeout       the body did not arrive within the configured time
+    ├── RateLimited              a caller sent more requests than its rate limit allows
     ├── AuthError
     │   ├── Unauthenticated      no credentials, or credentials that do not verify
     │   ├── AuthNotConfigured    the admin API has no way to check credentials
@@ -23,11 +24,14 @@ for them are chosen in exactly one place, ``imds.web.errors``.
     │       └── ProxyNotConfigured  a signed id arrived but no proxy shared secret is configured
     ├── Conflict                 the request conflicts with the service's state or configuration
     │   └── LookupDisabled       a refresh was asked for but no upstream is configured
-    ├── RateLimited              the caller sent more requests than its rate limit allows
     ├── StoreUnavailable         the database cannot be reached or answered with an error
     ├── UpstreamError            an upstream answered something unusable (4xx, bad JSON, bad record)
     │   └── UpstreamUnavailable  an upstream could not be reached, timed out, failed (5xx), or its breaker is open
-    └── ConfigError              configuration is invalid; raised at startup only
+    ├── ConfigError              configuration is invalid; raised at startup only
+    └── AgentError               the host agent could not program OVS or haproxy
+        ├── OvsCommandFailed     an ovs-vsctl / ovs-ofctl / ip command failed
+        ├── PoolExhausted        no Meta IP/MAC is left in the provider range
+        └── HaproxyFailed        haproxy refused the rendered config or did not reload
 """
 
 from __future__ import annotations
@@ -113,6 +117,14 @@ class RequestTimeout(InvalidInput):
         self.seconds = seconds
 
 
+class RateLimited(ImdsError):
+    """An instance posted faster than its rate limit; it may try again after ``retry_after`` seconds."""
+
+    def __init__(self, retry_after: int) -> None:
+        super().__init__(f"too many requests: try again in {retry_after} s")
+        self.retry_after = retry_after
+
+
 class AuthError(ImdsError):
     """The admin API refused the credentials."""
 
@@ -173,14 +185,6 @@ class LookupDisabled(Conflict):
         super().__init__("no upstream is configured: set --lookup-url / IMDS_LOOKUP_URL to enable refreshes")
 
 
-class RateLimited(ImdsError):
-    """The caller sent more requests than its rate limit allows; retry after ``retry_after`` seconds."""
-
-    def __init__(self, retry_after: int) -> None:
-        super().__init__(f"too many requests; retry after {retry_after}s")
-        self.retry_after = retry_after
-
-
 class StoreUnavailable(ImdsError):
     """The database could not be reached or failed a statement."""
 
@@ -195,3 +199,32 @@ class UpstreamUnavailable(UpstreamError):
 
 class ConfigError(ImdsError):
     """The configuration is invalid. Raised at startup, never while serving."""
+
+
+class AgentError(ImdsError):
+    """The host agent could not program Open vSwitch or haproxy."""
+
+
+class OvsCommandFailed(AgentError):
+    """A command (``ovs-vsctl``, ``ovs-ofctl``, ``ip``) exited non-zero; carries its stderr."""
+
+    def __init__(self, command: str, stderr: str) -> None:
+        super().__init__(f"{command}: {stderr.strip() or 'failed'}")
+        self.command = command
+        self.stderr = stderr
+
+
+class PoolExhausted(AgentError):
+    """No Meta IP/MAC is left in the provider range for ``port``."""
+
+    def __init__(self, port: str, cidr: str, capacity: int) -> None:
+        super().__init__(
+            f"provider range {cidr} is exhausted ({capacity} Meta addresses in use): no Meta IP for port {port}; "
+            "widen --provider-cidr"
+        )
+        self.port = port
+        self.cidr = cidr
+
+
+class HaproxyFailed(AgentError):
+    """haproxy refused the rendered configuration, or would not start or reload."""

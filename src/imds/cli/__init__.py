@@ -6,8 +6,10 @@ import click
 
 from imds import __version__
 from imds.cli import records, transfer
+from imds.cli.agent import agent
 from imds.cli.configdrive import configdrive
 from imds.cli.db import db
+from imds.cli.events import events
 from imds.cli.proxy import proxy
 from imds.cli.serve import serve
 
@@ -41,7 +43,9 @@ cli.add_command(records.list_)
 cli.add_command(records.delete)
 cli.add_command(transfer.import_)
 cli.add_command(transfer.export)
+cli.add_command(agent)
 cli.add_command(proxy)
+cli.add_command(events)
 
 
 def main() -> None:

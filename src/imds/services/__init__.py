@@ -15,11 +15,12 @@ import httpx
 
 from imds import log
 from imds.config import Settings
-from imds.errors import AuthNotConfigured
+from imds.errors import AuthNotConfigured, StoreUnavailable
 from imds.metrics import Metrics
 from imds.services.auth import Authenticator, Chain, NoAuth, StaticTokens
 from imds.services.breaker import Breaker
 from imds.services.catalog import Catalog
+from imds.services.channel import Channel, ChannelLimits, EventHub
 from imds.services.identity import IdentitySigner
 from imds.services.limits import Limits
 from imds.services.lookup import Lookup, LookupPolicy
@@ -52,6 +53,7 @@ class Services:
     metrics: Metrics
     http: httpx.AsyncClient
     tokens: TokenIssuer
+    channel: Channel
     lookup: Lookup | None = None
     os: OsRecords | None = None  # Ganeti OS records; always set by build_services
     limits: Limits = field(default_factory=Limits)
@@ -67,15 +69,42 @@ class Services:
             self._signer = IdentitySigner.load(key_file=s.identity_key, cert_file=s.identity_cert, data_dir=s.key_dir)
         return self._signer
 
-    async def start(self) -> None:
-        """Load keys and the catalog, and start following the change feed."""
+    async def start(self, *, background: bool = False) -> None:
+        """Load keys and the catalog, and start following the change feed.
+
+        With ``background`` the catalog loads in a task (retrying while the store is
+        unavailable) so the listener can answer 503 meanwhile instead of staying silent.
+        """
         if self.settings.identity_key or self.settings.key_dir:
             _ = self.signer  # a bad key fails at startup, not at the first identity request
-        await self.catalog.load()
-        warn_stored(self.catalog.holdings(), self.settings.trusted_proxies)
-        self._tasks.append(asyncio.create_task(self.catalog.follow(), name="imds-feed-follower"))
+        if background:
+            self._tasks.append(asyncio.create_task(self._load_then_follow(), name="imds-catalog-load"))
+        else:
+            await self._loaded()
+            self._tasks.append(asyncio.create_task(self.catalog.follow(), name="imds-feed-follower"))
+        self._tasks.append(asyncio.create_task(self.channel.hub.follow(), name="imds-event-follower"))
         if self.lookup is not None and self.settings.lookup_refresh_after > 0:
             self._tasks.append(asyncio.create_task(self.lookup.refresh_loop(), name="imds-lookup-refresh"))
+
+    async def _loaded(self) -> None:
+        await self.catalog.load()
+        warn_stored(self.catalog.holdings(), self.settings.trusted_proxies)
+
+    async def _load_then_follow(self) -> None:
+        delay = 0.5
+        while True:
+            try:
+                await self._loaded()
+                break
+            except StoreUnavailable as exc:
+                self.catalog.phase = "waiting"
+                _log.warning("catalog.load_failed", problem=exc.message, retry_in=delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 10.0)
+            except Exception:
+                _log.exception("catalog.load_error")  # a bug, not an outage: /readyz stays 503 and says loading
+                raise
+        await self.catalog.follow()
 
     async def stop(self) -> None:
         """Stop background work and close the store and HTTP client."""
@@ -89,9 +118,9 @@ class Services:
         await self.store.close()
 
     @contextlib.asynccontextmanager
-    async def running(self) -> AsyncIterator[Services]:
+    async def running(self, *, background: bool = False) -> AsyncIterator[Services]:
         """``start`` on entry and ``stop`` on exit."""
-        await self.start()
+        await self.start(background=background)
         try:
             yield self
         finally:
@@ -102,7 +131,9 @@ def build_services(
     settings: Settings, *, store: Store | None = None, http: httpx.AsyncClient | None = None
 ) -> Services:
     """Wire the services for ``settings``. Nothing connects until ``start``."""
-    store = store if store is not None else open_store(settings.db_url)
+    if store is None:
+        store = open_store(settings.db_url, connect_timeout=settings.db_connect_timeout,
+                           statement_timeout=settings.db_statement_timeout)
     http = http if http is not None else httpx.AsyncClient(timeout=5.0)
     metrics = Metrics()
     catalog = Catalog(store, poll_interval=settings.feed_poll_interval)
@@ -124,6 +155,7 @@ def build_services(
         ),
         limits=limits_of(settings),
         signed=_signed_identity(settings),
+        channel=_channel(settings, store),
     )
 
 
@@ -140,6 +172,15 @@ def _signed_identity(settings: Settings) -> SignedIdentity:
     )
     secrets = [read_secret(path, flag) for path, flag in files if path is not None]
     return SignedIdentity(settings.trusted_proxies, secrets)
+
+
+def _channel(settings: Settings, store: Store) -> Channel:
+    s = settings
+    limits = ChannelLimits(
+        rate=s.event_rate, burst=s.event_burst, event_max_bytes=s.event_max_bytes, retain=s.event_retain,
+        message_max_bytes=s.message_max_bytes, max_queued=s.message_max_queued,
+    )
+    return Channel(store, limits, EventHub(store, s.feed_poll_interval))
 
 
 def _lookup(

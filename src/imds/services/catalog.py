@@ -20,18 +20,40 @@ from imds import log
 from imds.errors import StoreUnavailable
 from imds.models import Address, Instance, Network
 from imds.services.addresses import AddressIndex
+from imds.services.watch import instance_etag
 from imds.store.interface import Store
 
 _log = log.get("catalog")
 T = TypeVar("T")
+LOAD_CHUNK = 5000
 
 
 @dataclass
 class Entry:
-    """One instance and what has been rendered from it so far (dropped on every change)."""
+    """One instance and what has been rendered from it so far (dropped on every change).
+
+    ``waiters`` are the change-watch requests held on this version; the catalog resolves
+    them when it replaces or drops the entry (see ``imds.services.watch``).
+    """
 
     instance: Instance
     rendered: dict[str, object] = field(default_factory=dict)
+    waiters: set[asyncio.Future[None]] | None = None
+    _etag: bytes | None = None
+
+    @property
+    def etag(self) -> bytes:
+        """The strong ETag of this version of the instance, computed once (every read sends it)."""
+        if self._etag is None:
+            self._etag = instance_etag(self.instance)
+        return self._etag
+
+    def wake(self) -> None:
+        """Resolve every change-watch request held on this version."""
+        for waiter in self.waiters or ():
+            if not waiter.done():
+                waiter.set_result(None)
+        self.waiters = None
 
     def render(self, key: str, build: Callable[[Instance], T]) -> T:
         """The cached rendering ``key``, built once per version of the instance."""
@@ -52,6 +74,10 @@ class Catalog:
         self._lock = asyncio.Lock()
         self.position = 0
         self.loaded = False
+        # Loading progress for /readyz and the log: phase ("waiting", "reading", "indexing", "loaded").
+        self.phase = "waiting"
+        self.indexed = 0
+        self.total = 0
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -71,16 +97,35 @@ class Catalog:
         return self._entries.get(instance_id)
 
     async def load(self) -> None:
-        """Replace everything with a fresh snapshot of the store."""
+        """Replace everything with a fresh snapshot of the store.
+
+        Indexing yields to the event loop every ``LOAD_CHUNK`` instances (and logs its
+        progress), so a listener that is already accepting keeps answering meanwhile.
+        """
         async with self._lock:
+            self.phase = "reading"
+            _log.info("catalog.loading", phase=self.phase)
             instances, position = await self._store.snapshot()
+            for old in self._entries.values():
+                old.wake()
+            self.phase, self.total, self.indexed = "indexing", len(instances), 0
             self._entries = {}
             self._index = AddressIndex()
-            for instance in instances:
-                self._apply(instance.id, instance)
+            for start in range(0, len(instances), LOAD_CHUNK):
+                for instance in instances[start : start + LOAD_CHUNK]:
+                    self._apply(instance.id, instance)
+                self.indexed = min(start + LOAD_CHUNK, len(instances))
+                if self.indexed < self.total:
+                    _log.info("catalog.loading", phase=self.phase, indexed=self.indexed, total=self.total)
+                    await asyncio.sleep(0)
             self.position = position
             self.loaded = True
+            self.phase = "loaded"
         _log.info("catalog.loaded", instances=len(instances), position=position)
+
+    def progress(self) -> dict[str, object]:
+        """Where loading stands: phase, instances indexed and the total (known once read)."""
+        return {"phase": self.phase, "indexed": self.indexed, "total": self.total}
 
     async def refresh(self, instance_ids: Iterable[str]) -> None:
         """Re-read these instances from the store and apply what it holds now."""
@@ -109,6 +154,9 @@ class Catalog:
                 await self.catch_up()
 
     def _apply(self, instance_id: str, instance: Instance | None) -> None:
+        old = self._entries.get(instance_id)
+        if old is not None and old.waiters:
+            old.wake()
         if instance is None:
             self._entries.pop(instance_id, None)
             self._index.forget(instance_id)

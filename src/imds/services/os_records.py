@@ -25,6 +25,7 @@ from typing import Any
 from imds import log
 from imds.errors import InvalidInput, NotFound, Problem, RecordNotFound
 from imds.models import METADATA, PRIVATE, PUBLIC, SECRET, USERDATA, Instance, OsRecord, StoredParam
+from imds.services.audit import delete_event, write_event
 from imds.services.catalog import Catalog
 from imds.services.os_crypto import PrivateCipher
 from imds.services.os_definitions import OsDefinitions
@@ -77,7 +78,7 @@ class OsRecords:
         record, held = self._split(write, generation)
         previous = self.vault.keep(write.id, held)  # before the commit, so no read sees the record without them
         try:
-            reason = await self._commit(write, record)
+            reason = await self._commit(write, record, subject)
         except BaseException:
             self.vault.restore(write.id, previous)
             raise
@@ -92,8 +93,8 @@ class OsRecords:
         )
         return OsWriteResult(write.id, applied=reason is None, reason=reason)
 
-    async def _commit(self, write: OsWrite, record: OsRecord) -> str | None:
-        """Store the record in one transaction; the reason it is stale, or None once stored."""
+    async def _commit(self, write: OsWrite, record: OsRecord, subject: str) -> str | None:
+        """Store the record in one transaction (with its audit entry); the reason it is stale, or None once stored."""
         async with self._store.write() as tx:
             if not (await tx.has_record(METADATA, write.id) or await tx.has_record(USERDATA, write.id)):
                 raise _no_instance(write.id)
@@ -101,6 +102,11 @@ class OsRecords:
             if reason is None:
                 await tx.put_os(write.id, record)
                 await tx.mark_changed([write.id])
+            # Facts only: the OS, the mode and how many parameters of each visibility, never a value.
+            facts = {"os_type": write.os_type, "mode": write.mode,
+                     **{section: _counts(getattr(write, section)) for section in SECTIONS}}
+            await tx.append_audit(write_event(subject=subject, instance_id=write.id, kind=OS_RECORD, reason=reason,
+                                              facts=facts))
         return reason
 
     async def view(self, instance_id: str) -> dict[str, Any]:
@@ -137,6 +143,7 @@ class OsRecords:
             if not await tx.remove_os(instance_id):
                 raise RecordNotFound(OS_RECORD, instance_id)
             await tx.mark_changed([instance_id])
+            await tx.append_audit(delete_event(subject=subject, instance_id=instance_id, kind=OS_RECORD))
         self.vault.drop(instance_id)
         await self._catalog.refresh([instance_id])
         _log.info("os.deleted", instance_id=instance_id, subject=subject)

@@ -21,6 +21,7 @@ from imds.errors import Conflict, InvalidInput, RecordNotFound, StoreUnavailable
 from imds.metrics import Metrics
 from imds.models import METADATA, USERDATA, Instance, MetadataWrite, Network, UserdataWrite, WriteResult
 from imds.services.addresses import display
+from imds.services.audit import delete_event, write_event
 from imds.services.catalog import Catalog
 from imds.services.proxytrust import inside_trusted
 from imds.services.wire import document_timestamp
@@ -72,6 +73,8 @@ class Records:
             if forgotten:
                 await tx.forget_instance(instance_id)
             await tx.mark_changed([instance_id])
+            await tx.append_audit(delete_event(subject=subject, instance_id=instance_id, kind=kind,
+                                               addresses_removed=forgotten))
         await self._catalog.refresh([instance_id])
         self._metrics.deletions.inc()
         _log.info("record.deleted", kind=kind, instance_id=instance_id, subject=subject, addresses_removed=forgotten)
@@ -99,6 +102,8 @@ class Records:
                 reason = await stale(tx)
                 if reason is not None:
                     result = WriteResult(instance_id, applied=False, reason=reason)
+                    await tx.append_audit(write_event(subject=subject, instance_id=instance_id, kind=kind,
+                                                      reason=reason))
                 else:
                     await put(tx)
                     moved, dropped = await tx.replace_addresses(instance_id, addresses)
@@ -106,6 +111,8 @@ class Records:
                     warnings = tuple(inside_trusted(addresses, self._trusted))
                     result = WriteResult(instance_id, applied=True, addresses=addresses, moved=moved, dropped=dropped,
                                          warnings=warnings)
+                    await tx.append_audit(write_event(subject=subject, instance_id=instance_id, kind=kind,
+                                                      addresses=addresses, moved=moved, dropped=dropped))
         except StoreUnavailable:
             errors = self._metrics.metadata_store_errors if kind == METADATA else self._metrics.userdata_store_errors
             errors.inc()
@@ -204,6 +211,7 @@ class Records:
             if not await tx.remove_password(instance_id):
                 raise RecordNotFound(PASSWORD, instance_id)
             await tx.mark_changed([instance_id])
+            await tx.append_audit(delete_event(subject=subject, instance_id=instance_id, kind=PASSWORD))
         await self._catalog.refresh([instance_id])
         _log.info("password.cleared", instance_id=instance_id, subject=subject)
 

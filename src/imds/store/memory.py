@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import itertools
 from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from imds.models import METADATA, Change, Instance, JsonObject, Network, OsRecord
+from imds.models import METADATA, AuditEntry, AuditEvent, Change, Event, Instance, JsonObject, Network, OsRecord
 
 
 @dataclass
@@ -31,6 +32,16 @@ class _State:
     rows: dict[str, _Row] = field(default_factory=dict)
     holders: dict[Network, str] = field(default_factory=dict)
     changes: list[Change] = field(default_factory=list)
+    audit: list[AuditEntry] = field(default_factory=list)
+
+
+@dataclass
+class _Channel:
+    """Events and messages; kept apart from ``_State`` so writes do not copy them."""
+
+    events: dict[str, list[Event]] = field(default_factory=dict)
+    messages: dict[str, list[tuple[int, bytes]]] = field(default_factory=dict)
+    cursor: int = 0
 
 
 class _MemoryTx:
@@ -135,6 +146,10 @@ class _MemoryTx:
     ) -> list[tuple[dict[Network, str], tuple[Network, ...]]]:
         return [await self.replace_addresses(instance_id, addresses) for instance_id, addresses in lists]
 
+    async def append_audit(self, event: AuditEvent) -> None:
+        seq = self._s.audit[-1].seq + 1 if self._s.audit else 1
+        self._s.audit.append(AuditEntry(seq, datetime.now(UTC), event))
+
 
 class MemoryStore:
     """Dict-backed store; each write works on a copy that replaces the state on success."""
@@ -142,6 +157,7 @@ class MemoryStore:
     def __init__(self) -> None:
         self._state = _State()
         self._lock = asyncio.Lock()
+        self._channel = _Channel()
 
     @asynccontextmanager
     async def write(self) -> AsyncIterator[_MemoryTx]:
@@ -182,6 +198,40 @@ class MemoryStore:
 
     async def ping(self) -> None:
         return None
+
+    async def append_event(
+        self, instance_id: str, state: str, code: int | None, message: str | None, *, retain: int
+    ) -> Event:
+        channel = self._channel
+        channel.cursor += 1
+        event = Event(channel.cursor, instance_id, state, code, message, datetime.now(UTC))
+        kept = channel.events.setdefault(instance_id, [])
+        kept.append(event)
+        del kept[: max(0, len(kept) - retain)]
+        return event
+
+    async def events_after(self, instance_id: str, after: int, limit: int) -> list[Event]:
+        return [e for e in self._channel.events.get(instance_id, ()) if e.cursor > after][:limit]
+
+    async def latest_event_cursor(self) -> int:
+        return self._channel.cursor
+
+    async def queue_message(self, instance_id: str, body: bytes, *, max_queued: int) -> int | None:
+        channel = self._channel
+        queue = channel.messages.setdefault(instance_id, [])
+        if len(queue) >= max_queued:
+            return None
+        channel.cursor += 1
+        queue.append((channel.cursor, bytes(body)))
+        return channel.cursor
+
+    async def take_message(self, instance_id: str) -> bytes | None:
+        queue = self._channel.messages.get(instance_id)
+        return queue.pop(0)[1] if queue else None
+
+    async def audit(self, instance_id: str | None, after: int, limit: int) -> list[AuditEntry]:
+        chosen = (e for e in self._state.audit if e.seq > after and instance_id in {None, e.event.instance_id})
+        return list(itertools.islice(chosen, limit))
 
     async def close(self) -> None:
         return None

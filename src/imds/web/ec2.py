@@ -4,8 +4,9 @@ Errors answer with EC2's plain-text bodies (``404 - Not Found``), never JSON, ne
 IMDSv2: ``PUT /latest/api/token`` mints a token bound to the caller; a request that
 carries ``X-aws-ec2-metadata-token`` must carry a valid one for the same instance, and
 with ``--imdsv2 required`` every read must. A token PUT that came through a proxy
-(``X-Forwarded-For``) is refused, as AWS does, unless a trusted proxy signed the instance
-id (rule in ``imds.services.proxied``).
+(``Forwarded``, ``X-Forwarded-*``, ``X-Real-IP``) is refused, as AWS does, unless a trusted
+proxy signed the instance id and sent only ``X-Forwarded-For`` naming the VM (rule in
+``imds.services.proxied``).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from http import HTTPStatus
 from imds.errors import ImdsError, NotFound, RecordNotFound, Refused, Unauthenticated
 from imds.models import METADATA, USERDATA
 from imds.services import Services
+from imds.services.instance_auth import proxied
 from imds.services.proxied import may_mint_through
 from imds.services.render.ec2 import VERSIONS, version_root, versions_listing
 from imds.services.render.tree import body, resolve
@@ -80,8 +82,10 @@ class Ec2Flavor:
             return _plain(status_for(exc))
 
     def _mint(self, scope: Scope) -> Reply:
-        forwarded = [v.decode("latin-1") for k, v in scope["headers"] if k == b"x-forwarded-for"]
-        if not may_mint_through(self._locator.claim(scope), forwarded):
+        headers = scope["headers"]
+        forwarded = [v.decode("latin-1") for k, v in headers if k == b"x-forwarded-for"]
+        others = proxied(h for h in headers if h[0] != b"x-forwarded-for")  # Forwarded, X-Forwarded-*, X-Real-IP
+        if others or not may_mint_through(self._locator.claim(scope), forwarded):
             raise Refused("IMDSv2 tokens cannot be requested through a proxy")
         ttl = parse_ttl(header(scope, _TTL))
         entry = self._locator.entry(scope)

@@ -23,7 +23,7 @@ from imds.services.render.json import encode
 from imds.services.wire import parse_instance_id, parse_json
 from imds.web.admin import ID_PARAM, authorize
 from imds.web.body import read_limited
-from imds.web.errors import JSON
+from imds.web.errors import JSON, documented
 
 _ID_EXTRA: dict[str, Any] = {"parameters": [ID_PARAM]}
 _PARAMS = {
@@ -63,7 +63,7 @@ def _os(services: Services) -> OsRecords:
 
 def ganeti_admin_router(services: Services) -> APIRouter:
     """The OS record and OS definition routes, bound to ``services``."""
-    router = APIRouter(tags=["ganeti"])
+    router = APIRouter(tags=["ganeti"], responses=documented(400, 401, 403, 404, 413, 503))
     records = _os(services)
     settings = services.settings
 

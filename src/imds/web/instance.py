@@ -17,13 +17,16 @@ from imds.errors import ImdsError, RateLimited
 from imds.services import Services
 from imds.services.lookup import LookupNeeded
 from imds.services.ratelimit import RateLimiter
+from imds.web.channel import ChannelFlavor
 from imds.web.ec2 import Ec2Flavor
 from imds.web.errors import error_body, error_parts
 from imds.web.ganeti import GanetiFlavor
+from imds.web.instance_guard import FlavorGuard
 from imds.web.json import JsonFlavor
 from imds.web.nocloud import NoCloudFlavor
 from imds.web.openstack import OpenStackFlavor
-from imds.web.routing import JSON, LOOKED_UP, Handler, Locator, Pending, Reply, Scope
+from imds.web.routing import ENTRY, JSON, LOOKED_UP, READ_METHODS, Handler, Locator, Pending, Reply, Scope
+from imds.web.watch import hold, parse_watch
 
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
@@ -32,6 +35,7 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 _log = log.get("instance")
 OPS_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
 _INTERNAL = Reply(500, error_body("internal error"), JSON)
+_LOADING = Reply(503, error_body("the instance catalog is still loading; see /readyz"), JSON, ((b"retry-after", b"1"),))
 
 
 def _group(path: str) -> str:
@@ -42,6 +46,10 @@ def _group(path: str) -> str:
     if path.startswith("/os-definitions"):  # Ganeti OS definitions
         return "admin"
     return "other"
+
+
+def _loading(_scope: Scope) -> Reply:
+    return _LOADING
 
 
 class InstanceFront:
@@ -59,8 +67,16 @@ class InstanceFront:
         self._prefixes: dict[str, Handler] = {**ec2_flavor.prefixes()}
         self._prefixes.update(OpenStackFlavor(services, locator).prefixes())
         self._prefixes.update(NoCloudFlavor(services, locator).prefixes())
-        self.ganeti = GanetiFlavor(services, locator)  # the channel helper wires ganeti.channel["read"/"write"]
+        self.ganeti = GanetiFlavor(services, locator)
+        channel = ChannelFlavor(services, locator)  # /events, /phone-home, and /ganeti/<v>/read|write
+        self.ganeti.channel.update(read=channel.handle_read, write=channel.handle_write)
+        self._exact.update(channel.routes())
         self._prefixes.update(self.ganeti.prefixes())
+        self._watch_max = services.settings.watch_max_timeout
+        guard = FlavorGuard(services, locator)  # --instance-auth: the anti-SSRF policy per flavor
+        self._exact.update(guard.wrap("json", json_flavor.routes()))
+        for flavor in ("openstack", "nocloud", "ganeti"):
+            self._prefixes.update(guard.wrap(flavor, {flavor: self._prefixes[flavor]}))
         self._log_reads = services.settings.log_instance_reads
         metrics = services.metrics
         self._observe = metrics.latency.labels("instance").observe
@@ -84,6 +100,8 @@ class InstanceFront:
         if handler is None:
             await self._measured(scope, receive, send)
             return
+        if not self.services.catalog.loaded:  # answered, never left silent, until the catalog is in memory
+            handler = _loading
         await self._serve(scope, send, handler, receive)
 
     async def _serve(self, scope: Scope, send: Send, handler: Handler, receive: Receive) -> None:
@@ -95,6 +113,8 @@ class InstanceFront:
                 reply = await self._after_lookup(scope, handler, need)
             if isinstance(reply, Pending) and reply.complete is not None:
                 reply = await reply.complete(receive)  # a write that needs the body (OpenStack password)
+            elif scope["query_string"]:  # change watch: parsed only when there is a query
+                reply = await self._watch(scope, handler, reply, receive)
         except Exception:  # noqa: BLE001 - an instance must get an answer, never a dropped connection
             _log.exception("instance.error", path=scope["path"])
             reply = _INTERNAL
@@ -103,6 +123,9 @@ class InstanceFront:
             (b"content-type", reply.content_type),
             (b"content-length", str(len(reply.body)).encode()),
         ]
+        entry = scope.get(ENTRY)
+        if entry is not None and reply.status == 200 and scope["method"] in READ_METHODS:
+            headers.append((b"etag", entry.etag))
         await send({"type": "http.response.start", "status": reply.status, "headers": headers})
         await send({"type": "http.response.body", "body": b"" if scope["method"] == "HEAD" else reply.body})
         counter = self._counters.get(reply.status)
@@ -129,6 +152,29 @@ class InstanceFront:
             return None
         status, body, headers = error_parts(RateLimited(wait))
         return Reply(status, body, JSON, tuple(headers))
+
+    async def _run(self, scope: Scope, handler: Handler) -> Reply:
+        try:
+            return handler(scope)
+        except LookupNeeded as need:
+            return await self._after_lookup(scope, handler, need)
+
+    async def _watch(self, scope: Scope, handler: Handler, reply: Reply, receive: Receive) -> Reply:
+        """Hold the read while ``?wait_for_change=true`` asks for it (see ``imds.web.watch``)."""
+        try:
+            watch = parse_watch(scope["query_string"], self._watch_max)
+        except ImdsError as exc:
+            scope.pop(ENTRY, None)
+            status, body, headers = error_parts(exc)
+            return Reply(status, body, JSON, tuple(headers))
+        if watch is None or ENTRY not in scope:
+            return reply
+        waiting = self.services.metrics.watch_waiting
+        waiting.inc()
+        try:
+            return await hold(scope, reply, watch, lambda: self._run(scope, handler), receive)
+        finally:
+            waiting.dec()
 
     async def _after_lookup(self, scope: Scope, handler: Handler, need: LookupNeeded) -> Reply:
         """Fetch what the handler missed from upstream, then run it once more."""

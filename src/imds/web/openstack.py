@@ -72,8 +72,8 @@ def text_or_binary(data: bytes) -> bytes:
     return TEXT
 
 
-async def read_body(receive: Receive, limit: int) -> bytes:
-    """The request body, or InvalidInput as soon as it is over ``limit`` bytes."""
+async def read_body(receive: Receive, limit: int, noun: str = "a password") -> bytes:
+    """The request body, or InvalidInput as soon as it is over ``limit`` bytes (``noun`` names it)."""
     chunks: list[bytes] = []
     size = 0
     while True:
@@ -83,7 +83,7 @@ async def read_body(receive: Receive, limit: int) -> bytes:
         chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit:
-            raise InvalidInput.one("body", f"a password is at most {limit} bytes")
+            raise InvalidInput.one("body", f"{noun} is at most {limit} bytes")
         chunks.append(chunk)
         if not message.get("more_body", False):
             return b"".join(chunks)

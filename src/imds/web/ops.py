@@ -39,8 +39,10 @@ def ops_router(services: Services, openapi: Callable[[], dict[str, Any]]) -> API
             await services.store.ping()
         except StoreUnavailable as exc:
             problems.append(exc.message)
-        body = {"status": "not ready" if problems else "ready", "instances": len(catalog), "problems": problems}
-        return Response(encode(body), status_code=503 if problems else 200, media_type=JSON)
+        body = {"status": "not ready" if problems else "ready", "instances": len(catalog), "problems": problems,
+                "loading": catalog.progress()}
+        headers = {"retry-after": "1"} if problems else None
+        return Response(encode(body), status_code=503 if problems else 200, media_type=JSON, headers=headers)
 
     @router.get("/openapi.json")
     async def openapi_json(request: Request) -> Response:

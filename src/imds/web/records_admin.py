@@ -28,14 +28,14 @@ from imds.services.render.json import encode
 from imds.services.wire import parse_instance_id, parse_json
 from imds.web.admin import ID_PARAM, authorize
 from imds.web.body import read_limited
-from imds.web.errors import JSON
+from imds.web.errors import JSON, documented
 
 NDJSON = "application/x-ndjson"
 
 
 def records_admin_router(services: Services) -> APIRouter:
     """``/device-records`` and ``/device-records/{id}``, bound to ``services``."""
-    router = APIRouter(tags=["admin"])
+    router = APIRouter(tags=["admin"], responses=documented(400, 401, 403, 404, 413, 503))
 
     async def authorize_both(request: Request) -> None:
         await authorize(services, request, read_scopes(METADATA))

@@ -26,6 +26,8 @@ LOOKED_UP = "imds.looked_up"
 # Set in the scope once the signed-identity headers were checked: the Claim, or False.
 CLAIM = "imds.claim"
 _SIGNED = tuple(name.encode() for name in (INSTANCE_ID_HEADER, SIGNATURE_HEADER, TENANT_HEADER))
+# Set in the scope by the Locator: the caller's catalog entry (the front adds its ETag).
+ENTRY = "imds.entry"
 
 
 @dataclass(frozen=True)
@@ -116,6 +118,7 @@ class Locator:
             if count and LOOKED_UP not in scope:
                 self._metrics.count_read(kind, hit=False)
             raise InstanceNotFound(str(address) if address is not None else None)
+        scope[ENTRY] = entry
         return entry
 
     def _claimed(self, scope: Scope, claim: Claim, kind: str, *, count: bool) -> Entry:

@@ -32,6 +32,7 @@ def test_flags_win_and_listen_takes_ipv6_with_a_zone():
     ("change", "named"),
     [
         ({"IMDS_PROXY_UPSTREAM": "10.0.0.2:8000"}, "--upstream"),
+        ({"IMDS_PROXY_UPSTREAM": "https://imds:8443"}, "--upstream"),
         ({"IMDS_PROXY_SHARED_SECRET_FILE": ""}, "--shared-secret-file"),
         ({"IMDS_PROXY_MAP": ""}, "--map"),
         ({"IMDS_PROXY_TIMEOUT": "0"}, "--timeout"),

@@ -6,6 +6,7 @@ Rows become ``imds.models`` values here; SQLAlchemy errors become ``StoreUnavail
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ipaddress
 from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
@@ -17,14 +18,17 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from imds.errors import StoreUnavailable
-from imds.models import METADATA, Change, Instance, JsonObject, Network, OsRecord
+from imds.models import METADATA, AuditEntry, AuditEvent, Change, Event, Instance, JsonObject, Network, OsRecord
 from imds.store.sql.diagnose import describe, is_not_migrated, not_migrated, sqlite_problem
 from imds.store.sql.engine import create_engine, is_sqlite
 from imds.store.sql.os_rows import os_document, os_record
 from imds.store.sql.tables import (
+    audit_log,
     changes,
     feed_head,
+    instance_events,
     instance_ip_addresses,
+    instance_messages,
     instance_metadata,
     instance_os,
     instance_passwords,
@@ -271,21 +275,28 @@ class _SqlTx:
             await self._conn.execute(t.insert(), new)
         return results
 
+    async def append_audit(self, event: AuditEvent) -> None:
+        await self._conn.execute(audit_log.insert().values(
+            at=datetime.now(UTC), subject=event.subject, instance_id=event.instance_id, action=event.action,
+            kind=event.kind, applied=event.applied, detail=event.detail,
+        ))
+
 
 class SqlStore:
     """Store over an SQLAlchemy async engine. The database must be migrated."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, connect_timeout: float = 5.0, statement_timeout: float = 5.0) -> None:
         self._url = url
         if (problem := sqlite_problem(url)) is not None:
             raise StoreUnavailable(f"cannot open the database: {problem}")
         try:
-            self._engine = create_engine(url)
+            self._engine = create_engine(url, connect_timeout=connect_timeout, statement_timeout=statement_timeout)
         except OSError as exc:  # the SQLite file's directory cannot be created
             raise StoreUnavailable(f"cannot open the database: {describe(url, exc)}") from exc
         # One process has one SQLite writer at a time anyway; queueing here rather than
         # in SQLite's busy handler keeps waits fair and short.
         self._local_writer = asyncio.Lock() if is_sqlite(url) else None
+        self._postgres = self._local_writer is None
 
     @asynccontextmanager
     async def write(self) -> AsyncIterator[_SqlTx]:
@@ -387,5 +398,97 @@ class SqlStore:
         async with self._read() as conn:
             await conn.execute(sa.select(feed_head.c.seq).where(feed_head.c.id == 1))
 
+    async def audit(self, instance_id: str | None, after: int, limit: int) -> list[AuditEntry]:
+        t = audit_log
+        query = sa.select(t).where(t.c.seq > after).order_by(t.c.seq).limit(limit)
+        if instance_id is not None:
+            query = query.where(t.c.instance_id == instance_id)
+        async with self._read() as conn:
+            rows = await conn.execute(query)
+            return [
+                AuditEntry(int(r.seq), _utc(r.at) or r.at, AuditEvent(
+                    r.subject, r.instance_id, r.action, r.kind, bool(r.applied), r.detail))
+                for r in rows
+            ]
+
     async def close(self) -> None:
         await self._engine.dispose()
+
+    # --- the instance<->host channel ------------------------------------------------------
+
+    @asynccontextmanager
+    async def _instance_tx(self, instance_id: str | None) -> AsyncIterator[AsyncConnection]:
+        """A write transaction, serialised with every other one for ``instance_id`` unless None.
+
+        PostgreSQL: a transaction-scoped advisory lock on the id, so cursors of one instance
+        are allocated and committed in the same order. SQLite: BEGIN IMMEDIATE does it.
+        """
+        try:
+            async with contextlib.AsyncExitStack() as stack:
+                if self._local_writer is not None:
+                    await stack.enter_async_context(self._local_writer)
+                conn = await stack.enter_async_context(self._engine.begin())
+                if self._postgres and instance_id is not None:
+                    await conn.execute(sa.select(sa.func.pg_advisory_xact_lock(sa.func.hashtext(instance_id))))
+                yield conn
+        except SQLAlchemyError as exc:
+            raise StoreUnavailable(f"database write failed: {type(exc).__name__}") from exc
+
+    async def append_event(
+        self, instance_id: str, state: str, code: int | None, message: str | None, *, retain: int
+    ) -> Event:
+        t = instance_events
+        now = datetime.now(UTC)
+        async with self._instance_tx(instance_id) as conn:
+            inserted = await conn.execute(
+                t.insert().values(instance_id=instance_id, state=state, code=code, message=message, created_at=now)
+            )
+            cursor = int(inserted.inserted_primary_key[0])  # type: ignore[index]
+            oldest_kept = (
+                sa.select(t.c.cursor).where(t.c.instance_id == instance_id)
+                .order_by(t.c.cursor.desc()).offset(retain - 1).limit(1).scalar_subquery()
+            )
+            await conn.execute(t.delete().where(t.c.instance_id == instance_id, t.c.cursor < oldest_kept))
+        return Event(cursor, instance_id, state, code, message, now)
+
+    async def events_after(self, instance_id: str, after: int, limit: int) -> list[Event]:
+        t = instance_events
+        async with self._read() as conn:
+            rows = await conn.execute(
+                sa.select(t).where(t.c.instance_id == instance_id, t.c.cursor > after).order_by(t.c.cursor).limit(limit)
+            )
+            return [
+                Event(int(r.cursor), r.instance_id, r.state, r.code, r.message, _utc(r.created_at) or datetime.now(UTC))
+                for r in rows
+            ]
+
+    async def latest_event_cursor(self) -> int:
+        async with self._read() as conn:
+            found = (await conn.execute(sa.select(sa.func.max(instance_events.c.cursor)))).scalar_one_or_none()
+            return int(found or 0)
+
+    async def queue_message(self, instance_id: str, body: bytes, *, max_queued: int) -> int | None:
+        t = instance_messages
+        async with self._instance_tx(instance_id) as conn:
+            count = sa.select(sa.func.count()).where(t.c.instance_id == instance_id)
+            waiting = (await conn.execute(count)).scalar_one()
+            if waiting >= max_queued:
+                return None
+            inserted = await conn.execute(
+                t.insert().values(instance_id=instance_id, body=body, created_at=datetime.now(UTC))
+            )
+            return int(inserted.inserted_primary_key[0])  # type: ignore[index]
+
+    async def take_message(self, instance_id: str) -> bytes | None:
+        t = instance_messages
+        async with self._instance_tx(None) as conn:
+            # SKIP LOCKED: a concurrent reader takes the next message instead of waiting for this one.
+            oldest = await conn.execute(
+                sa.select(t.c.id, t.c.body).where(t.c.instance_id == instance_id)
+                .order_by(t.c.id).limit(1).with_for_update(skip_locked=True)
+            )
+            row = oldest.first()
+            if row is None:
+                return None
+            deleted = await conn.execute(t.delete().where(t.c.id == row.id))
+            return bytes(row.body) if deleted.rowcount == 1 else None
