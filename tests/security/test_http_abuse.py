@@ -232,3 +232,15 @@ def test_a_flooding_instance_gets_429_with_retry_after_and_others_are_unaffected
         assert answer.status_code == 404  # not rate limited: its own bucket, and no instance at that address
         with httpx.Client(timeout=5.0) as admin:  # the admin API is not behind the instance rate limit
             assert admin.get(f"{limited.url}/healthz").status_code == 200
+
+
+def test_the_default_rate_limit_lets_a_whole_boot_through(tmp_path):
+    """With the default limit (50/s, burst 200) a boot's crawl of ~150 reads from one address is all 200."""
+    defaults = ("--demo", "--db", "memory://", "--rate-limit", "50", "--rate-burst", "200")
+    with serving(tmp_path, *defaults) as running, client_at("127.0.0.1") as guest:
+        listing = guest.get(f"{running.url}/latest/meta-data/").text.split()
+        paths = [f"/latest/meta-data/{leaf}" for leaf in listing if not leaf.endswith("/")]
+        crawl = (paths * (150 // max(len(paths), 1) + 1))[:150]
+        statuses = {guest.get(f"{running.url}{path}").status_code for path in crawl}
+        assert statuses == {200}
+        assert guest.get(f"{running.url}/metadata").json()["id"] == DEMO_ID

@@ -173,9 +173,7 @@ def leaks(answer: bytes, expected: Tenant | None) -> list[str]:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     tmp: Path = tmp_path_factory.mktemp("isolation")
-    # ~800 cases from a handful of addresses in a few seconds: the per-caller rate limit
-    # (tests/security/test_http_abuse.py) would answer 429 to most of them; isolation is the subject here.
-    with serving(tmp, "--db", "memory://", "--trusted-proxy", f"{PROXY}/32", "--rate-limit", "0", v6=True) as running:
+    with serving(tmp, "--db", "memory://", "--trusted-proxy", f"{PROXY}/32", v6=True) as running:
         for tenant in TENANTS:
             document = {"id": tenant.id, "hostname": tenant.marker, "facility": "da11", "tags": [f"m={tenant.marker}"]}
             running.post("/device-metadata", {"id": tenant.id, "ipAddresses": [tenant.binding], "metadata": document})

@@ -1,5 +1,7 @@
-"""Per-caller request rate limit on the instance front: one token bucket per address.
+"""Per-caller rate limits: one token bucket per key.
 
+The key is the caller's address on the instance front and the instance id for the
+channel's events.
 A bucket holds up to ``burst`` tokens and refills at ``rate`` tokens per second; each
 request takes one. An empty bucket answers "retry after N seconds". The clock is
 injected so tests never sleep. Buckets live in a plain dict: the front runs on one event
@@ -12,6 +14,8 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
+
+from imds.errors import RateLimited
 
 MAX_BUCKETS = 65536
 
@@ -41,6 +45,12 @@ class RateLimiter:
             return 0
         bucket[0] = tokens
         return max(1, math.ceil((1.0 - tokens) / self.rate))
+
+    def take(self, key: str) -> None:
+        """Spend one token of ``key``'s bucket, or raise RateLimited saying when one is back."""
+        wait = self.retry_after(key)
+        if wait:
+            raise RateLimited(wait)
 
     def _forget_full(self, now: float) -> None:
         """Drop the buckets that have refilled completely (or, if none has, the oldest half)."""

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import pytest
+
+from imds.errors import RateLimited
 from imds.services import ratelimit
 from imds.services.ratelimit import RateLimiter
 
@@ -64,3 +67,12 @@ def test_the_bucket_table_is_bounded(monkeypatch):
     for n in range(10):  # nobody has refilled: the oldest half goes
         limiter.retry_after(f"10.1.0.{n}")
         assert len(limiter) <= 4
+
+
+def test_take_raises_rate_limited_with_the_wait():
+    """``take`` (the channel's form) raises RateLimited carrying the Retry-After seconds."""
+    limiter = RateLimiter(rate=0.5, burst=1, clock=Clock())
+    limiter.take("instance-1")
+    with pytest.raises(RateLimited) as caught:
+        limiter.take("instance-1")
+    assert caught.value.retry_after == 2
