@@ -24,12 +24,12 @@ from imds.services.auth import read_scopes
 from imds.services.render.json import encode
 from imds.services.wire import parse_instance_id
 from imds.web.admin import authorize
-from imds.web.errors import JSON
+from imds.web.errors import JSON, documented
 
 
 def audit_router(services: Services) -> APIRouter:
     """The audit log route, bound to ``services``."""
-    router = APIRouter(tags=["admin"])
+    router = APIRouter(tags=["admin"], responses=documented(400, 401, 403, 503))
     log = AuditLog(services.store)
 
     @router.get("/audit", summary="Audit log of admin writes and deletes", response_class=Response)

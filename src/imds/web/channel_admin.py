@@ -27,7 +27,7 @@ from imds.services.render.json import encode
 from imds.services.wire import parse_instance_id
 from imds.web.admin import ID_PARAM, authorize
 from imds.web.body import read_limited
-from imds.web.errors import JSON
+from imds.web.errors import JSON, documented
 
 _ID_EXTRA = {"parameters": [ID_PARAM]}
 KEEPALIVE = 15.0
@@ -58,7 +58,7 @@ def _after(request: Request, after: int) -> int:
 
 def channel_admin_router(services: Services) -> APIRouter:
     """The events and messages routes, bound to ``services``."""
-    router = APIRouter(tags=["admin"])
+    router = APIRouter(tags=["admin"], responses=documented(400, 401, 403, 404, 409, 413, 503))
     channel = services.channel
 
     @router.get("/device-events/{instance_id}", summary="Events the instance posted, after a cursor",
