@@ -14,7 +14,7 @@ pytest_plugins = ["postgres_server"]
 
 @pytest.fixture
 def anyio_backend() -> str:
-    """Async tests run on asyncio (uvicorn's loop in production)."""
+    """Async tests run on asyncio (the loop imds serve runs on)."""
     return "asyncio"
 
 

@@ -120,6 +120,10 @@ def serving(
         port6 = free_port("::1")
         listen += ["--listen", f"[::1]:{port6}"]
         v6_url = f"http://[::1]:{port6}"
+    if "--rate-limit" not in args:
+        # Test loops read as fast as they can from one address; the per-caller limit has its own
+        # tests (security/test_http_abuse.py), which pass --rate-limit explicitly.
+        args = (*args, "--rate-limit", "0")
     log = tmp_path / f"serve-{port}.log"
     with log.open("wb") as sink:
         process = subprocess.Popen(

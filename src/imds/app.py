@@ -22,6 +22,7 @@ from imds.services.demo import load_demo
 from imds.store import Store
 from imds.web.admin import admin_router
 from imds.web.audit_admin import audit_router
+from imds.web.bounded import Bounded
 from imds.web.channel_admin import channel_admin_router
 from imds.web.docs import docs_router
 from imds.web.errors import handle_http_error, handle_imds_error, handle_unexpected
@@ -75,4 +76,9 @@ def build_app(
     return InstanceFront(services, admin)
 
 
-__all__ = ["Services", "build_app"]
+def build_served_app(settings: Settings) -> Bounded:
+    """``build_app`` behind the request limits of ``imds.web.bounded``: what ``imds serve`` runs."""
+    return Bounded(build_app(settings), settings)
+
+
+__all__ = ["Services", "build_app", "build_served_app"]

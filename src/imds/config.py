@@ -170,7 +170,31 @@ OPTIONS: tuple[Option, ...] = (
            "Seconds to wait for a database connection before answering 503."),
     Option("db_statement_timeout", "IMDS_DB_STATEMENT_TIMEOUT", "float", 5.0,
            "Seconds one database statement (or SQLite's write lock) may take before answering 503."),
+    # Server and listener limits (docs/server.md).
+    Option("server", "IMDS_SERVER", "str", "granian",
+           "HTTP server: granian (fastest, every limit below) or uvicorn (no header read timeout)."),
+    Option("workers", "IMDS_WORKERS", "int", 1,
+           "Server processes sharing the listeners (each loads the catalog; not with memory://)."),
+    Option("max_header_bytes", "IMDS_MAX_HEADER_BYTES", "int", 16384,
+           "Largest request line plus headers, in bytes (larger: 431 or the connection is closed)."),
+    Option("max_headers", "IMDS_MAX_HEADERS", "int", 100,
+           "Most header lines in one request (more: 431)."),
+    Option("header_timeout", "IMDS_HEADER_TIMEOUT", "float", 10.0,
+           "Seconds a connection may take to send a request's headers, idle keep-alive included."),
+    Option("body_timeout", "IMDS_BODY_TIMEOUT", "float", 10.0,
+           "Seconds the server waits for each part of a request body."),
+    Option("keepalive_timeout", "IMDS_KEEPALIVE_TIMEOUT", "float", 5.0,
+           "Seconds uvicorn keeps an idle keep-alive connection (granian closes it after --header-timeout)."),
+    Option("max_connections", "IMDS_MAX_CONNECTIONS", "int", 512,
+           "Most open connections per listener and worker; more wait in the kernel's backlog."),
+    Option("rate_limit", "IMDS_RATE_LIMIT", "float", 50.0,
+           "Instance requests per second per caller address (token bucket; 0: off; over: 429)."),
+    Option("rate_burst", "IMDS_RATE_BURST", "int", 200,
+           "Instance requests a caller address may make at once before --rate-limit applies."),
 )
+
+SERVERS = ("granian", "uvicorn")
+MIN_HEADER_BYTES = 8192  # granian's (hyper's) smallest read buffer
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 IMDSV2_MODES = ("optional", "required")
@@ -243,6 +267,16 @@ class Settings:
     instance_auth: frozenset[str] = frozenset()
     db_connect_timeout: float = 5.0
     db_statement_timeout: float = 5.0
+    server: str = "granian"
+    workers: int = 1
+    max_header_bytes: int = 16384
+    max_headers: int = 100
+    header_timeout: float = 10.0
+    body_timeout: float = 10.0
+    keepalive_timeout: float = 5.0
+    max_connections: int = 512
+    rate_limit: float = 50.0
+    rate_burst: int = 200
 
     @property
     def key_dir(self) -> Path | None:
@@ -372,6 +406,7 @@ def _validate(raw: dict[str, Any], env: Mapping[str, str]) -> Settings:
             msg = f"{flag} / IMDS_{name.upper()}: {raw[name]} is not a file"
             raise ConfigError(msg)
     _validate_lookup(raw)
+    _validate_server(raw, db_url)
     if raw["proxy_previous_secret_file"] is not None and raw["proxy_shared_secret_file"] is None:
         msg = "--proxy-previous-secret-file / IMDS_PROXY_PREVIOUS_SECRET_FILE needs --proxy-shared-secret-file"
         raise ConfigError(msg)
@@ -426,6 +461,16 @@ def _validate(raw: dict[str, Any], env: Mapping[str, str]) -> Settings:
         log_instance_reads=bool(raw["log_instance_reads"]),
         feed_poll_interval=float(raw["feed_poll_interval"]),
         shutdown_timeout=float(raw["shutdown_timeout"]),
+        server=raw["server"],
+        workers=int(raw["workers"]),
+        max_header_bytes=int(raw["max_header_bytes"]),
+        max_headers=int(raw["max_headers"]),
+        header_timeout=float(raw["header_timeout"]),
+        body_timeout=float(raw["body_timeout"]),
+        keepalive_timeout=float(raw["keepalive_timeout"]),
+        max_connections=int(raw["max_connections"]),
+        rate_limit=float(raw["rate_limit"]),
+        rate_burst=int(raw["rate_burst"]),
         **_ganeti_settings(raw),
         **_channel_settings(raw),
         **_fault_settings(raw),
@@ -483,6 +528,27 @@ def _channel_settings(raw: dict[str, Any]) -> dict[str, Any]:
             msg = f"{flag} / IMDS_{name.upper()} must be positive"
             raise ConfigError(msg)
     return {name: raw[name] for name in names}
+def _validate_server(raw: dict[str, Any], db_url: str) -> None:
+    """Server choice and listener limits: a known server, positive limits, workers that can share a store."""
+    if raw["server"] not in SERVERS:
+        msg = f"--server / IMDS_SERVER: {raw['server']!r} is not one of {', '.join(SERVERS)}"
+        raise ConfigError(msg)
+    if raw["workers"] > 1 and db_url.startswith("memory://"):
+        msg = "--workers / IMDS_WORKERS: more than one worker needs a shared database, not memory://"
+        raise ConfigError(msg)
+    positive = ("workers", "max_header_bytes", "max_headers", "header_timeout", "body_timeout",
+                "keepalive_timeout", "max_connections")
+    for name in (*positive, "rate_limit", "rate_burst"):
+        if raw[name] < 0 or (raw[name] == 0 and name in positive):
+            flag = "--" + name.replace("_", "-")
+            msg = f"{flag} / IMDS_{name.upper()} must be {'positive' if name in positive else 'zero or more'}"
+            raise ConfigError(msg)
+    if raw["max_header_bytes"] < MIN_HEADER_BYTES:
+        msg = f"--max-header-bytes / IMDS_MAX_HEADER_BYTES must be at least {MIN_HEADER_BYTES}"
+        raise ConfigError(msg)
+    if raw["rate_limit"] and raw["rate_burst"] < 1:
+        msg = "--rate-burst / IMDS_RATE_BURST must be at least 1 when --rate-limit is on"
+        raise ConfigError(msg)
 
 
 def _validate_lookup(raw: dict[str, Any]) -> None:

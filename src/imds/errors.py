@@ -11,8 +11,10 @@ for them are chosen in exactly one place, ``imds.web.errors``.
     │   ├── InstanceNotFound     the caller's address maps to no instance
     │   └── RecordNotFound       the instance has no record of this kind
     ├── InvalidInput             the request is malformed; carries one Problem per field
-    │   └── PayloadTooLarge      the body is over the configured limit
-    ├── RateLimited              an instance posts faster than its rate limit allows
+    │   ├── PayloadTooLarge      the body is over the configured limit
+    │   ├── HeadersTooLarge      more header lines than the configured limit
+    │   └── RequestTimeout       the body did not arrive within the configured time
+    ├── RateLimited              a caller sent more requests than its rate limit allows
     ├── AuthError
     │   ├── Unauthenticated      no credentials, or credentials that do not verify
     │   ├── AuthNotConfigured    the admin API has no way to check credentials
@@ -97,6 +99,22 @@ class PayloadTooLarge(InvalidInput):
             message="request body too large",
         )
         self.limit = limit
+
+
+class HeadersTooLarge(InvalidInput):
+    """The request has more header lines than ``--max-headers`` allows."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__([Problem("headers", f"more than {limit} header lines (--max-headers)")], "headers too large")
+        self.limit = limit
+
+
+class RequestTimeout(InvalidInput):
+    """The request body did not arrive within ``--body-timeout``."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__([Problem("body", f"not received within {seconds:g}s (--body-timeout)")], "request timeout")
+        self.seconds = seconds
 
 
 class RateLimited(ImdsError):

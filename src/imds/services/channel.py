@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import math
 import re
 import time
 from collections.abc import Callable
@@ -24,8 +23,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from imds import log
-from imds.errors import Conflict, InvalidInput, NotFound, PayloadTooLarge, Problem, RateLimited, StoreUnavailable
+from imds.errors import Conflict, InvalidInput, NotFound, PayloadTooLarge, Problem, StoreUnavailable
 from imds.models import Event
+from imds.services.ratelimit import RateLimiter
 from imds.store.interface import Store
 
 _log = log.get("channel")
@@ -45,26 +45,6 @@ class ChannelLimits:
     retain: int = 1000
     message_max_bytes: int = 65536
     max_queued: int = 100
-
-
-class RateLimiter:
-    """A token bucket per key; ``clock`` is injectable (monotonic seconds)."""
-
-    def __init__(self, rate: float, burst: int, clock: Callable[[], float] = time.monotonic) -> None:
-        self._rate = rate
-        self._burst = float(burst)
-        self._clock = clock
-        self._buckets: dict[str, tuple[float, float]] = {}
-
-    def take(self, key: str) -> None:
-        """Spend one token of ``key``'s bucket, or raise RateLimited saying when one is back."""
-        now = self._clock()
-        tokens, then = self._buckets.get(key, (self._burst, now))
-        tokens = min(self._burst, tokens + (now - then) * self._rate)
-        if tokens < 1.0:
-            self._buckets[key] = (tokens, now)
-            raise RateLimited(max(1, math.ceil((1.0 - tokens) / self._rate)))
-        self._buckets[key] = (tokens - 1.0, now)
 
 
 def parse_event(raw: bytes, limit: int) -> tuple[str, int | None, str | None]:

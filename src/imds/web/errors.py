@@ -17,12 +17,14 @@ from imds.errors import (
     AuthNotConfigured,
     Conflict,
     Forbidden,
+    HeadersTooLarge,
     ImdsError,
     InvalidInput,
     NotFound,
     PayloadTooLarge,
     RateLimited,
     Refused,
+    RequestTimeout,
     StoreUnavailable,
     Unauthenticated,
     UpstreamError,
@@ -31,6 +33,8 @@ from imds.errors import (
 # First match wins, so subclasses come before their bases.
 STATUS: tuple[tuple[type[ImdsError], int], ...] = (
     (PayloadTooLarge, 413),
+    (HeadersTooLarge, 431),
+    (RequestTimeout, 408),
     (InvalidInput, 400),
     (NotFound, 404),
     (RateLimited, 429),

@@ -13,9 +13,10 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from imds import log
-from imds.errors import ImdsError
+from imds.errors import ImdsError, RateLimited
 from imds.services import Services
 from imds.services.lookup import LookupNeeded
+from imds.services.ratelimit import RateLimiter
 from imds.web.channel import ChannelFlavor
 from imds.web.ec2 import Ec2Flavor
 from imds.web.errors import error_body, error_parts
@@ -80,6 +81,9 @@ class InstanceFront:
         metrics = services.metrics
         self._observe = metrics.latency.labels("instance").observe
         self._counters = {s: metrics.requests.labels("instance", str(s)) for s in (200, 400, 401, 403, 404, 405)}
+        settings = services.settings
+        self._limiter = RateLimiter(settings.rate_limit, settings.rate_burst) if settings.rate_limit > 0 else None
+        self._locator, self._behind_proxies = locator, bool(settings.trusted_proxies)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """ASGI entry point."""
@@ -104,7 +108,7 @@ class InstanceFront:
         started = time.perf_counter()
         try:
             try:
-                reply = handler(scope)
+                reply = self._limited(scope) or handler(scope)
             except LookupNeeded as need:
                 reply = await self._after_lookup(scope, handler, need)
             if isinstance(reply, Pending) and reply.complete is not None:
@@ -130,6 +134,24 @@ class InstanceFront:
         if self._log_reads:
             client = scope.get("client")
             _log.info("instance.read", path=scope["path"], peer=client[0] if client else None, status=reply.status)
+
+    def _limited(self, scope: Scope) -> Reply | None:
+        """A 429 with Retry-After when the caller's address has used up its rate, else None."""
+        if self._limiter is None:
+            return None
+        client = scope.get("client")
+        key = client[0] if client else "-"
+        if self._behind_proxies:
+            try:
+                address = self._locator.address(scope)
+            except ImdsError:  # a bad X-Forwarded-For: the handler answers it (400); count it against the peer
+                address = None
+            key = str(address) if address is not None else key
+        wait = self._limiter.retry_after(key)
+        if not wait:
+            return None
+        status, body, headers = error_parts(RateLimited(wait))
+        return Reply(status, body, JSON, tuple(headers))
 
     async def _run(self, scope: Scope, handler: Handler) -> Reply:
         try:
