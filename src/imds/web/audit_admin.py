@@ -23,7 +23,7 @@ from imds.services.audit import AuditLog
 from imds.services.auth import read_scopes
 from imds.services.render.json import encode
 from imds.services.wire import parse_instance_id
-from imds.web.admin import authorize
+from imds.web.adminauth import authorize
 from imds.web.errors import JSON, documented
 
 

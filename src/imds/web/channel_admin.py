@@ -25,11 +25,10 @@ from imds.services.auth import read_scopes, upsert_scopes
 from imds.services.channel import PAGE, Channel, event_json
 from imds.services.render.json import encode
 from imds.services.wire import parse_instance_id
-from imds.web.admin import ID_PARAM, authorize
+from imds.web.adminauth import ID_EXTRA, authorize
 from imds.web.body import read_limited
 from imds.web.errors import JSON, documented
 
-_ID_EXTRA = {"parameters": [ID_PARAM]}
 KEEPALIVE = 15.0
 SSE = "text/event-stream"
 
@@ -62,7 +61,7 @@ def channel_admin_router(services: Services) -> APIRouter:
     channel = services.channel
 
     @router.get("/device-events/{instance_id}", summary="Events the instance posted, after a cursor",
-                openapi_extra=_ID_EXTRA, response_class=Response)
+                openapi_extra=ID_EXTRA, response_class=Response)
     async def get_events(
         request: Request,
         instance_id: str,
@@ -79,7 +78,7 @@ def channel_admin_router(services: Services) -> APIRouter:
         return Response(encode(body), media_type=JSON)
 
     @router.get("/device-events/{instance_id}/stream", summary="Follow the instance's events (Server-Sent Events)",
-                openapi_extra=_ID_EXTRA, response_class=Response)
+                openapi_extra=ID_EXTRA, response_class=Response)
     async def stream_events(
         request: Request,
         instance_id: str,
@@ -91,7 +90,7 @@ def channel_admin_router(services: Services) -> APIRouter:
                                  headers={"cache-control": "no-cache"})
 
     @router.post("/device-messages/{instance_id}", summary="Queue a message the instance reads once",
-                 openapi_extra=_ID_EXTRA)
+                 openapi_extra=ID_EXTRA)
     async def post_message(request: Request, instance_id: str) -> Response:
         await authorize(services, request, upsert_scopes(METADATA))
         instance = parse_instance_id(instance_id)

@@ -23,10 +23,8 @@ from imds.services.auth import delete_scopes, read_scopes
 from imds.services.render.json import encode
 from imds.services.upsert import PASSWORD
 from imds.services.wire import parse_instance_id
-from imds.web.admin import ID_PARAM, authorize
+from imds.web.adminauth import ID_EXTRA, authorize
 from imds.web.errors import JSON, documented
-
-_ID_EXTRA = {"parameters": [ID_PARAM]}
 
 
 def openstack_admin_router(services: Services) -> APIRouter:
@@ -36,7 +34,7 @@ def openstack_admin_router(services: Services) -> APIRouter:
 
     @router.get(
         "/device-configdrive/{instance_id}", summary="Config drive ISO (config-2, or a NoCloud cidata seed)",
-        openapi_extra=_ID_EXTRA, response_class=Response,
+        openapi_extra=ID_EXTRA, response_class=Response,
     )
     async def get_configdrive(
         request: Request,

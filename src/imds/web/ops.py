@@ -19,7 +19,7 @@ from imds.errors import StoreUnavailable
 from imds.services import Services
 from imds.services.auth import ops_scopes
 from imds.services.render.json import encode
-from imds.web.admin import authorize
+from imds.web.adminauth import authorize
 from imds.web.errors import JSON
 
 

@@ -26,7 +26,7 @@ from imds.services.bulk import apply_batch, parse_item, rejected
 from imds.services.records_io import stored_instance, stored_instances, to_wire
 from imds.services.render.json import encode
 from imds.services.wire import parse_instance_id, parse_json
-from imds.web.admin import ID_PARAM, authorize
+from imds.web.adminauth import ID_EXTRA, authorize
 from imds.web.body import read_limited
 from imds.web.errors import JSON, documented
 
@@ -74,7 +74,7 @@ def records_admin_router(services: Services) -> APIRouter:
         return Response(encode({"results": body}), media_type=JSON)
 
     @router.get("/device-records/{instance_id}", summary="One instance record in the upsert format",
-                openapi_extra={"parameters": [ID_PARAM]})
+                openapi_extra=ID_EXTRA)
     async def get_record(request: Request, instance_id: str) -> Response:
         await authorize_both(request)
         instance = await stored_instance(services.store, parse_instance_id(instance_id))
