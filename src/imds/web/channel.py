@@ -16,7 +16,7 @@ from imds.models import Event
 from imds.services import Services
 from imds.services.render.json import encode
 from imds.web.errors import error_body, error_parts
-from imds.web.openstack import read_body
+from imds.web.replies import read_body
 from imds.web.routing import BINARY, ENTRY, JSON, Handler, Locator, Pending, Receive, Reply, Scope, header
 
 

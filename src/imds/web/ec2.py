@@ -12,7 +12,6 @@ proxy signed the instance id and sent only ``X-Forwarded-For`` naming the VM (ru
 from __future__ import annotations
 
 import re
-from http import HTTPStatus
 
 from imds.errors import ImdsError, NotFound, RecordNotFound, Refused, Unauthenticated
 from imds.models import METADATA, USERDATA
@@ -23,6 +22,7 @@ from imds.services.render.ec2 import VERSIONS, version_root, versions_listing
 from imds.services.render.tree import body, resolve
 from imds.services.tokens import TOKEN_HEADER, TTL_HEADER, parse_ttl
 from imds.web.errors import status_for
+from imds.web.replies import plain
 from imds.web.routing import READ_METHODS, Handler, Locator, Reply, Scope, header
 
 _TOKEN_PATH = "api/token"  # noqa: S105 - a path, not a secret
@@ -30,11 +30,6 @@ _TTL = TTL_HEADER.encode()
 _NEEDS_METADATA = frozenset({"meta-data", "dynamic"})
 _COUNTED = frozenset({"meta-data", "user-data"})  # reads that count as hollow's metadata/userdata hits
 _VERSION_SHAPE = re.compile(r"^(?:\d{4}-\d{2}-\d{2}|1\.0|latest.*)$")
-
-
-def _plain(status: int) -> Reply:
-    text = f"{status} - {HTTPStatus(status).phrase}"
-    return Reply(status, text.encode())
 
 
 class Ec2Flavor:
@@ -62,7 +57,7 @@ class Ec2Flavor:
     def versions(self, scope: Scope) -> Reply:
         """``GET /``: the versions served, one per line."""
         if scope["method"] not in READ_METHODS:
-            return _plain(405)
+            return plain(405)
         return Reply(200, versions_listing().encode())
 
     def handle(self, scope: Scope) -> Reply:
@@ -71,15 +66,15 @@ class Ec2Flavor:
         subpath = rest[0] if rest else ""
         method = scope["method"]
         if version not in VERSIONS:
-            return _plain(404)
+            return plain(404)
         try:
             if method == "PUT" and version == "latest" and subpath.strip("/") == _TOKEN_PATH:
                 return self._mint(scope)
             if method not in READ_METHODS:
-                return _plain(405)
+                return plain(405)
             return self._read(scope, version, subpath)
         except ImdsError as exc:
-            return _plain(status_for(exc))
+            return plain(status_for(exc))
 
     def _mint(self, scope: Scope) -> Reply:
         headers = scope["headers"]

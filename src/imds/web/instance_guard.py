@@ -15,7 +15,7 @@ from imds.errors import ImdsError
 from imds.services import Services
 from imds.services.instance_auth import InstanceAuth
 from imds.web.errors import error_parts
-from imds.web.openstack import plain
+from imds.web.replies import plain
 from imds.web.routing import JSON, Handler, Locator, Reply, Scope, header
 
 _log = log.get("instance_auth")
