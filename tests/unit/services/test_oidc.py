@@ -17,6 +17,7 @@ from helpers import make_settings
 from imds.errors import Unauthenticated, UpstreamError
 from imds.models import Principal
 from imds.services.oidc import LEEWAY_SECONDS, MAX_AGE_SECONDS, REFETCH_INTERVAL_SECONDS, OidcVerifier
+from imds.upstream.oidc import Discovery
 from imds.web.errors import status_for
 from oidc_server import (
     AUDIENCE,
@@ -65,7 +66,7 @@ async def make_verifier(
         values["oidc_issuer"] = issuer.issuer
     values.update(settings)
     async with httpx.AsyncClient(timeout=30.0, verify=_TLS) as http:
-        yield OidcVerifier(make_settings(**values), http, clock=clock or Clock())
+        yield OidcVerifier(make_settings(**values), Discovery(http), clock=clock or Clock())
 
 
 async def refused(verifier: OidcVerifier, token: str | None) -> str:
