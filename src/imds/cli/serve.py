@@ -57,9 +57,9 @@ def run(settings: Settings) -> None:
 
     logger = log.get("serve")
     if settings.migrate and not settings.db_url.startswith("memory://"):
-        from imds.store.sql import migrate  # noqa: PLC0415 - Alembic loads only when a database is used
+        from imds.services import schema  # noqa: PLC0415 - Alembic loads only when a database is used
 
-        migrate.upgrade(settings.db_url)
+        schema.upgrade(settings.db_url)
         logger.info("db.migrated", db=settings.db_url.split(":", 1)[0])
     servers.raise_fd_limit()
     servers.quiet_server_floods()
