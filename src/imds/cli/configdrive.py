@@ -79,7 +79,7 @@ def list_(image: Path) -> None:
     """Print an ISO's volume label, then each file (Rock Ridge path) with its size in bytes."""
     from pycdlib.pycdlibexception import PyCdlibException  # noqa: PLC0415 - pycdlib loads only when used
 
-    from imds.configdrive.iso import list_iso  # noqa: PLC0415
+    from imds.configdrive import list_iso  # noqa: PLC0415
 
     try:
         with image.open("rb") as data:

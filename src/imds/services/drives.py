@@ -1,7 +1,8 @@
 """Config drive images of stored instances: the one place that builds drives (the admin API and the CLI call it).
 
-``imds.configdrive`` lays the rendered documents out and writes the ISO; this module picks
-the format, reads the record (which must have metadata) and keeps the CPU work off the loop.
+``imds.services.render.drive`` lays the rendered documents out, ``imds.configdrive`` writes
+the ISO; this module picks the format, reads the record (which must have metadata) and
+keeps the CPU work off the loop.
 """
 
 from __future__ import annotations
@@ -9,12 +10,13 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
-from imds.configdrive import CONFIG_2, FORMATS, LABELS, MEDIA_TYPE, NOCLOUD, Format, image
+from imds.configdrive import MEDIA_TYPE, iso_bytes
 from imds.errors import InvalidInput
-from imds.models import METADATA
+from imds.models import METADATA, Instance
+from imds.services.render.drive import CONFIG_2, FORMATS, LABELS, NOCLOUD, Format, layout
 from imds.services.upsert import Records
 
-__all__ = ["CONFIG_2", "FORMATS", "MEDIA_TYPE", "NOCLOUD", "Drive", "build_drive", "drive_format"]
+__all__ = ["CONFIG_2", "FORMATS", "LABELS", "MEDIA_TYPE", "NOCLOUD", "Drive", "build_drive", "drive_format", "image"]
 
 
 @dataclass(frozen=True)
@@ -34,6 +36,11 @@ class Drive:
     def filename(self) -> str:
         """A download name: ``<id>-<format>.iso``."""
         return f"{self.instance_id}-{self.fmt}.iso"
+
+
+def image(instance: Instance, fmt: Format = CONFIG_2) -> bytes:
+    """The ISO image of a drive of format ``fmt`` (``config-2`` or ``nocloud``) for ``instance``."""
+    return iso_bytes(layout(instance, fmt), LABELS[fmt])
 
 
 def drive_format(name: str, field: str = "format") -> Format:

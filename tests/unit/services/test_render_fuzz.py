@@ -17,9 +17,9 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from imds.configdrive import CONFIG_2, NOCLOUD, image
 from imds.errors import InvalidInput
 from imds.models import Instance
+from imds.services.drives import CONFIG_2, NOCLOUD, image
 from imds.services.identity import IdentitySigner
 from imds.services.render import ec2, openstack
 from imds.services.render.json import metadata_bytes
