@@ -16,8 +16,8 @@ from imds.models import Event
 from imds.services import Services
 from imds.services.render.json import encode
 from imds.web.errors import error_body, error_parts
-from imds.web.replies import read_body
-from imds.web.routing import BINARY, ENTRY, JSON, Handler, Locator, Pending, Receive, Reply, Scope, header
+from imds.web.replies import declared_over, read_body
+from imds.web.routing import BINARY, ENTRY, JSON, Handler, Locator, Pending, Receive, Reply, Scope
 
 
 def _error(exc: ImdsError) -> Reply:
@@ -80,8 +80,7 @@ class ChannelFlavor:
         limit = self._channel.limits.event_max_bytes
         try:
             instance_id = self._locator.entry(scope).instance.id
-            declared = header(scope, b"content-length")
-            if declared is not None and declared.isdigit() and int(declared) > limit:
+            if declared_over(scope, limit):
                 raise PayloadTooLarge(limit)
             self._channel.admit(instance_id)
         except ImdsError as exc:

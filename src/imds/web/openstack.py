@@ -27,7 +27,7 @@ from imds.services.render.openstack import (
 )
 from imds.services.render.tree import body, resolve
 from imds.services.upsert import PASSWORD_MAX_BYTES
-from imds.web.replies import plain, plain_error, read_body, userdata_type
+from imds.web.replies import declared_over, plain, plain_error, read_body, userdata_type
 from imds.web.routing import (
     JSON,
     READ_METHODS,
@@ -37,7 +37,6 @@ from imds.web.routing import (
     Receive,
     Reply,
     Scope,
-    header,
 )
 
 PREFIX = "openstack"
@@ -98,8 +97,7 @@ class OpenStackFlavor:
         instance = self._locator.entry(scope).instance
         if instance.password is not None:  # the store checks again, inside the write
             raise Conflict(f"instance {instance.id} already has a password")
-        declared = header(scope, b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > PASSWORD_MAX_BYTES:
+        if declared_over(scope, PASSWORD_MAX_BYTES):
             raise InvalidInput.one("body", f"a password is at most {PASSWORD_MAX_BYTES} bytes")
         records, instance_id = self._records, instance.id
 

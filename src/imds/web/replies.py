@@ -7,7 +7,7 @@ from http import HTTPStatus
 from imds.errors import Conflict, ImdsError, InvalidInput
 from imds.models import Instance
 from imds.web.errors import status_for
-from imds.web.routing import BINARY, TEXT, Receive, Reply
+from imds.web.routing import BINARY, TEXT, Receive, Reply, Scope, header
 
 
 def plain(status: int) -> Reply:
@@ -39,6 +39,12 @@ def text_or_binary(data: bytes) -> bytes:
 def userdata_type(instance: Instance) -> bytes:
     """The content type of the instance's userdata (see ``text_or_binary``)."""
     return text_or_binary(instance.userdata or b"")
+
+
+def declared_over(scope: Scope, limit: int) -> bool:
+    """Whether the request's Content-Length already says its body is over ``limit`` bytes."""
+    declared = header(scope, b"content-length")
+    return declared is not None and declared.isdigit() and int(declared) > limit
 
 
 async def read_body(receive: Receive, limit: int, noun: str = "a password") -> bytes:
