@@ -43,13 +43,15 @@ def records_admin_router(services: Services) -> APIRouter:
 
     @router.get("/device-records", summary="Every instance record, as JSON lines in the upsert format",
                 response_class=StreamingResponse)
-    async def list_records(request: Request) -> StreamingResponse:
+    async def list_records(request: Request, private: bool = True) -> StreamingResponse:
         await authorize_both(request)
         instances = await stored_instances(services.store)
+        cipher = services.os.cipher if services.os is not None else None
+        wire = [to_wire(instance, cipher, private=private) for instance in instances]  # errors before streaming
 
         def lines() -> Iterator[bytes]:
-            for instance in instances:
-                yield json.dumps(to_wire(instance), separators=(",", ":")).encode() + b"\n"
+            for record in wire:
+                yield json.dumps(record, separators=(",", ":")).encode() + b"\n"
 
         return StreamingResponse(lines(), media_type=NDJSON)
 
@@ -64,11 +66,12 @@ def records_admin_router(services: Services) -> APIRouter:
         for index, obj in enumerate(objects):
             label = f"item {index}"
             try:
-                items.append((index, parse_item(obj, label=label)))
+                items.append((index, parse_item(obj, label=label,
+                                                max_os_value_bytes=services.settings.os_param_max_bytes)))
             except InvalidInput as exc:
                 results[index] = rejected(label, obj, exc)
         written = await apply_batch(services.records, services.store, [item for _, item in items],
-                                    subject=subject, dry_run=dry_run)
+                                    subject=subject, dry_run=dry_run, os_records=services.os)
         results.update({index: result for (index, _), result in zip(items, written, strict=True)})
         body = [{"id": r.id, "outcome": r.outcome, "reason": r.reason} for _, r in sorted(results.items())]
         return Response(encode({"results": body}), media_type=JSON)
@@ -78,6 +81,6 @@ def records_admin_router(services: Services) -> APIRouter:
     async def get_record(request: Request, instance_id: str) -> Response:
         await authorize_both(request)
         instance = await stored_instance(services.store, parse_instance_id(instance_id))
-        return Response(encode(to_wire(instance)), media_type=JSON)
+        return Response(encode(to_wire(instance, private=False)), media_type=JSON)
 
     return router
