@@ -25,6 +25,7 @@ from imds.web.audit_admin import audit_router
 from imds.web.channel_admin import channel_admin_router
 from imds.web.docs import docs_router
 from imds.web.errors import handle_http_error, handle_imds_error, handle_unexpected
+from imds.web.explain_admin import explain_router
 from imds.web.ganeti_admin import ganeti_admin_router
 from imds.web.instance import InstanceFront
 from imds.web.openstack_admin import openstack_admin_router
@@ -66,6 +67,7 @@ def build_app(
                                   records_admin_router(services)]
     routers.append(ganeti_admin_router(services))  # Ganeti OS records
     routers.append(audit_router(services))  # the audit log (GET /audit)
+    routers.append(explain_router(services))  # imds explain (GET /explain)
     for router in routers:
         admin.include_router(router)
         admin.include_router(router, prefix="/api/v1", include_in_schema=False)

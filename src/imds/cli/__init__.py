@@ -10,6 +10,7 @@ from imds.cli.agent import agent
 from imds.cli.configdrive import configdrive
 from imds.cli.db import db
 from imds.cli.events import events
+from imds.cli.explain import explain
 from imds.cli.proxy import proxy
 from imds.cli.serve import serve
 
@@ -46,6 +47,7 @@ cli.add_command(transfer.export)
 cli.add_command(agent)
 cli.add_command(proxy)
 cli.add_command(events)
+cli.add_command(explain)  # imds explain IP|ID
 
 
 def main() -> None:

@@ -52,6 +52,7 @@ class Target:
         log.configure(settings.log_level)  # JSON lines on stderr (deletes are logged); stdout is the answer
         self.remote = AdminClient(url, token or settings.admin_token) if url else None
         self.db_url = settings.db_url
+        self.settings = settings
         self.private_key_file = settings.private_key_file
 
     def __enter__(self) -> Self:
