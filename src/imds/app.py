@@ -32,6 +32,7 @@ from imds.web.openstack_admin import openstack_admin_router
 from imds.web.ops import ops_router
 from imds.web.records_admin import records_admin_router
 from imds.web.refresh import refresh_router
+from imds.web.ui import ui_router
 
 _log = log.get("app")
 
@@ -68,6 +69,7 @@ def build_app(
     routers.append(ganeti_admin_router(services))  # Ganeti OS records
     routers.append(audit_router(services))  # the audit log (GET /audit)
     routers.append(explain_router(services))  # imds explain (GET /explain)
+    admin.include_router(ui_router(services))  # the admin web page (GET /ui) and its search/changes endpoints
     for router in routers:
         admin.include_router(router)
         admin.include_router(router, prefix="/api/v1", include_in_schema=False)
