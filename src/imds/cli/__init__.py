@@ -7,6 +7,7 @@ import click
 from imds import __version__
 from imds.cli import records, transfer
 from imds.cli.agent import agent
+from imds.cli.config_cmd import config
 from imds.cli.configdrive import configdrive
 from imds.cli.db import db
 from imds.cli.events import events
@@ -48,6 +49,7 @@ cli.add_command(agent)
 cli.add_command(proxy)
 cli.add_command(events)
 cli.add_command(explain)  # imds explain IP|ID
+cli.add_command(config)  # imds config show
 
 
 def main() -> None:
