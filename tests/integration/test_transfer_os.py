@@ -138,3 +138,29 @@ def test_os_records_through_a_live_server(tmp_path):
         remote_public = imds("export", "--no-private", "--url", server.url, **env)
         assert "private-hash-value" not in remote_public.stdout
         assert "secret-key-value" not in remote.stdout + remote_public.stdout
+
+
+def test_private_values_need_an_os_read_scope_and_os_items_an_os_write_scope(tmp_path):
+    tokens = tmp_path / "tokens.json"
+    tokens.write_text(json.dumps({"tokens": [
+        {"subject": "records-only", "token": "records-only-token-0123456789abcdef",
+         "scopes": ["metadata:read:metadata", "metadata:read:userdata",
+                    "metadata:create:metadata", "metadata:create:userdata",
+                    "metadata:update:metadata", "metadata:update:userdata"]},
+    ]}))
+    items = _items()
+    with serving(tmp_path, "--data-dir", str(tmp_path / "served"), "--admin-tokens-file", str(tokens)) as server:
+        headers = {"Authorization": "Bearer records-only-token-0123456789abcdef"}
+        with httpx.Client(timeout=10) as client:
+            refused = client.post(f"{server.url}/device-records", json=items, headers=headers)
+            assert refused.status_code == 403, refused.text
+            assert "metadata:create:os" in refused.json()["message"]
+            admin = client.post(f"{server.url}/device-records", json=items, headers=server.admin_headers)
+            assert admin.status_code == 200
+            private = client.get(f"{server.url}/device-records", headers=headers)
+            assert private.status_code == 403
+            assert "metadata:read:os" in private.json()["message"]
+            public = client.get(f"{server.url}/device-records", params={"private": "false"}, headers=headers)
+            assert public.status_code == 200
+            assert '"os":' in public.text
+            assert "private-hash-value" not in public.text
