@@ -26,11 +26,11 @@ def config() -> None:
 @click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table", show_default=True,
               help="table, or json ([{name, value, source}]).")
 def show(output: str, **flags: Any) -> None:
-    r"""Print every setting as imds serve would resolve it, secrets masked, with its source.
+    """Print every setting as imds serve would resolve it, secrets masked, with its source.
 
-    \b
-    imds config show --config /etc/imds/imds.toml
-    IMDS_LOG_LEVEL=debug imds config show -o json
+    Sources, highest first: flag, env, file (--config / IMDS_CONFIG), default.
+
+    Example: imds config show --config /etc/imds/imds.toml -o json
     """
     try:
         rows = effective(flags)

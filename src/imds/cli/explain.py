@@ -26,11 +26,11 @@ from imds.services.templates import compile_all
 @click.option("-o", "--output", type=OUTPUTS, default="table", show_default=True,
               help="table, or json (the same body as GET /explain).")
 def explain(query: str, output: str, **flags: Any) -> None:
-    r"""Explain which instance IP|ID resolves to, through which stored entry, and what each flavor serves it.
+    """Explain which instance IP|ID resolves to, through which stored entry, and what each flavor serves it.
 
-    \b
-    imds explain 10.0.0.5 --data-dir /var/lib/imds
-    imds explain 10.0.0.5 --url http://127.0.0.1:8000 -o json    (token: IMDS_ADMIN_TOKEN)
+    Example: imds explain 10.0.0.5 --data-dir /var/lib/imds
+
+    Example: imds explain 10.0.0.5 --url http://127.0.0.1:8000 -o json (token: IMDS_ADMIN_TOKEN)
     """
     try:
         parsed = parse_query(query)
