@@ -44,12 +44,14 @@ from imds.web.bounded import Bounded
 from imds.web.channel_admin import channel_admin_router
 from imds.web.docs import docs_router
 from imds.web.errors import handle_http_error, handle_imds_error, handle_unexpected
+from imds.web.explain_admin import explain_router
 from imds.web.ganeti_admin import ganeti_admin_router
 from imds.web.instance import InstanceFront
 from imds.web.openstack_admin import openstack_admin_router
 from imds.web.ops import ops_router
 from imds.web.records_admin import records_admin_router
 from imds.web.refresh import refresh_router
+from imds.web.ui import ui_router
 
 _log = log.get("app")
 
@@ -85,6 +87,8 @@ def build_app(
                                   records_admin_router(services)]
     routers.append(ganeti_admin_router(services))  # Ganeti OS records
     routers.append(audit_router(services))  # the audit log (GET /audit)
+    routers.append(explain_router(services))  # imds explain (GET /explain)
+    admin.include_router(ui_router(services))  # the admin web page (GET /ui) and its search/changes endpoints
     for router in routers:
         admin.include_router(router)
         admin.include_router(router, prefix="/api/v1", include_in_schema=False)

@@ -2,14 +2,16 @@
 
 Every option has one entry in ``OPTIONS``: its flag (``--listen``), its environment
 variable (``IMDS_LISTEN``), its default and its help. The CLI builds its flags from that
-table, and ``load`` resolves each value once: flag, else environment, else default. The
-result is a frozen ``Settings``; nothing else reads ``os.environ``.
+table, and ``load`` resolves each value once: flag, else environment, else the TOML config
+file (``--config`` / ``IMDS_CONFIG``; keys are option names), else default. The result is a
+frozen ``Settings``; nothing else reads ``os.environ`` or the config file.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import os
+import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -326,23 +328,122 @@ def options_table(table: tuple[Option, ...] = OPTIONS) -> str:
 
 
 def load(flags: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None) -> Settings:
-    """Resolve every option from ``flags``, then ``environ``, then its default.
+    """Resolve every option from ``flags``, then ``environ``, then the config file, then its default.
 
     ``flags`` maps option names to values given on the command line (``None`` or an
-    empty tuple means "not given"). ``environ`` defaults to ``os.environ``.
+    empty tuple means "not given"). ``environ`` defaults to ``os.environ``. The config
+    file is ``flags["config"]``, else ``IMDS_CONFIG`` (see ``layered``).
     """
-    flags = flags or {}
     env = os.environ if environ is None else environ
-    raw: dict[str, Any] = {}
-    for option in OPTIONS:
+    raw = {name: value for name, (value, _source) in layered(flags or {}, env).items()}
+    return _validate(raw, env)
+
+
+# --- the config file layer (imds config show) --------------------------------------------
+
+CONFIG_OPTION = Option("config", "IMDS_CONFIG", "path", None,
+                       'TOML file of settings (keys are option names, e.g. listen = ["127.0.0.1:8000"]); '
+                       "flags and environment variables override it.")
+FLAG, ENV, FILE, DEFAULT = "flag", "env", "file", "default"
+SHOWN_SECRET = "********"  # noqa: S105 - the mask, not a secret
+
+
+def layered(
+    flags: Mapping[str, Any], env: Mapping[str, str], table: tuple[Option, ...] = OPTIONS,
+) -> dict[str, tuple[Any, str]]:
+    """Every option's value and where it came from (``flag``, ``env``, ``file`` or ``default``)."""
+    path, _source = config_path(flags, env)
+    from_file = read_config_file(path, table) if path is not None else {}
+    found: dict[str, tuple[Any, str]] = {}
+    for option in table:
         given = flags.get(option.name)
         if given is not None and given != ():
-            raw[option.name] = _coerce(option, given)
+            found[option.name] = (_coerce(option, given), FLAG)
         elif option.env in env:
-            raw[option.name] = _coerce(option, env[option.env])
+            found[option.name] = (_coerce(option, env[option.env]), ENV)
+        elif option.name in from_file:
+            found[option.name] = (from_file[option.name], FILE)
         else:
-            raw[option.name] = option.default
-    return _validate(raw, env)
+            found[option.name] = (option.default, DEFAULT)
+    return found
+
+
+def config_path(flags: Mapping[str, Any], env: Mapping[str, str]) -> tuple[Path | None, str]:
+    """The config file named by ``--config`` or ``IMDS_CONFIG`` (None: no file), and which one named it."""
+    given = flags.get(CONFIG_OPTION.name)
+    if given:
+        return Path(given).expanduser(), FLAG
+    if env.get(CONFIG_OPTION.env):
+        return Path(env[CONFIG_OPTION.env]).expanduser(), ENV
+    return None, DEFAULT
+
+
+def read_config_file(path: Path, table: tuple[Option, ...] = OPTIONS) -> dict[str, Any]:
+    """The options set in the TOML file at ``path``, coerced; ConfigError naming the file and key."""
+    where = f"config file {path}"
+    try:
+        document = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        msg = f"{where} (--config / IMDS_CONFIG): cannot read: {exc.strerror or type(exc).__name__}"
+        raise ConfigError(msg) from exc
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        msg = f"{where}: not valid TOML: {exc}"
+        raise ConfigError(msg) from exc
+    options = {option.name: option for option in table}
+    values: dict[str, Any] = {}
+    for key, value in document.items():
+        option = options.get(key.replace("-", "_"))
+        if option is None:
+            msg = f"{where}: unknown key {key!r} (keys are option names, as `imds config show` lists them)"
+            raise ConfigError(msg)
+        values[option.name] = _from_toml(option, value, where, key)
+    return values
+
+
+_TOML_TYPES: dict[str, tuple[type, ...]] = {"int": (int,), "float": (int, float), "bool": (bool,)}
+
+
+def _from_toml(option: Option, value: Any, where: str, key: str) -> Any:
+    if option.kind == "list" and isinstance(value, list) and all(isinstance(item, str) for item in value):
+        return tuple(value)
+    if isinstance(value, str) and option.kind in {"list", "str", "path"}:
+        return _coerce(option, value)
+    wanted = _TOML_TYPES.get(option.kind)
+    if wanted is not None and isinstance(value, wanted) and (option.kind == "bool") == isinstance(value, bool):
+        return value
+    kinds = {"list": "an array of strings", "str": "a string", "path": "a string (a path)", "int": "an integer",
+             "float": "a number", "bool": "true or false"}
+    msg = f"{where}: key {key!r} must be {kinds[option.kind]}"
+    raise ConfigError(msg)
+
+
+def effective(
+    flags: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None,
+) -> list[tuple[str, str, str]]:
+    """(name, value as shown, source) for the config file and every option, secrets masked.
+
+    Runs ``load`` first, so a configuration ``imds serve`` would refuse is refused here too.
+    """
+    env = os.environ if environ is None else environ
+    flags = flags or {}
+    load(flags, env)
+    path, path_source = config_path(flags, env)
+    values = layered(flags, env)
+    rows = [(CONFIG_OPTION.name, str(path) if path is not None else "-", path_source)]
+    rows += [(option.name, _shown(option, values[option.name][0]), values[option.name][1]) for option in OPTIONS]
+    return rows
+
+
+def _shown(option: Option, value: Any) -> str:
+    if value is None or value == ():
+        return "-"
+    if option.secret:
+        return SHOWN_SECRET
+    if option.name == "db":
+        return _redact_url(str(value))
+    if isinstance(value, tuple):
+        return ",".join(str(item) for item in value)
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def _bool(text: str) -> bool:

@@ -7,9 +7,11 @@ import click
 from imds import __version__
 from imds.cli import records, transfer
 from imds.cli.agent import agent
+from imds.cli.config_cmd import config
 from imds.cli.configdrive import configdrive
 from imds.cli.db import db
 from imds.cli.events import events
+from imds.cli.explain import explain
 from imds.cli.proxy import proxy
 from imds.cli.serve import serve
 
@@ -46,6 +48,8 @@ cli.add_command(transfer.export)
 cli.add_command(agent)
 cli.add_command(proxy)
 cli.add_command(events)
+cli.add_command(explain)  # imds explain IP|ID
+cli.add_command(config)  # imds config show
 
 
 def main() -> None:

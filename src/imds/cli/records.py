@@ -27,7 +27,7 @@ from imds.services.wire import parse_instance_id
 
 T = TypeVar("T")
 SUBJECT = "imds-cli"  # logged as the subject of CLI deletes and imports on the database
-_DB_OPTIONS = ("data_dir", "db", "admin_token", "log_level")
+_DB_OPTIONS = ("data_dir", "db", "admin_token", "log_level", "private_key_file")
 OUTPUTS = click.Choice(["table", "json"])
 
 
@@ -52,6 +52,8 @@ class Target:
         log.configure(settings.log_level)  # JSON lines on stderr (deletes are logged); stdout is the answer
         self.remote = AdminClient(url, token or settings.admin_token) if url else None
         self.db_url = settings.db_url
+        self.settings = settings
+        self.private_key_file = settings.private_key_file
 
     def __enter__(self) -> Self:
         return self
@@ -64,7 +66,7 @@ class Target:
         """Run ``action`` on the database's records, with imds errors as one-line CLI errors."""
 
         async def run() -> T:
-            async with offline_records(self.db_url) as records:
+            async with offline_records(self.db_url, private_key_file=self.private_key_file) as records:
                 return await action(records)
 
         try:
@@ -90,7 +92,7 @@ def fetch_one(target: Target, instance_id: str) -> dict[str, Any]:
         return record
 
     async def read(records: OfflineRecords) -> dict[str, Any]:
-        return to_wire(await records.get(instance_id))
+        return to_wire(await records.get(instance_id), private=False)
 
     return target.offline(read)
 
@@ -136,7 +138,7 @@ def list_(output: str, **flags: Any) -> None:
     """List every stored instance: id, hostname, addresses and which records it has."""
 
     async def read(records: OfflineRecords) -> list[dict[str, Any]]:
-        return [summary(to_wire(instance)) for instance in await records.all()]
+        return [summary(to_wire(instance, private=False)) for instance in await records.all()]
 
     with Target(flags) as target:
         if target.remote is not None:

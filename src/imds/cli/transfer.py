@@ -216,6 +216,10 @@ def _item_object(item: Item) -> dict[str, Any]:
         import base64  # noqa: PLC0415
 
         obj["userdata"], obj["userdata_encoding"] = base64.b64encode(item.userdata.userdata).decode(), "base64"
+    if item.os is not None:
+        from imds.services.os_transfer import os_write_to_wire  # noqa: PLC0415
+
+        obj["os"] = os_write_to_wire(item.os)
     return obj
 
 
@@ -247,21 +251,29 @@ def _order(result: Result) -> tuple[str, int]:
 @target_options
 @click.option("--format", "fmt", type=click.Choice(["jsonl", "json", "dir"]), default="jsonl", show_default=True,
               help="jsonl: one instance per line; json: one array; dir: DESTINATION/<id>.json per instance.")
-def export(destination: str, fmt: str, **flags: Any) -> None:
-    """Write every instance to DESTINATION (default: stdout) in the upsert format imds import reads."""
+@click.option("--no-private", is_flag=True,
+              help="Leave private Ganeti OS parameter values out (secret ones are never exported).")
+def export(destination: str, fmt: str, no_private: bool, **flags: Any) -> None:
+    """Write every instance to DESTINATION (default: stdout) in the upsert format imds import reads.
+
+    An instance's Ganeti OS record is exported with it ("os"), private values decrypted
+    with --private-key-file unless --no-private.
+    """
     if fmt == "dir" and destination == "-":
         raise click.UsageError("--format dir needs a DESTINATION directory")
     with Target(flags) as target:
         if target.remote is not None:
-            records: Iterator[dict[str, Any]] = target.remote.lines("/device-records")
+            query = "?private=false" if no_private else ""
+            records: Iterator[dict[str, Any]] = target.remote.lines(f"/device-records{query}")
             count = _write(records, destination, fmt)
         else:
             from imds.services.records_io import to_wire  # noqa: PLC0415
 
             async def read(offline: Any) -> list[Any]:
-                return list(await offline.all())
+                cipher = offline.os.cipher
+                return [to_wire(instance, cipher, private=not no_private) for instance in await offline.all()]
 
-            count = _write((to_wire(instance) for instance in target.offline(read)), destination, fmt)
+            count = _write(iter(target.offline(read)), destination, fmt)
     click.echo(f"exported {count} instance{'s' if count != 1 else ''}", err=True)
 
 

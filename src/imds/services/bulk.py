@@ -1,7 +1,8 @@
 """Many upserts at once (``imds import``, ``POST /device-records``): parse, compare, write in batches.
 
 Each item is one instance in the upsert wire format (``imds.services.records_io``): ``id``,
-``ipAddresses`` and ``metadata`` and/or ``userdata``. A batch is compared with what is
+``ipAddresses`` and ``metadata`` and/or ``userdata``, and optionally ``os`` (the Ganeti OS
+record, written after the others through ``OsRecords.put``). A batch is compared with what is
 stored first, so an item that would change nothing is reported ``unchanged`` and not
 written (a re-run of the same import writes nothing); the rest go through
 ``Records.put_many`` (the admin API's rules, one transaction per batch).
@@ -20,6 +21,9 @@ from typing import Any, Literal
 
 from imds.errors import InvalidInput, Problem
 from imds.models import Instance, MetadataWrite, UserdataWrite
+from imds.services.os_records import OsRecords
+from imds.services.os_transfer import os_unchanged, parse_os_item
+from imds.services.os_wire import OsWrite
 from imds.services.upsert import Records
 from imds.services.wire import parse_metadata_write, parse_userdata_write
 from imds.store import Store
@@ -36,6 +40,7 @@ class Item:
     id: str
     metadata: MetadataWrite | None
     userdata: UserdataWrite | None
+    os: OsWrite | None = None
 
 
 @dataclass(frozen=True)
@@ -48,7 +53,7 @@ class Result:
     reason: str | None = None
 
 
-def parse_item(obj: Any, *, label: str) -> Item:
+def parse_item(obj: Any, *, label: str, max_os_value_bytes: int = 4096) -> Item:
     """An upsert object → Item, or InvalidInput naming every offending field."""
     if not isinstance(obj, dict):
         raise InvalidInput.one("item", "must be a JSON object")
@@ -67,9 +72,15 @@ def parse_item(obj: Any, *, label: str) -> Item:
         except InvalidInput as exc:
             problems += [p for p in exc.problems if p not in problems]
     first = metadata or userdata
+    os_write = None
+    if "os" in obj and first is not None:
+        try:
+            os_write = parse_os_item(obj["os"], first.id, max_value_bytes=max_os_value_bytes)
+        except InvalidInput as exc:
+            problems += exc.problems
     if problems or first is None:
         raise InvalidInput(problems)
-    return Item(label, first.id, metadata, userdata)
+    return Item(label, first.id, metadata, userdata, os_write)
 
 
 def rejected(label: str, obj: Any, exc: InvalidInput) -> Result:
@@ -79,7 +90,9 @@ def rejected(label: str, obj: Any, exc: InvalidInput) -> Result:
     return Result(label, instance_id, "rejected", reason)
 
 
-def _unchanged(item: Item, stored: Instance) -> bool:
+def _unchanged(item: Item, stored: Instance, os_records: OsRecords | None) -> bool:
+    if item.os is not None and (os_records is None or not os_unchanged(item.os, stored.os, os_records.cipher)):
+        return False
     first = item.metadata or item.userdata
     assert first is not None  # noqa: S101 - parse_item guarantees one part
     if set(first.addresses) != set(stored.addresses):
@@ -89,12 +102,15 @@ def _unchanged(item: Item, stored: Instance) -> bool:
     return item.userdata is None or item.userdata.userdata == stored.userdata
 
 
-async def apply_batch(
-    records: Records, store: Store, items: Sequence[Item], *, subject: str, dry_run: bool = False
+async def apply_batch(  # noqa: PLR0913 - the pieces of one batch
+    records: Records, store: Store, items: Sequence[Item], *, subject: str, dry_run: bool = False,
+    os_records: OsRecords | None = None,
 ) -> list[Result]:
     """Compare ``items`` with the store and write the ones that change something (unless ``dry_run``).
 
     Items are applied in order; a later item for the same id sees the earlier one's write.
+    An item's ``os`` record is written after the batch's metadata and userdata (``os_records``
+    is required for items that carry one).
     """
     stored = await store.get_many({item.id for item in items})
     results: dict[int, Result] = {}
@@ -102,7 +118,7 @@ async def apply_batch(
     seen: set[str] = set()
     for index, item in enumerate(items):
         before = stored.get(item.id)
-        if item.id not in seen and before is not None and _unchanged(item, before):
+        if item.id not in seen and before is not None and _unchanged(item, before, os_records):
             results[index] = Result(item.label, item.id, "unchanged")
         else:
             pending.append((index, item))
@@ -121,4 +137,20 @@ async def apply_batch(
             else:
                 created.add(item.id)
                 results[index] = Result(item.label, item.id, "created")
+        await _write_os(os_records, pending, results, subject=subject)
     return [results[index] for index in range(len(items))]
+
+
+async def _write_os(
+    os_records: OsRecords | None, pending: list[tuple[int, Item]], results: dict[int, Result], *, subject: str,
+) -> None:
+    """The OS records of the written items (a stale OS write makes the item ``stale``)."""
+    for index, item in pending:
+        if item.os is None or results[index].outcome == "stale":
+            continue
+        if os_records is None:
+            results[index] = Result(item.label, item.id, "rejected", "os: OS records are not available here")
+            continue
+        written = await os_records.put(item.os, subject=subject)
+        if not written.applied:
+            results[index] = Result(item.label, item.id, "stale", f"os: {written.reason}")

@@ -87,6 +87,10 @@ class Catalog:
         instance_id = self._index.lookup(address)
         return None if instance_id is None else self._entries.get(instance_id)
 
+    def containing(self, address: Address) -> list[tuple[Network, str]]:
+        """Every held entry (network, instance id) containing ``address``, longest prefix first."""
+        return self._index.containing(address)
+
     def holdings(self) -> Iterator[tuple[str, tuple[Network, ...]]]:
         """(instance id, its addresses) for every instance held."""
         for instance_id, entry in self._entries.items():

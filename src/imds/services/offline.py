@@ -15,12 +15,16 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 from imds.errors import ConfigError
 from imds.metrics import Metrics
 from imds.models import Instance
 from imds.services.bulk import Item, Result, apply_batch
 from imds.services.catalog import Catalog
+from imds.services.os_crypto import PrivateCipher
+from imds.services.os_definitions import OsDefinitions
+from imds.services.os_records import OsRecords
 from imds.services.records_io import stored_instance, stored_instances
 from imds.services.upsert import Records
 from imds.store import Store, open_store
@@ -36,9 +40,11 @@ class _Detached(Catalog):
 class OfflineRecords:
     """Reads and writes on one opened store, outside a server."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, cipher: PrivateCipher | None = None) -> None:
         self.store = store
         self.records = Records(store, _Detached(store), Metrics())
+        self.os = OsRecords(store, _Detached(store), cipher=cipher or PrivateCipher([]),
+                            definitions=OsDefinitions.load(None))
 
     async def get(self, instance_id: str) -> Instance:
         """The stored instance (both record types, addresses), or InstanceNotStored."""
@@ -54,16 +60,20 @@ class OfflineRecords:
 
     async def upsert(self, items: Sequence[Item], *, subject: str, dry_run: bool = False) -> list[Result]:
         """Compare and write one batch (see ``imds.services.bulk``)."""
-        return await apply_batch(self.records, self.store, items, subject=subject, dry_run=dry_run)
+        return await apply_batch(self.records, self.store, items, subject=subject, dry_run=dry_run,
+                                 os_records=self.os)
 
 
 @asynccontextmanager
-async def offline_records(url: str) -> AsyncIterator[OfflineRecords]:
-    """The records in the database at ``url`` (migrated); the store is closed on exit."""
+async def offline_records(url: str, *, private_key_file: Path | None = None) -> AsyncIterator[OfflineRecords]:
+    """The records in the database at ``url`` (migrated); the store is closed on exit.
+
+    ``private_key_file`` (``--private-key-file``) opens and seals private OS values.
+    """
     if url.startswith("memory://"):
         raise ConfigError("memory:// holds nothing outside a running server: give --db / --data-dir, or --url")
     store = open_store(url)
     try:
-        yield OfflineRecords(store)
+        yield OfflineRecords(store, PrivateCipher.from_file(private_key_file))
     finally:
         await store.close()

@@ -8,7 +8,9 @@ imported again and pushed to any hollow-compatible service::
      "metadata": {...}, "userdata": "#cloud-config…", "userdata_encoding": "text"}
 
 ``metadata`` and ``userdata`` are present only when stored. Userdata that is not UTF-8
-is base64 with ``"userdata_encoding": "base64"``.
+is base64 with ``"userdata_encoding": "base64"``. An instance with a Ganeti OS record
+also has ``"os"`` (``imds.services.os_transfer``: private values unless ``private=False``,
+never secret ones).
 """
 
 from __future__ import annotations
@@ -19,11 +21,17 @@ from typing import Any
 from imds.errors import NotFound
 from imds.models import Instance
 from imds.services.addresses import display
+from imds.services.os_crypto import PrivateCipher
+from imds.services.os_transfer import os_to_wire
 from imds.store import Store
 
 
-def to_wire(instance: Instance) -> dict[str, Any]:
-    """One instance as an upsert object (see the module docstring)."""
+def to_wire(instance: Instance, cipher: PrivateCipher | None = None, *, private: bool = True) -> dict[str, Any]:
+    """One instance as an upsert object (see the module docstring).
+
+    ``cipher`` opens private OS values (without it only unencrypted ones open; one that does
+    not is a ConfigError naming it).
+    """
     record: dict[str, Any] = {"id": instance.id, "ipAddresses": [display(a) for a in instance.addresses]}
     if instance.metadata is not None:
         record["metadata"] = instance.metadata
@@ -33,6 +41,8 @@ def to_wire(instance: Instance) -> dict[str, Any]:
         except UnicodeDecodeError:
             record["userdata"] = base64.b64encode(instance.userdata).decode()
             record["userdata_encoding"] = "base64"
+    if instance.os is not None:
+        record["os"] = os_to_wire(instance.id, instance.os, cipher or PrivateCipher([]), private=private)
     return record
 
 
