@@ -15,7 +15,7 @@ from imds.services.auth import read_scopes
 from imds.services.explain import explain_address, explain_instance, parse_query
 from imds.services.records_io import InstanceNotStored
 from imds.services.render.json import encode
-from imds.web.admin import ID_PARAM, authorize
+from imds.web.adminauth import ID_PARAM, authorize
 from imds.web.errors import JSON, documented
 
 

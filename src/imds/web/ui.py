@@ -26,7 +26,7 @@ from imds.services import Services
 from imds.services.auth import read_scopes
 from imds.services.fleet_view import recent_changes, search
 from imds.services.render.json import encode
-from imds.web.admin import authorize
+from imds.web.adminauth import authorize
 from imds.web.errors import JSON, documented
 
 UI_URL = "/ui"
