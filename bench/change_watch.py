@@ -51,8 +51,9 @@ def rss_bytes(pid: int) -> int:
 
 
 def gauge(base: str, name: str) -> float:
-    """One unlabelled metric from /metrics."""
-    with urllib.request.urlopen(f"{base}/metrics", timeout=10) as answer:  # noqa: S310 - loopback URL built here
+    """One unlabelled metric from /metrics (which asks for the admin token)."""
+    request = urllib.request.Request(f"{base}/metrics", headers={"Authorization": f"Bearer {TOKEN}"})  # noqa: S310 - loopback URL built here
+    with urllib.request.urlopen(request, timeout=10) as answer:  # noqa: S310 - loopback URL built here
         text = answer.read().decode()
     return next(float(line.split()[-1]) for line in text.splitlines() if line.startswith(f"{name} "))
 

@@ -119,6 +119,11 @@ def build_services(
     metrics = Metrics()
     catalog = Catalog(store, poll_interval=settings.feed_poll_interval)
     records = Records(store, catalog, metrics, trusted=settings.trusted_proxies)
+    os_records = OsRecords(
+        store, catalog, cipher=PrivateCipher.from_file(settings.private_key_file),
+        definitions=OsDefinitions.load(settings.os_definitions_dir),
+    )
+    catalog.on_os_gone = os_records.vault.forget  # no secret outlives its record (issue 11)
     return Services(
         settings=settings,
         store=store,
@@ -130,10 +135,7 @@ def build_services(
         metrics=metrics,
         http=http,
         tokens=TokenIssuer.load(key_file=settings.imdsv2_key_file, data_dir=settings.key_dir),
-        os=OsRecords(
-            store, catalog, cipher=PrivateCipher.from_file(settings.private_key_file),
-            definitions=OsDefinitions.load(settings.os_definitions_dir),
-        ),
+        os=os_records,
         limits=limits_of(settings),
         signed=_signed_identity(settings),
         channel=_channel(settings, store),

@@ -78,6 +78,10 @@ class Catalog:
         self.phase = "waiting"
         self.indexed = 0
         self.total = 0
+        # Called with (instance id, generation) when an OS record leaves the catalog (its instance
+        # or record was deleted, or a newer write replaced it), locally or through the change feed:
+        # the secret vault forgets what it held for that generation (services/os_secrets.py).
+        self.on_os_gone: Callable[[str, str], None] | None = None
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -110,8 +114,10 @@ class Catalog:
             self.phase = "reading"
             _log.info("catalog.loading", phase=self.phase)
             instances, position = await self._store.snapshot()
-            for old in self._entries.values():
+            fresh = {instance.id: instance for instance in instances}
+            for instance_id, old in self._entries.items():
                 old.wake()
+                self._os_left(instance_id, old.instance, fresh.get(instance_id))
             self.phase, self.total, self.indexed = "indexing", len(instances), 0
             self._entries = {}
             self._index = AddressIndex()
@@ -157,8 +163,16 @@ class Catalog:
             with contextlib.suppress(StoreUnavailable):
                 await self.catch_up()
 
+    def _os_left(self, instance_id: str, old: Instance | None, new: Instance | None) -> None:
+        gone = None if old is None or old.os is None else old.os.generation
+        if gone is not None and self.on_os_gone is not None and (new is None or new.os is None
+                                                                 or new.os.generation != gone):
+            self.on_os_gone(instance_id, gone)
+
     def _apply(self, instance_id: str, instance: Instance | None) -> None:
         old = self._entries.get(instance_id)
+        if old is not None:
+            self._os_left(instance_id, old.instance, instance)
         if old is not None and old.waiters:
             old.wake()
         if instance is None:

@@ -156,13 +156,11 @@ class OsRecords:
         if record is None:
             return b"{}"
         held = self.vault.current(instance.id, record.generation)
-        sections = [("parameters", record.parameters)]
-        if record.mode in INSTALL_MODES:
-            sections.append(("install_parameters", record.install_parameters))
+        opened = self._opened(instance)
         merged: dict[str, tuple[str, str, str]] = {}  # name → (section, visibility, value)
-        for section, params in sections:
+        for section, params in _sections(record):
             for name, param in params.items():
-                value = self._value(section, name, param, held, instance.id)
+                value = self._value(section, name, param, held, opened)
                 if value is None:
                     merged.pop(name, None)
                 else:
@@ -185,18 +183,34 @@ class OsRecords:
 
     # --- helpers --------------------------------------------------------------------------
 
-    def _value(self, section: str, name: str, param: StoredParam, held: Held | None, instance_id: str) -> str | None:
+    def _opened(self, instance: Instance) -> dict[tuple[str, str], str | None]:
+        """The private values in clear, decrypted once per catalog version of the instance (in memory only)."""
+        entry = self._catalog.get(instance.id)
+        if entry is not None and entry.instance is instance:
+            return entry.render(PRIVATE_RENDER, self._open_private)
+        return self._open_private(instance)
+
+    def _open_private(self, instance: Instance) -> dict[tuple[str, str], str | None]:
+        opened: dict[tuple[str, str], str | None] = {}
+        for section, params in _sections(instance.os) if instance.os is not None else ():
+            for name, param in params.items():
+                if param.visibility == PRIVATE and param.value is not None:
+                    clear = opened[section, name] = self.cipher.open(param.value, encrypted=param.encrypted)
+                    if clear is None:
+                        _log.error("os.private_unreadable", instance_id=instance.id, parameter=name,
+                                   hint="no key in --private-key-file opens it")
+        return opened
+
+    @staticmethod
+    def _value(section: str, name: str, param: StoredParam, held: Held | None,
+               opened: dict[tuple[str, str], str | None]) -> str | None:
         if param.visibility == SECRET:
             secret = held.values.get((section, name)) if held is not None else None
             return secret.reveal() if secret is not None else None
         if param.value is None:
             return None
         if param.visibility == PRIVATE:
-            clear = self.cipher.open(param.value, encrypted=param.encrypted)
-            if clear is None:
-                _log.error("os.private_unreadable", instance_id=instance_id, parameter=name,
-                           hint="no key in --private-key-file opens it")
-            return clear
+            return opened.get((section, name))
         return param.value
 
     def _split(self, write: OsWrite, generation: str) -> tuple[OsRecord, Held]:
@@ -273,3 +287,14 @@ def _staleness(stored: OsRecord | None, write: OsWrite) -> str | None:
     if write.updated_at >= stored.updated_at:
         return None
     return f"stale: updated_at {write.updated_at.isoformat()} is older than the stored {stored.updated_at.isoformat()}"
+
+
+PRIVATE_RENDER = "ganeti.private"  # Entry.render key: the record's private values, opened
+
+
+def _sections(record: OsRecord) -> list[tuple[str, dict[str, StoredParam]]]:
+    """The parameter sections served: install_parameters (merged over parameters) only while installing."""
+    sections = [("parameters", record.parameters)]
+    if record.mode in INSTALL_MODES:
+        sections.append(("install_parameters", record.install_parameters))
+    return sections
