@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from serve_process import IMDS, START_TIMEOUT, STOP_TIMEOUT, clean_env, client_at, free_port
+from serve_process import IMDS, START_TIMEOUT, clean_env, client_at, free_port, stop_process
 
 
 class Proxy:
@@ -48,13 +48,7 @@ class Proxy:
 
     def stop(self) -> int:
         """SIGTERM by PID, bounded; SIGKILL if it does not exit."""
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                return self.process.wait(timeout=STOP_TIMEOUT)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-        return self.process.wait(timeout=STOP_TIMEOUT)
+        return stop_process(self.process)
 
 
 @contextmanager

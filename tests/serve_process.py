@@ -42,6 +42,17 @@ def clean_env(tmp_path: Path, **extra: str) -> dict[str, str]:
     return env
 
 
+def stop_process(process: subprocess.Popen[bytes]) -> int:
+    """SIGTERM by PID, bounded; SIGKILL if it does not exit. Returns the exit status."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            return process.wait(timeout=STOP_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            process.kill()
+    return process.wait(timeout=STOP_TIMEOUT)
+
+
 class Server:
     """One ``imds serve`` process: its URLs (IPv4, optional IPv6), admin token and log."""
 
@@ -96,13 +107,7 @@ class Server:
 
     def stop(self) -> int:
         """SIGTERM by PID, bounded; SIGKILL if it does not exit. Returns the exit status."""
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                return self.process.wait(timeout=STOP_TIMEOUT)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-        return self.process.wait(timeout=STOP_TIMEOUT)
+        return stop_process(self.process)
 
 
 @contextmanager

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import signal
 from typing import Any
 
 import click
@@ -12,6 +10,7 @@ import click
 from imds import log
 from imds.cli.options import settings_options
 from imds.cli.serve import bind
+from imds.cli.servers import run_uvicorn
 from imds.config import PROXY_OPTIONS, ProxySettings, load_proxy
 from imds.errors import ConfigError
 from imds.proxy.forward import ForwardPolicy, ProxyApp
@@ -46,10 +45,6 @@ def build(settings: ProxySettings) -> ProxyApp:
     return ProxyApp(identifier_for(settings), secret, policy)
 
 
-def _exit_cleanly(_signum: int, _frame: object) -> None:
-    raise SystemExit(0)
-
-
 def run(settings: ProxySettings) -> None:
     """Bind every listen address and proxy until SIGINT/SIGTERM (SIGHUP reloads the map)."""
     import uvicorn  # noqa: PLC0415 - the server stack loads only when serving
@@ -69,15 +64,7 @@ def run(settings: ProxySettings) -> None:
     for host, port in settings.listen:
         logger.info("listening", address=f"[{host}]:{port}" if ":" in host else f"{host}:{port}",
                     upstream=settings.upstream)
-    server = uvicorn.Server(config)
-    previous = {sig: signal.signal(sig, _exit_cleanly) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        asyncio.run(server.serve(sockets=sockets))
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-    if not server.started:
-        raise click.ClickException("imds proxy did not start; see the log above")
+    run_uvicorn(config, sockets, "imds proxy")
 
 
 @click.command()

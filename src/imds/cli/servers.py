@@ -190,9 +190,18 @@ def serve_uvicorn(app: Any, sockets: list[socket.socket], settings: Settings) ->
         limit_concurrency=settings.max_connections * len(sockets),
         h11_max_incomplete_event_size=settings.max_header_bytes,
     )
+    run_uvicorn(config, sockets, "imds")
+
+
+def run_uvicorn(config: Any, sockets: list[socket.socket], name: str) -> None:
+    """Serve ``config`` on ``sockets`` until SIGINT/SIGTERM; exit 0 after a graceful stop.
+
+    uvicorn re-raises SIGINT/SIGTERM once it has shut down gracefully, which would end the
+    process by that signal; the handler turns it into a clean exit with status 0.
+    """
+    import uvicorn  # noqa: PLC0415 - the server stack loads only when serving
+
     server = uvicorn.Server(config)
-    # uvicorn re-raises SIGINT/SIGTERM once it has shut down gracefully, which would end
-    # the process by that signal; this handler turns it into a clean exit with status 0.
     previous = {sig: signal.signal(sig, _exit_cleanly) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         asyncio.run(server.serve(sockets=sockets))
@@ -200,7 +209,7 @@ def serve_uvicorn(app: Any, sockets: list[socket.socket], settings: Settings) ->
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     if not server.started:
-        raise click.ClickException("imds did not start; see the log above")
+        raise click.ClickException(f"{name} did not start; see the log above")
 
 
 SERVERS: dict[str, Callable[[Any, list[socket.socket], Settings], None]] = {
