@@ -8,8 +8,8 @@
 - Deleting one record type removes the addresses only when the other is absent too.
 - The OpenStack password is set once, by the instance itself (a second set is a
   Conflict), and cleared by an admin; it goes when the instance goes.
-- Each write is one store transaction; the catalog is refreshed before the caller hears
-  back, so the next instance read on this replica sees the write.
+- Each write is one all-or-nothing store block; the catalog applies what it wrote
+  before the caller hears back, so the next instance read on this replica sees the write.
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ class Records:
             if forgotten:
                 await tx.forget_instance(instance_id)
             await tx.mark_changed([instance_id])
-        await self._catalog.refresh([instance_id])
+        await self._catalog.written(tx.journal)
         self._metrics.deletions.inc()
         _log.info("record.deleted", kind=kind, instance_id=instance_id, subject=subject, addresses_removed=forgotten)
 
@@ -111,7 +111,7 @@ class Records:
             errors.inc()
             raise
         if result.applied:
-            await self._catalog.refresh([instance_id, *result.moved.values()])
+            await self._catalog.written(tx.journal)
             inserts = self._metrics.metadata_inserts if kind == METADATA else self._metrics.userdata_inserts
             inserts.inc()
         _log.info(
@@ -147,7 +147,7 @@ class Records:
             if not await tx.put_password(instance_id, password):
                 raise Conflict(f"instance {instance_id} already has a password; an admin must clear it first")
             await tx.mark_changed([instance_id])
-        await self._catalog.refresh([instance_id])
+        await self._catalog.written(tx.journal)
         _log.info("password.set", instance_id=instance_id, size=len(password))
 
     async def clear_password(self, instance_id: str, *, subject: str) -> None:
@@ -156,7 +156,7 @@ class Records:
             if not await tx.remove_password(instance_id):
                 raise RecordNotFound(PASSWORD, instance_id)
             await tx.mark_changed([instance_id])
-        await self._catalog.refresh([instance_id])
+        await self._catalog.written(tx.journal)
         _log.info("password.cleared", instance_id=instance_id, subject=subject)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,11 @@ def async_url(url: str) -> str:
     return parsed.set(drivername=driver).render_as_string(hide_password=False)
 
 
+def application_name() -> str:
+    """The name this process's PostgreSQL sessions carry (``pg_stat_activity.application_name``)."""
+    return f"imds-{os.getpid()}"
+
+
 def is_sqlite(url: str) -> bool:
     """Whether the URL names an SQLite database."""
     return make_url(url).get_backend_name() == "sqlite"
@@ -34,7 +40,9 @@ def create_engine(url: str) -> AsyncEngine:
     """
     full = async_url(url)
     if not is_sqlite(full):
-        return create_async_engine(full, pool_pre_ping=True)
+        # The session name lets operators (and tests) find one process's connections.
+        settings = {"application_name": application_name()}
+        return create_async_engine(full, pool_pre_ping=True, connect_args={"server_settings": settings})
     database = make_url(full).database
     if database and database != ":memory:":
         Path(database).parent.mkdir(parents=True, exist_ok=True)
