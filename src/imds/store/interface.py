@@ -120,8 +120,8 @@ class Store(Protocol):
     async def changed(self, within: float) -> None:
         """Return when the change feed may have advanced, or after ``within`` seconds.
 
-        PostgreSQL wakes on ``NOTIFY`` from any replica's commit; other stores wake on this
-        process's own commits and otherwise simply wait (followers then poll). Never raises.
+        PostgreSQL wakes on ``NOTIFY`` from any replica's commit; other stores simply wait
+        (followers then poll). Never raises.
         """
         ...
 
