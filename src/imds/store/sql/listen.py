@@ -49,8 +49,9 @@ class FeedListener:
         """Return after a notification (or a reconnect), or after ``within`` seconds."""
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._run(), name="imds-feed-listener")
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._wake.wait(), within)
+        with contextlib.suppress(TimeoutError):  # asyncio.timeout, not wait_for: 3.11's may swallow a cancel
+            async with asyncio.timeout(within):
+                await self._wake.wait()
         self._wake.clear()
 
     async def _run(self) -> None:
@@ -73,7 +74,8 @@ class FeedListener:
                 self._wake.set()  # catch up on whatever was committed while not listening
                 while not lost.is_set() and not conn.is_closed():
                     with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(lost.wait(), _CHECK)
+                        async with asyncio.timeout(_CHECK):
+                            await lost.wait()
             except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
                 _log.warning("feed.listen_failed", problem=str(exc) or type(exc).__name__, retry_in=delay)
             finally:
