@@ -136,7 +136,8 @@ def build_services(
                            statement_timeout=settings.db_statement_timeout)
     http = http if http is not None else httpx.AsyncClient(timeout=5.0)
     metrics = Metrics()
-    catalog = Catalog(store, poll_interval=settings.feed_poll_interval)
+    catalog = Catalog(store, poll_interval=settings.feed_poll_interval,
+                      render_cache_bytes=settings.render_cache_bytes)
     records = Records(store, catalog, metrics, trusted=settings.trusted_proxies)
     return Services(
         settings=settings,

@@ -72,6 +72,19 @@ def display(network: Network) -> str:
     return str(network)
 
 
+def pack_network(network: Network) -> int:
+    """One integer for a network: its address, its prefix length and its IP version."""
+    return ((int(network.network_address) << 8 | network.prefixlen) << 1) | (network.version == 6)
+
+
+def unpack_network(key: int) -> Network:
+    """The network ``pack_network`` packed into ``key``."""
+    value, prefixlen = key >> 9, (key >> 1) & 0xFF
+    if key & 1:
+        return ipaddress.IPv6Network((value, prefixlen))
+    return ipaddress.IPv4Network((value, prefixlen))
+
+
 class AddressIndex:
     """Longest-prefix match from an address to the id of the instance holding it.
 
@@ -83,23 +96,27 @@ class AddressIndex:
     def __init__(self) -> None:
         self._tables: dict[tuple[int, int], dict[int, str]] = {}
         self._lengths: dict[int, list[int]] = {4: [], 6: []}
-        self._held: dict[str, set[Network]] = {}
+        self._held: dict[str, tuple[int, ...]] = {}  # packed networks: a set per instance costs 1 KB
 
     def __len__(self) -> int:
         return sum(len(table) for table in self._tables.values())
 
     def assign(self, instance_id: str, addresses: tuple[Network, ...]) -> None:
         """Make ``addresses`` the instance's addresses; they are taken from any other holder."""
-        wanted = set(addresses)
-        for network in self._held.get(instance_id, set()) - wanted:
-            self._remove(network, instance_id)
-        for network in wanted:
+        wanted = dict.fromkeys(pack_network(network) for network in addresses)
+        for key in self._held.get(instance_id, ()):
+            if key not in wanted:
+                self._remove(unpack_network(key), instance_id)
+        for key in wanted:
+            network = unpack_network(key)
             previous = self._table(network).get(int(network.network_address))
             if previous is not None and previous != instance_id:
-                self._held.get(previous, set()).discard(network)
+                self._held[previous] = tuple(held for held in self._held.get(previous, ()) if held != key)
+                if not self._held[previous]:
+                    del self._held[previous]
             self._table(network)[int(network.network_address)] = instance_id
         if wanted:
-            self._held[instance_id] = wanted
+            self._held[instance_id] = tuple(wanted)
         else:
             self._held.pop(instance_id, None)
 

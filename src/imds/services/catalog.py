@@ -12,62 +12,26 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
-from typing import TypeVar, cast
+from collections.abc import Iterable, Iterator
 
 from imds import log
 from imds.errors import StoreUnavailable
 from imds.models import Address, Instance, Network
 from imds.services.addresses import AddressIndex
-from imds.services.watch import instance_etag
+from imds.services.entry import Entry, RenderCache
 from imds.store.interface import Store
 
+__all__ = ["Catalog", "Entry"]
 _log = log.get("catalog")
-T = TypeVar("T")
 LOAD_CHUNK = 5000
-
-
-@dataclass
-class Entry:
-    """One instance and what has been rendered from it so far (dropped on every change).
-
-    ``waiters`` are the change-watch requests held on this version; the catalog resolves
-    them when it replaces or drops the entry (see ``imds.services.watch``).
-    """
-
-    instance: Instance
-    rendered: dict[str, object] = field(default_factory=dict)
-    waiters: set[asyncio.Future[None]] | None = None
-    _etag: bytes | None = None
-
-    @property
-    def etag(self) -> bytes:
-        """The strong ETag of this version of the instance, computed once (every read sends it)."""
-        if self._etag is None:
-            self._etag = instance_etag(self.instance)
-        return self._etag
-
-    def wake(self) -> None:
-        """Resolve every change-watch request held on this version."""
-        for waiter in self.waiters or ():
-            if not waiter.done():
-                waiter.set_result(None)
-        self.waiters = None
-
-    def render(self, key: str, build: Callable[[Instance], T]) -> T:
-        """The cached rendering ``key``, built once per version of the instance."""
-        if key in self.rendered:
-            return cast("T", self.rendered[key])
-        value = self.rendered[key] = build(self.instance)
-        return value
 
 
 class Catalog:
     """Instances by id and by address (longest-prefix match)."""
 
-    def __init__(self, store: Store, *, poll_interval: float = 1.0) -> None:
+    def __init__(self, store: Store, *, poll_interval: float = 1.0, render_cache_bytes: int = 256 << 20) -> None:
         self._store = store
+        self._cache = RenderCache(render_cache_bytes)
         self._poll_interval = poll_interval
         self._entries: dict[str, Entry] = {}
         self._index = AddressIndex()
@@ -90,7 +54,7 @@ class Catalog:
     def holdings(self) -> Iterator[tuple[str, tuple[Network, ...]]]:
         """(instance id, its addresses) for every instance held."""
         for instance_id, entry in self._entries.items():
-            yield instance_id, entry.instance.addresses
+            yield instance_id, entry.addresses
 
     def get(self, instance_id: str) -> Entry | None:
         """The instance with this id, if the catalog holds it."""
@@ -108,6 +72,7 @@ class Catalog:
             instances, position = await self._store.snapshot()
             for old in self._entries.values():
                 old.wake()
+            self._cache.clear()
             self.phase, self.total, self.indexed = "indexing", len(instances), 0
             self._entries = {}
             self._index = AddressIndex()
@@ -155,11 +120,12 @@ class Catalog:
 
     def _apply(self, instance_id: str, instance: Instance | None) -> None:
         old = self._entries.get(instance_id)
-        if old is not None and old.waiters:
+        if old is not None:
             old.wake()
+            self._cache.drop(old)
         if instance is None:
             self._entries.pop(instance_id, None)
             self._index.forget(instance_id)
             return
-        self._entries[instance_id] = Entry(instance)
+        self._entries[instance_id] = Entry(instance, self._cache)
         self._index.assign(instance_id, instance.addresses)
