@@ -69,24 +69,25 @@ class Catalog:
         async with self._lock:
             self.phase = "reading"
             _log.info("catalog.loading", phase=self.phase)
-            instances, position = await self._store.snapshot()
             for old in self._entries.values():
                 old.wake()
             self._cache.clear()
-            self.phase, self.total, self.indexed = "indexing", len(instances), 0
+            self.phase, self.total, self.indexed = "indexing", 0, 0
             self._entries = {}
             self._index = AddressIndex()
-            for start in range(0, len(instances), LOAD_CHUNK):
-                for instance in instances[start : start + LOAD_CHUNK]:
+            position = 0
+            async for chunk, seq, total in self._store.snapshot_chunks(LOAD_CHUNK):
+                position, self.total = seq, total
+                for instance in chunk:
                     self._apply(instance.id, instance)
-                self.indexed = min(start + LOAD_CHUNK, len(instances))
+                self.indexed += len(chunk)
                 if self.indexed < self.total:
                     _log.info("catalog.loading", phase=self.phase, indexed=self.indexed, total=self.total)
                     await asyncio.sleep(0)
             self.position = position
             self.loaded = True
             self.phase = "loaded"
-        _log.info("catalog.loaded", instances=len(instances), position=position)
+        _log.info("catalog.loaded", instances=self.indexed, position=position)
 
     def progress(self) -> dict[str, object]:
         """Where loading stands: phase, instances indexed and the total (known once read)."""

@@ -13,7 +13,7 @@ All methods raise ``imds.errors.StoreUnavailable`` when the database fails.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Protocol, runtime_checkable
 
@@ -128,6 +128,14 @@ class Store(Protocol):
 
     async def snapshot(self) -> tuple[list[Instance], int]:
         """Every instance, and the change-feed position the snapshot is consistent with."""
+        ...
+
+    def snapshot_chunks(self, size: int) -> AsyncIterator[tuple[list[Instance], int, int]]:
+        """``snapshot`` streamed: (up to ``size`` instances, the position, the total count) at a time.
+
+        One read transaction for the whole stream, so the chunks together are one
+        consistent snapshot; a million instances never sit in one list.
+        """
         ...
 
     async def changes_since(self, seq: int, limit: int = 1000) -> list[Change]:

@@ -193,6 +193,11 @@ class MemoryStore:
         seq = self._state.changes[-1].seq if self._state.changes else 0
         return list((await self.get_many(list(self._state.rows))).values()), seq
 
+    async def snapshot_chunks(self, size: int) -> AsyncIterator[tuple[list[Instance], int, int]]:
+        instances, seq = await self.snapshot()
+        for start in range(0, len(instances), size):
+            yield instances[start : start + size], seq, len(instances)
+
     async def changes_since(self, seq: int, limit: int = 1000) -> list[Change]:
         return [c for c in self._state.changes if c.seq > seq][:limit]
 

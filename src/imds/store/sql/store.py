@@ -384,6 +384,22 @@ class SqlStore:
             seq = (await conn.execute(sa.select(feed_head.c.seq).where(feed_head.c.id == 1))).scalar_one()
             return list((await self._load(conn, None)).values()), int(seq)
 
+    async def snapshot_chunks(self, size: int) -> AsyncIterator[tuple[list[Instance], int, int]]:
+        async with self._read() as conn:
+            seq = int((await conn.execute(sa.select(feed_head.c.seq).where(feed_head.c.id == 1))).scalar_one())
+            total = int((await conn.execute(sa.select(sa.func.count()).select_from(instances))).scalar_one())
+            last: str | None = None
+            while True:
+                query = sa.select(instances.c.id).order_by(instances.c.id).limit(size)
+                if last is not None:
+                    query = query.where(instances.c.id > last)
+                ids = list((await conn.execute(query)).scalars())
+                if not ids:
+                    return
+                loaded = await self._load(conn, ids)
+                yield [loaded[i] for i in ids if i in loaded], seq, total
+                last = ids[-1]
+
     async def changes_since(self, seq: int, limit: int = 1000) -> list[Change]:
         async with self._read() as conn:
             rows = await conn.execute(
