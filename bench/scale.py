@@ -49,7 +49,7 @@ def loopback(n: int) -> str:
 def record(n: int, template: dict[str, Any]) -> dict[str, object]:
     """The n-th generated instance (up to ~16 million)."""
     instance_id = str(uuid.UUID(int=n + 1, version=4))
-    v4, v6 = loopback(n), f"2001:db8::{n + 1:x}"
+    v4, v6 = loopback(n), f"2001:db8::{(n + 1) >> 16:x}:{(n + 1) & 0xFFFF:x}"
     document = copy.deepcopy(template)
     document["id"], document["hostname"] = instance_id, f"node-{n}.example"
     document["network"]["addresses"] = [
