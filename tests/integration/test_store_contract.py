@@ -341,6 +341,19 @@ async def test_snapshot_returns_every_instance_and_feed_position(store: Store) -
     assert by_id == await store.get_many([a, b, c])
 
 
+async def test_snapshot_chunks_stream_the_same_snapshot(store: Store) -> None:
+    """snapshot_chunks(2) yields the snapshot's instances in pages of at most 2, each with its position and total."""
+    for n in range(5):
+        records = {"metadata": {"n": n}, **({"userdata": b"u"} if n % 2 else {})}
+        await put(store, new_id(), nets(f"10.4.0.{n + 1}/32", f"fd00:4::{n + 1}/128"), **records)
+    instances, position = await store.snapshot()
+    pages = [page async for page in store.snapshot_chunks(2)]
+    assert [len(chunk) for chunk, _, _ in pages] == [2, 2, 1]
+    assert {(seq, total) for _, seq, total in pages} == {(position, 5)}
+    streamed = [instance for chunk, _, _ in pages for instance in chunk]
+    assert sorted(streamed, key=lambda i: i.id) == sorted(instances, key=lambda i: i.id)
+
+
 # --- atomicity -------------------------------------------------------------------------
 
 

@@ -64,6 +64,14 @@ def _chunks(items: Sequence[_T]) -> Iterable[Sequence[_T]]:
         yield items[start : start + _CHUNK]
 
 
+def _selecting(column: sa.Column[Any], chunk: Sequence[str] | None, span: tuple[str | None, str] | None) -> Any:
+    """The WHERE clause of one ``_load`` query: a range of ids, a list of ids, or everything."""
+    if span is not None:
+        low, high = span
+        return sa.and_(column <= high, sa.true() if low is None else column > low)
+    return sa.true() if chunk is None else column.in_(chunk)
+
+
 def _replay_address_lists(
     before: dict[str, str], lists: Sequence[tuple[str, Sequence[Network]]]
 ) -> tuple[dict[str, str], list[tuple[dict[Network, str], tuple[Network, ...]]]]:
@@ -336,12 +344,15 @@ class SqlStore:
         """Which database and why, in one line (see ``diagnose``); never SQL or a password."""
         return not_migrated(self._url, exc) if is_not_migrated(exc) else describe(self._url, exc)
 
-    async def _load(self, conn: AsyncConnection, ids: Sequence[str] | None) -> dict[str, Instance]:
+    async def _load(
+        self, conn: AsyncConnection, ids: Sequence[str] | None, span: tuple[str | None, str] | None = None
+    ) -> dict[str, Instance]:
+        """The instances ``ids`` (all if None), or those with ``span[0] < id <= span[1]`` (a range scan)."""
         def where(column: sa.Column[Any], chunk: Sequence[str] | None) -> Any:
-            return sa.true() if chunk is None else column.in_(chunk)
+            return _selecting(column, chunk, span)
 
         parts: dict[str, dict[str, Any]] = {}
-        for chunk in [None] if ids is None else list(_chunks(ids)):
+        for chunk in [None] if ids is None or span is not None else list(_chunks(ids)):
             for row in await conn.execute(sa.select(instances.c.id).where(where(instances.c.id, chunk))):
                 parts[row.id] = {"id": row.id, "addresses": []}
             for row in await conn.execute(
@@ -396,7 +407,7 @@ class SqlStore:
                 ids = list((await conn.execute(query)).scalars())
                 if not ids:
                     return
-                loaded = await self._load(conn, ids)
+                loaded = await self._load(conn, None, (last, ids[-1]))
                 yield [loaded[i] for i in ids if i in loaded], seq, total
                 last = ids[-1]
 
