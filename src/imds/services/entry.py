@@ -119,9 +119,7 @@ class Entry:
             self._instance = instance
             blob = 0 if self._blob is None else len(self._blob)
             self._cache.charge(self, _NODE_COST + blob * _PARSED_FACTOR * 2)
-        else:
-            self._cache.touch(self)
-        return instance
+        return instance  # a cached read is marked recent by ``render``, which every flavor calls
 
     @property
     def etag(self) -> bytes:
