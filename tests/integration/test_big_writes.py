@@ -38,7 +38,10 @@ async def test_instance_reads_are_answered_while_a_big_write_is_processed(local_
         write = asyncio.create_task(admin.post("/device-metadata", content=body))
         during = 0
         while not write.done():
-            await asyncio.sleep(0)  # an in-process read never suspends by itself: let the write's task run too
+            # An in-process read never suspends by itself. A real (if tiny) sleep lets the loop block
+            # in select, releasing the GIL: spinning on sleep(0) starved the parse thread on a quiet
+            # machine and the test hung. With the parse on the loop, no read runs in between anyway.
+            await asyncio.sleep(0.001)
             answer = await reader.get("/metadata")
             assert (answer.status_code, answer.json()) == (200, neighbour["metadata"])
             if not write.done():
