@@ -52,7 +52,7 @@ async def test_identifies_vms_by_port_and_follows_plugging(tmp_path):
         bridge, other = f"bi{ovs.tag}", f"bo{ovs.tag}"
         ovs.add_bridge(bridge)
         ovs.add_bridge(other)
-        names = [f"ia{ovs.tag}", f"ib{ovs.tag}", f"ic{ovs.tag}"]
+        names = [f"ia{ovs.tag}", f"ib{ovs.tag}", f"ic{ovs.tag}", f"id{ovs.tag}"]
         who = InportIdentifier(Ovsdb(f"unix:{ovs.db_sock}"), bridge)
         _: Identifier = who
         try:
@@ -65,8 +65,11 @@ async def test_identifies_vms_by_port_and_follows_plugging(tmp_path):
             await _eventually(who, _address(second), Identity("uuid-second", None))
 
             # A VM on another bridge is never taken for one of this bridge.
+            # OVSDB reports changes in order: once a later plug on the watched bridge is seen,
+            # the one on the other bridge has been processed too.
             _plug(ovs, other, names[2], "uuid-elsewhere")
-            await asyncio.sleep(0.3)
+            later = _plug(ovs, bridge, names[3], "uuid-later")
+            await _eventually(who, _address(later), Identity("uuid-later", None))
             assert all(i.instance_id != "uuid-elsewhere" for i in who.table.values())
 
             ovs.vsctl("del-port", bridge, names[0])
