@@ -295,7 +295,7 @@ def test_switch_restart_is_repaired_by_the_agent(host):
     host.ovs.restart_switch()
     for vm in (host.vms[UUID_A], host.vms[UUID_B]):
         host.wait_served(vm, timeout=60.0)
-    host.wait_served(host.vms[UUID_A], METADATA6, timeout=20.0)
+    host.wait_served(host.vms[UUID_A], METADATA6, timeout=60.0)
     assert "agent.flows_missing" in host.agent.output() or "agent.switch_unreachable" in host.agent.output()
 
 
