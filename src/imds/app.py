@@ -117,7 +117,8 @@ def build_services(
     http = http if http is not None else httpx.AsyncClient(timeout=5.0)
     discovery = Discovery(http)  # one discovery fetch per OIDC issuer, whoever needs it
     metrics = Metrics()
-    catalog = Catalog(store, poll_interval=settings.feed_poll_interval)
+    catalog = Catalog(store, poll_interval=settings.feed_poll_interval,
+                      render_cache_bytes=settings.render_cache_bytes)
     records = Records(store, catalog, metrics, trusted=settings.trusted_proxies)
     os_records = OsRecords(
         store, catalog, cipher=PrivateCipher.from_file(settings.private_key_file),

@@ -134,6 +134,8 @@ OPTIONS: tuple[Option, ...] = (
            "Log every instance read (off by default)."),
     Option("feed_poll_interval", "IMDS_FEED_POLL_INTERVAL", "float", 1.0,
            "Seconds between polls of the change feed written by other replicas."),
+    Option("render_cache_bytes", "IMDS_RENDER_CACHE_BYTES", "int", 256 << 20,
+           "Approximate bytes of parsed documents and rendered replies kept for recently read instances."),
     Option("shutdown_timeout", "IMDS_SHUTDOWN_TIMEOUT", "float", 10.0,
            "Seconds to let in-flight requests finish on shutdown."),
     # Ganeti OS installation (services/os_records.py)
@@ -253,6 +255,7 @@ class Settings:
     log_level: str = "info"
     log_instance_reads: bool = False
     feed_poll_interval: float = 1.0
+    render_cache_bytes: int = 256 << 20
     shutdown_timeout: float = 10.0
     private_key_file: Path | None = None
     os_definitions_dir: Path | None = None
@@ -561,6 +564,7 @@ def _validate(raw: dict[str, Any], env: Mapping[str, str]) -> Settings:
         log_level=level,
         log_instance_reads=bool(raw["log_instance_reads"]),
         feed_poll_interval=float(raw["feed_poll_interval"]),
+        render_cache_bytes=int(raw["render_cache_bytes"]),
         shutdown_timeout=float(raw["shutdown_timeout"]),
         server=raw["server"],
         workers=int(raw["workers"]),

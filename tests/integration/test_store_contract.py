@@ -17,6 +17,7 @@ from imds.errors import RecordNotFound
 from imds.metrics import Metrics
 from imds.models import METADATA, USERDATA, MetadataWrite, Network, UserdataWrite
 from imds.services.catalog import Catalog
+from imds.services.entry import Entry, RenderCache
 from imds.services.upsert import Records
 from imds.store import Store, WriteTx
 
@@ -339,6 +340,29 @@ async def test_snapshot_returns_every_instance_and_feed_position(store: Store) -
     assert set(by_id[b].addresses) == set(nets("10.3.0.2/32", "fd00:3::/64"))
     assert (by_id[c].metadata, by_id[c].userdata, by_id[c].addresses) == ({"n": "c"}, b"c", ())
     assert by_id == await store.get_many([a, b, c])
+
+
+async def test_snapshot_chunks_stream_the_same_snapshot_in_stored_form(store: Store) -> None:
+    """snapshot_chunks(2) yields the snapshot in pages of at most 2 (position and total on each), stored form.
+
+    Each streamed row, made a catalog entry, materialises to exactly the instance ``snapshot``
+    parsed (document, addresses in order, timestamps, userdata, password).
+    """
+    for n in range(5):
+        records = {"metadata": {"n": n, "name": "ünï ✓", "deep": {"list": [n, None, 1.5]}},
+                   **({"userdata": b"u"} if n % 2 else {})}
+        wide = ("10.44.0.0/16",) if n == 0 else ()
+        await put(store, new_id(), nets(f"10.4.0.{n + 1}/32", f"fd00:4::{n + 1}/128", *wide), **records)
+    instances, position = await store.snapshot()
+    pages = [page async for page in store.snapshot_chunks(2)]
+    assert [len(chunk) for chunk, _, _ in pages] == [2, 2, 1]
+    assert {(seq, total) for _, seq, total in pages} == {(position, 5)}
+    streamed = [stored for chunk, _, _ in pages for stored in chunk]
+    assert sorted(stored.id for stored in streamed) == sorted(instance.id for instance in instances)
+    cache = RenderCache(1 << 20)
+    by_id = {instance.id: instance for instance in instances}
+    for stored in streamed:
+        assert Entry(stored, cache).instance == by_id[stored.id]
 
 
 # --- atomicity -------------------------------------------------------------------------

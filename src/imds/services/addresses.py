@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import functools
 import ipaddress
+import socket
 
 from imds.models import Address, Network
 
 _BITS = {4: 32, 6: 128}
+_SMALL = 8  # an instance with more addresses than this compares them as a set
 
 
 def parse_network(text: str) -> Network:
@@ -72,40 +74,78 @@ def display(network: Network) -> str:
     return str(network)
 
 
+def pack_network(network: Network) -> int:
+    """One integer for a network: its address, its prefix length and its IP version."""
+    return _packed(int(network.network_address), network.prefixlen, network.version)
+
+
+def pack_stored(text: str) -> int:
+    """``pack_network`` of a stored (normalised, ``str(network)``) address, without an ipaddress object."""
+    address, _, length = text.partition("/")
+    if ":" in address:
+        return (int.from_bytes(socket.inet_pton(socket.AF_INET6, address)) << 8 | int(length)) << 1 | 1
+    return (int.from_bytes(socket.inet_aton(address)) << 8 | int(length)) << 1
+
+
+def unpack_network(key: int) -> Network:
+    """The network ``pack_network`` packed into ``key``."""
+    value, prefixlen = key >> 9, (key >> 1) & 0xFF
+    if key & 1:
+        return ipaddress.IPv6Network((value, prefixlen))
+    return ipaddress.IPv4Network((value, prefixlen))
+
+
+def _packed(value: int, prefixlen: int, version: int) -> int:
+    return (value << 8 | prefixlen) << 1 | (version == 6)
+
+
 class AddressIndex:
     """Longest-prefix match from an address to the id of the instance holding it.
 
-    One dict per (IP version, prefix length) maps the masked network integer to the
-    holder; a lookup tries the prefix lengths present, longest first. Hosts and CIDRs,
-    v4 and v6, are handled alike.
+    One dict maps each packed network (``pack_network``: value, prefix length, version) to
+    its holder; a lookup tries the prefix lengths present, longest first. Hosts and CIDRs,
+    v4 and v6, are handled alike. An instance's packed tuple is shared with its catalog
+    entry (``assign_packed``), so an address costs one int and one dict slot.
     """
 
     def __init__(self) -> None:
-        self._tables: dict[tuple[int, int], dict[int, str]] = {}
+        self._tables: dict[int, str] = {}
         self._lengths: dict[int, list[int]] = {4: [], 6: []}
-        self._held: dict[str, set[Network]] = {}
+        self._counts: dict[tuple[int, int], int] = {}
+        self._held: dict[str, tuple[int, ...]] = {}
 
     def __len__(self) -> int:
-        return sum(len(table) for table in self._tables.values())
+        return len(self._tables)
 
     def assign(self, instance_id: str, addresses: tuple[Network, ...]) -> None:
         """Make ``addresses`` the instance's addresses; they are taken from any other holder."""
-        wanted = set(addresses)
-        for network in self._held.get(instance_id, set()) - wanted:
-            self._remove(network, instance_id)
-        for network in wanted:
-            previous = self._table(network).get(int(network.network_address))
-            if previous is not None and previous != instance_id:
-                self._held.get(previous, set()).discard(network)
-            self._table(network)[int(network.network_address)] = instance_id
-        if wanted:
-            self._held[instance_id] = wanted
+        self.assign_packed(instance_id, tuple(dict.fromkeys(pack_network(network) for network in addresses)))
+
+    def assign_packed(self, instance_id: str, keys: tuple[int, ...]) -> None:
+        """``assign`` with the addresses packed (``pack_network``) and without duplicates."""
+        wanted: tuple[int, ...] | set[int] = keys if len(keys) <= _SMALL else set(keys)
+        for key in self._held.get(instance_id, ()):
+            if key not in wanted:
+                self._remove(key, instance_id)
+        for key in keys:
+            previous = self._tables.get(key)
+            if previous is None:
+                self._count(key, 1)
+            elif previous != instance_id:
+                rest = tuple(held for held in self._held.get(previous, ()) if held != key)
+                if rest:
+                    self._held[previous] = rest
+                else:
+                    self._held.pop(previous, None)
+            self._tables[key] = instance_id
+        if keys:
+            self._held[instance_id] = keys
         else:
             self._held.pop(instance_id, None)
 
     def forget(self, instance_id: str) -> None:
         """Remove every address the instance holds."""
-        self.assign(instance_id, ())
+        self.assign_packed(instance_id, ())
 
     def lookup(self, address: Address) -> str | None:
         """The holder of the longest prefix containing ``address``, or None."""
@@ -113,7 +153,7 @@ class AddressIndex:
         value = int(address)
         bits = _BITS[version]
         for length in self._lengths[version]:
-            holder = self._tables[(version, length)].get(value >> (bits - length) << (bits - length))
+            holder = self._tables.get(_packed(value >> (bits - length) << (bits - length), length, version))
             if holder is not None:
                 return holder
         return None
@@ -126,28 +166,24 @@ class AddressIndex:
         version, value, bits = address.version, int(address), _BITS[address.version]
         found: list[tuple[Network, str]] = []
         for length in self._lengths[version]:
-            masked = value >> (bits - length) << (bits - length)
-            holder = self._tables[(version, length)].get(masked)
+            key = _packed(value >> (bits - length) << (bits - length), length, version)
+            holder = self._tables.get(key)
             if holder is not None:
-                network: Network = (ipaddress.IPv4Network((masked, length)) if version == 4
-                                    else ipaddress.IPv6Network((masked, length)))
-                found.append((network, holder))
+                found.append((unpack_network(key), holder))
         return found
 
-    def _table(self, network: Network) -> dict[int, str]:
-        key = (network.version, network.prefixlen)
-        table = self._tables.get(key)
-        if table is None:
-            table = self._tables[key] = {}
-            self._lengths[network.version] = sorted({*self._lengths[network.version], network.prefixlen}, reverse=True)
-        return table
+    def _count(self, key: int, delta: int) -> None:
+        version, length = 6 if key & 1 else 4, (key >> 1) & 0xFF
+        count = self._counts.get((version, length), 0) + delta
+        if count:
+            self._counts[(version, length)] = count
+        else:
+            del self._counts[(version, length)]
+        if count in (0, 1):
+            self._lengths[version] = sorted({n for v, n in self._counts if v == version}, reverse=True)
 
-    def _remove(self, network: Network, instance_id: str) -> None:
-        key = (network.version, network.prefixlen)
-        table = self._tables.get(key)
-        if table is None or table.get(int(network.network_address)) != instance_id:
+    def _remove(self, key: int, instance_id: str) -> None:
+        if self._tables.get(key) != instance_id:
             return
-        del table[int(network.network_address)]
-        if not table:
-            del self._tables[key]
-            self._lengths[network.version].remove(network.prefixlen)
+        del self._tables[key]
+        self._count(key, -1)

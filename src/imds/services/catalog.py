@@ -13,61 +13,25 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
-from typing import TypeVar, cast
 
 from imds import log
 from imds.errors import StoreUnavailable
-from imds.models import Address, Instance, Network
+from imds.models import Address, Instance, Network, OsRecord
 from imds.services.addresses import AddressIndex
-from imds.services.watch import instance_etag
-from imds.store.interface import Store
+from imds.services.entry import Entry, RenderCache
+from imds.store.interface import Store, StoredInstance, stored_form
 
+__all__ = ["Catalog", "Entry"]
 _log = log.get("catalog")
-T = TypeVar("T")
 LOAD_CHUNK = 5000
-
-
-@dataclass
-class Entry:
-    """One instance and what has been rendered from it so far (dropped on every change).
-
-    ``waiters`` are the change-watch requests held on this version; the catalog resolves
-    them when it replaces or drops the entry (see ``imds.services.watch``).
-    """
-
-    instance: Instance
-    rendered: dict[str, object] = field(default_factory=dict)
-    waiters: set[asyncio.Future[None]] | None = None
-    _etag: bytes | None = None
-
-    @property
-    def etag(self) -> bytes:
-        """The strong ETag of this version of the instance, computed once (every read sends it)."""
-        if self._etag is None:
-            self._etag = instance_etag(self.instance)
-        return self._etag
-
-    def wake(self) -> None:
-        """Resolve every change-watch request held on this version."""
-        for waiter in self.waiters or ():
-            if not waiter.done():
-                waiter.set_result(None)
-        self.waiters = None
-
-    def render(self, key: str, build: Callable[[Instance], T]) -> T:
-        """The cached rendering ``key``, built once per version of the instance."""
-        if key in self.rendered:
-            return cast("T", self.rendered[key])
-        value = self.rendered[key] = build(self.instance)
-        return value
 
 
 class Catalog:
     """Instances by id and by address (longest-prefix match)."""
 
-    def __init__(self, store: Store, *, poll_interval: float = 1.0) -> None:
+    def __init__(self, store: Store, *, poll_interval: float = 1.0, render_cache_bytes: int = 256 << 20) -> None:
         self._store = store
+        self._cache = RenderCache(render_cache_bytes)
         self._poll_interval = poll_interval
         self._entries: dict[str, Entry] = {}
         self._index = AddressIndex()
@@ -98,7 +62,7 @@ class Catalog:
     def holdings(self) -> Iterator[tuple[str, tuple[Network, ...]]]:
         """(instance id, its addresses) for every instance held."""
         for instance_id, entry in self._entries.items():
-            yield instance_id, entry.instance.addresses
+            yield instance_id, entry.addresses
 
     def get(self, instance_id: str) -> Entry | None:
         """The instance with this id, if the catalog holds it."""
@@ -113,25 +77,29 @@ class Catalog:
         async with self._lock:
             self.phase = "reading"
             _log.info("catalog.loading", phase=self.phase)
-            instances, position = await self._store.snapshot()
-            fresh = {instance.id: instance for instance in instances}
-            for instance_id, old in self._entries.items():
+            previous = self._entries
+            for old in previous.values():
                 old.wake()
-                self._os_left(instance_id, old.instance, fresh.get(instance_id))
-            self.phase, self.total, self.indexed = "indexing", len(instances), 0
+            self._cache.clear()
+            self.phase, self.total, self.indexed = "indexing", 0, 0
             self._entries = {}
             self._index = AddressIndex()
-            for start in range(0, len(instances), LOAD_CHUNK):
-                for instance in instances[start : start + LOAD_CHUNK]:
-                    self._apply(instance.id, instance)
-                self.indexed = min(start + LOAD_CHUNK, len(instances))
+            position = 0
+            async for chunk, seq, total in self._store.snapshot_chunks(LOAD_CHUNK):
+                position, self.total = seq, total
+                for stored in chunk:
+                    self._place(stored)
+                self.indexed += len(chunk)
                 if self.indexed < self.total:
                     _log.info("catalog.loading", phase=self.phase, indexed=self.indexed, total=self.total)
                     await asyncio.sleep(0)
+            for instance_id, old in previous.items():
+                new = self._entries.get(instance_id)
+                self._os_left(instance_id, old.os, None if new is None else new.os)
             self.position = position
             self.loaded = True
             self.phase = "loaded"
-        _log.info("catalog.loaded", instances=len(instances), position=position)
+        _log.info("catalog.loaded", instances=self.indexed, position=position)
 
     def progress(self) -> dict[str, object]:
         """Where loading stands: phase, instances indexed and the total (known once read)."""
@@ -163,21 +131,23 @@ class Catalog:
             with contextlib.suppress(StoreUnavailable):
                 await self.catch_up()
 
-    def _os_left(self, instance_id: str, old: Instance | None, new: Instance | None) -> None:
-        gone = None if old is None or old.os is None else old.os.generation
-        if gone is not None and self.on_os_gone is not None and (new is None or new.os is None
-                                                                 or new.os.generation != gone):
+    def _os_left(self, instance_id: str, old: OsRecord | None, new: OsRecord | None) -> None:
+        gone = None if old is None else old.generation
+        if gone is not None and self.on_os_gone is not None and (new is None or new.generation != gone):
             self.on_os_gone(instance_id, gone)
 
     def _apply(self, instance_id: str, instance: Instance | None) -> None:
         old = self._entries.get(instance_id)
         if old is not None:
-            self._os_left(instance_id, old.instance, instance)
-        if old is not None and old.waiters:
+            self._os_left(instance_id, old.os, None if instance is None else instance.os)
             old.wake()
+            self._cache.drop(old)
         if instance is None:
             self._entries.pop(instance_id, None)
             self._index.forget(instance_id)
             return
-        self._entries[instance_id] = Entry(instance)
-        self._index.assign(instance_id, instance.addresses)
+        self._place(stored_form(instance))
+
+    def _place(self, stored: StoredInstance) -> None:
+        entry = self._entries[stored.id] = Entry(stored, self._cache)
+        self._index.assign_packed(stored.id, entry.packed)

@@ -13,11 +13,40 @@ All methods raise ``imds.errors.StoreUnavailable`` when the database fails.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import json
+from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager
-from typing import Protocol, runtime_checkable
+from datetime import datetime
+from typing import NamedTuple, Protocol, runtime_checkable
 
 from imds.models import AuditEntry, AuditEvent, Change, Event, Instance, JsonObject, Network, OsRecord
+
+
+class StoredInstance(NamedTuple):
+    """An instance as the store holds it, for the catalog's start-up load (``snapshot_chunks``).
+
+    ``addresses`` are the stored texts (``str(network)``, sorted), ``document`` the metadata
+    document's stored JSON text, unparsed: it was validated when written, and the catalog
+    keeps it compressed until an instance is first read.
+    """
+
+    id: str
+    addresses: list[str]
+    document: str | None
+    metadata_updated_at: datetime | None = None
+    userdata: bytes | None = None
+    userdata_updated_at: datetime | None = None
+    password: bytes | None = None
+    os: OsRecord | None = None
+
+
+def stored_form(instance: Instance) -> StoredInstance:
+    """``instance`` as ``snapshot_chunks`` yields it."""
+    document = None if instance.metadata is None else json.dumps(instance.metadata)
+    return StoredInstance(
+        instance.id, sorted(str(network) for network in instance.addresses), document,
+        instance.metadata_updated_at, instance.userdata, instance.userdata_updated_at, instance.password, instance.os,
+    )
 
 
 @runtime_checkable
@@ -128,6 +157,15 @@ class Store(Protocol):
 
     async def snapshot(self) -> tuple[list[Instance], int]:
         """Every instance, and the change-feed position the snapshot is consistent with."""
+        ...
+
+    def snapshot_chunks(self, size: int) -> AsyncIterator[tuple[list[StoredInstance], int, int]]:
+        """``snapshot`` streamed in stored form: (up to ``size`` instances, the position, the total) at a time.
+
+        One read transaction for the whole stream (a snapshot: REPEATABLE READ on
+        PostgreSQL), so the chunks together are one consistent snapshot; a million
+        instances never sit in one list, and no document is parsed.
+        """
         ...
 
     async def changes_since(self, seq: int, limit: int = 1000) -> list[Change]:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from imds.models import METADATA, AuditEntry, AuditEvent, Change, Event, Instance, JsonObject, Network, OsRecord
+from imds.store.interface import StoredInstance, stored_form
 
 
 @dataclass
@@ -192,6 +193,11 @@ class MemoryStore:
     async def snapshot(self) -> tuple[list[Instance], int]:
         seq = self._state.changes[-1].seq if self._state.changes else 0
         return list((await self.get_many(list(self._state.rows))).values()), seq
+
+    async def snapshot_chunks(self, size: int) -> AsyncIterator[tuple[list[StoredInstance], int, int]]:
+        instances, seq = await self.snapshot()
+        for start in range(0, len(instances), size):
+            yield [stored_form(instance) for instance in instances[start : start + size]], seq, len(instances)
 
     async def changes_since(self, seq: int, limit: int = 1000) -> list[Change]:
         return [c for c in self._state.changes if c.seq > seq][:limit]

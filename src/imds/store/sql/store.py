@@ -19,6 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from imds.errors import StoreUnavailable
 from imds.models import METADATA, AuditEntry, AuditEvent, Change, Event, Instance, JsonObject, Network, OsRecord
+from imds.store.interface import StoredInstance
 from imds.store.sql.diagnose import describe, is_not_migrated, not_migrated, sqlite_problem
 from imds.store.sql.engine import create_engine, is_sqlite
 from imds.store.sql.os_rows import os_document, os_record
@@ -39,6 +40,7 @@ from imds.store.sql.tables import (
 _T = TypeVar("_T")
 _CHUNK = 500  # stays far below SQLite's bound-parameter limit
 _YIELD_EVERY = 2048  # address rows converted between two yields to the event loop
+_ABSENT: tuple[None, None] = (None, None)
 
 
 def _stored_network(text: str) -> Network:
@@ -62,6 +64,12 @@ def _utc(value: datetime | None) -> datetime | None:
 def _chunks(items: Sequence[_T]) -> Iterable[Sequence[_T]]:
     for start in range(0, len(items), _CHUNK):
         yield items[start : start + _CHUNK]
+
+
+def _in_span(column: sa.Column[Any], span: tuple[str | None, str]) -> Any:
+    """``span[0] < column <= span[1]`` (no lower bound when ``span[0]`` is None): a range scan of ids."""
+    low, high = span
+    return sa.and_(column <= high, sa.true() if low is None else column > low)
 
 
 def _replay_address_lists(
@@ -323,10 +331,14 @@ class SqlStore:
             raise StoreUnavailable(f"database write failed: {self._explain(exc)}") from exc
 
     @asynccontextmanager
-    async def _read(self) -> AsyncIterator[AsyncConnection]:
+    async def _read(self, *, snapshot: bool = False) -> AsyncIterator[AsyncConnection]:
+        """A read transaction; with ``snapshot`` every statement sees the same data (SQLite's always do)."""
+        options: dict[str, Any] = {"imds_read": True}
+        if snapshot and self._postgres:
+            options["isolation_level"] = "REPEATABLE READ"  # PostgreSQL: one snapshot for the whole transaction
         try:
             async with self._engine.connect() as plain:
-                conn = await plain.execution_options(imds_read=True)
+                conn = await plain.execution_options(**options)
                 async with conn.begin():
                     yield conn
         except (SQLAlchemyError, OSError) as exc:
@@ -380,9 +392,54 @@ class SqlStore:
             return await self._load(conn, ids)
 
     async def snapshot(self) -> tuple[list[Instance], int]:
-        async with self._read() as conn:
+        async with self._read(snapshot=True) as conn:
             seq = (await conn.execute(sa.select(feed_head.c.seq).where(feed_head.c.id == 1))).scalar_one()
             return list((await self._load(conn, None)).values()), int(seq)
+
+    async def snapshot_chunks(self, size: int) -> AsyncIterator[tuple[list[StoredInstance], int, int]]:
+        async with self._read(snapshot=True) as conn:
+            seq = int((await conn.execute(sa.select(feed_head.c.seq).where(feed_head.c.id == 1))).scalar_one())
+            total = int((await conn.execute(sa.select(sa.func.count()).select_from(instances))).scalar_one())
+            last: str | None = None
+            while True:
+                query = sa.select(instances.c.id).order_by(instances.c.id).limit(size)
+                if last is not None:
+                    query = query.where(instances.c.id > last)
+                ids = list((await conn.execute(query)).scalars())
+                if not ids:
+                    return
+                yield await self._stored(conn, ids, (last, ids[-1])), seq, total
+                last = ids[-1]
+
+    async def _stored(
+        self, conn: AsyncConnection, ids: list[str], span: tuple[str | None, str]
+    ) -> list[StoredInstance]:
+        """The instances ``ids`` (exactly those with ``span[0] < id <= span[1]``) in stored form, in order."""
+        def where(column: sa.Column[Any]) -> Any:
+            return _in_span(column, span)
+
+        addresses: dict[str, list[str]] = {i: [] for i in ids}
+        for row in await conn.execute(sa.select(instance_ip_addresses.c.instance_id, instance_ip_addresses.c.address)
+                                      .where(where(instance_ip_addresses.c.instance_id))):
+            addresses[row[0]].append(row[1])
+        t = instance_metadata
+        text = sa.cast(t.c.document, sa.Text)  # the stored JSON text as it is: never parsed here
+        documents = {row[0]: (row[1], _utc(row[2])) for row in await conn.execute(
+            sa.select(t.c.instance_id, text, t.c.updated_at).where(where(t.c.instance_id)))}
+        userdata = {row.instance_id: (bytes(row.userdata), _utc(row.updated_at)) for row in await conn.execute(
+            sa.select(instance_userdata).where(where(instance_userdata.c.instance_id)))}
+        passwords = {row.instance_id: bytes(row.password) for row in await conn.execute(
+            sa.select(instance_passwords).where(where(instance_passwords.c.instance_id)))}
+        os_records = {row.instance_id: os_record(row.document) for row in await conn.execute(
+            sa.select(instance_os).where(where(instance_os.c.instance_id)))}
+        found = []
+        for i in ids:
+            document, updated = documents.get(i, _ABSENT)
+            data, data_updated = userdata.get(i, _ABSENT)
+            addresses[i].sort()
+            found.append(StoredInstance(i, addresses[i], document, updated, data, data_updated,
+                                        passwords.get(i), os_records.get(i)))
+        return found
 
     async def changes_since(self, seq: int, limit: int = 1000) -> list[Change]:
         async with self._read() as conn:

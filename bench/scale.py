@@ -1,0 +1,215 @@
+"""Memory and start-up time of ``imds serve`` holding N instances on SQLite (100k, 1M).
+
+Run on demand (never in CI)::
+
+    .venv/bin/python bench/scale.py --count 100000
+    .venv/bin/python bench/scale.py --count 1000000 --keep /var/tmp/imds-1m   # reuse the database next time
+
+Each instance has the Equinix-sized reference document (``../shared/fixtures/metadata-example.json``
+with its id, hostname and addresses made unique) and two addresses: a loopback IPv4
+host (127.x.y.z, so this machine can read as that instance) and an IPv6 host. The
+database is filled with ``imds import`` (the bulk path, not the HTTP API). Then
+``imds serve`` is started and timed from process start to ``/readyz`` 200; its VmRSS is
+read once loaded, and again after a read sample (``--reads`` distinct instances each read
+``/metadata`` from their own source address). Appends a JSON line and a Markdown row to
+``bench/results.md``. Targets (issue 12): 1M instances ≤ 2 GiB RSS, start-up ≤ 60 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import http.client
+import json
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+BENCH = Path(__file__).parent
+IMDS = Path(sys.executable).parent / "imds"
+FIXTURE = BENCH.parent / ".." / "shared" / "fixtures" / "metadata-example.json"
+RESULTS = BENCH / "results.md"
+TIMEOUT = 900.0
+
+
+def loopback(n: int) -> str:
+    """The n-th instance's IPv4 address: 127.x.y.z, skipping 127.0.0.0/16 (the server listens there)."""
+    n += 1 << 16
+    return f"127.{(n >> 16) & 255}.{(n >> 8) & 255}.{n & 255}"
+
+
+def record(n: int, template: dict[str, Any]) -> dict[str, object]:
+    """The n-th generated instance (up to ~16 million)."""
+    instance_id = str(uuid.UUID(int=n + 1, version=4))
+    v4, v6 = loopback(n), f"2001:db8::{(n + 1) >> 16:x}:{(n + 1) & 0xFFFF:x}"
+    document = copy.deepcopy(template)
+    document["id"], document["hostname"] = instance_id, f"node-{n}.example"
+    document["network"]["addresses"] = [
+        {"address": v4, "address_family": 4, "cidr": 32, "public": False, "management": True},
+        {"address": v6, "address_family": 6, "cidr": 128, "public": True, "management": True},
+    ]
+    return {"id": instance_id, "ipAddresses": [v4, v6], "metadata": document}
+
+
+def generate(data_dir: Path, count: int) -> float:
+    """Fill a fresh SQLite data dir with ``count`` instances through ``imds import``; seconds."""
+    template = json.loads(FIXTURE.read_text())
+    source = data_dir.parent / "fleet.jsonl"
+    with source.open("w") as out:
+        for n in range(count):
+            out.write(json.dumps(record(n, template), separators=(",", ":")) + "\n")
+    subprocess.run([str(IMDS), "db", "upgrade", "--data-dir", str(data_dir)], check=True, capture_output=True)
+    started = time.monotonic()
+    done = subprocess.run([str(IMDS), "import", str(source), "--data-dir", str(data_dir), "--log-level", "warning",
+                           "--batch-size", "5000"], check=False, capture_output=True, text=True)
+    if done.returncode != 0:
+        sys.exit(f"imds import failed ({done.returncode}):\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
+    source.unlink()
+    return time.monotonic() - started
+
+
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def rss_mib(pid: int) -> float:
+    """VmRSS of ``pid`` and its children (server workers), MiB."""
+    total = 0
+    for proc in [pid, *children(pid)]:
+        with contextlib.suppress(OSError):
+            for line in Path(f"/proc/{proc}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1])
+    return total / 1024
+
+
+def children(pid: int) -> list[int]:
+    """Every descendant process of ``pid``."""
+    found = []
+    with contextlib.suppress(OSError):
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            text = (task / "children").read_text().split()
+            found += [int(child) for child in text]
+    return found + [grandchild for child in found for grandchild in children(child)]
+
+
+def get(port: int, path: str, source: str = "127.0.0.1") -> tuple[int, bytes]:
+    """One GET from ``source`` (a loopback address): (status, body)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10, source_address=(source, 0))
+    try:
+        conn.request("GET", path)
+        reply = conn.getresponse()
+        return reply.status, reply.read()
+    finally:
+        conn.close()
+
+
+@contextlib.contextmanager
+def serve(data_dir: Path, port: int, log: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """``imds serve`` on ``data_dir``, stopped by PID on exit."""
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [str(IMDS), "serve", "--data-dir", str(data_dir), "--listen", f"127.0.0.1:{port}",
+             "--admin-token", "bench-token-not-a-secret", "--log-level", "info"],
+            stdout=out, stderr=subprocess.STDOUT,
+        )
+        try:
+            yield proc
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def measure(data_dir: Path, count: int, reads: int) -> dict[str, object]:
+    """Start ``imds serve`` on ``data_dir``: start-up seconds, RSS loaded and after a read sample."""
+    port = free_port()
+    log = data_dir.parent / "serve.log"
+    started = time.monotonic()
+    with serve(data_dir, port, log) as proc:
+        while True:
+            if proc.poll() is not None:
+                sys.exit(f"imds serve exited ({proc.returncode}):\n{log.read_text()[-3000:]}")
+            with contextlib.suppress(OSError):
+                if get(port, "/readyz")[0] == 200:
+                    break
+            if time.monotonic() - started > TIMEOUT:
+                sys.exit("not ready in time")
+            time.sleep(0.2)
+        ready = time.monotonic() - started
+        loaded = rss_mib(proc.pid)
+        step = max(count // reads, 1)
+        latencies, errors = [], 0
+        for n in range(0, count, step)[:reads]:
+            begin = time.perf_counter()
+            status, body = get(port, "/metadata", loopback(n))
+            latencies.append(time.perf_counter() - begin)
+            errors += status != 200 or json.loads(body)["hostname"] != f"node-{n}.example"
+        latencies.sort()
+        return {
+            "bench": "scale", "instances": count, "startup_s": round(ready, 1), "rss_loaded_mib": round(loaded),
+            "reads": len(latencies), "read_errors": errors,
+            "read_p50_ms": round(latencies[len(latencies) // 2] * 1000, 2),
+            "read_p99_ms": round(latencies[int(len(latencies) * 0.99)] * 1000, 2),
+            "rss_after_reads_mib": round(rss_mib(proc.pid)),
+            "at": time.strftime("%Y-%m-%dT%H:%MZ", time.gmtime()),
+        }
+
+
+def append(result: dict[str, object], generate_s: float | None) -> None:
+    """Print the JSON line; add the Markdown row (and the line as a comment) to results.md."""
+    result = {**result, "import_s": None if generate_s is None else round(generate_s, 1)}
+    line = json.dumps(result)
+    print(line)
+    row = (f"| {result['at']} | {result['instances']:,} | {result['import_s']} | {result['startup_s']} "
+           f"| {result['rss_loaded_mib']} | {result['rss_after_reads_mib']} | {result['reads']} "
+           f"| {result['read_errors']} | {result['read_p50_ms']} / {result['read_p99_ms']} |")
+    header = ("\n## scale (`bench/scale.py`)\n\n"
+              "| at | instances | import s | start-up s (→ /readyz 200) | RSS loaded MiB | RSS after reads MiB "
+              "| reads | errors | read p50 / p99 ms |\n|---|---|---|---|---|---|---|---|---|\n")
+    text = RESULTS.read_text() if RESULTS.exists() else ""
+    if "## scale (`bench/scale.py`)" not in text:
+        text += header
+    marker = text.index("## scale (`bench/scale.py`)")
+    table_end = text.find("\n\n", text.index("|---", marker))
+    table_end = len(text.rstrip("\n")) if table_end < 0 else table_end
+    text = text[:table_end].rstrip("\n") + "\n" + row + text[table_end:]
+    RESULTS.write_text(text.rstrip("\n") + "\n" + f"<!-- {line} -->\n")
+
+
+def main() -> None:
+    """Generate (or reuse) the database, then measure."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--count", type=int, default=100_000)
+    parser.add_argument("--reads", type=int, default=2000)
+    parser.add_argument("--keep", type=Path, help="keep the database here (reused when it exists)")
+    options = parser.parse_args()
+    scratch = Path(tempfile.mkdtemp(prefix="imds-bench-scale-"))
+    try:
+        root = options.keep or scratch
+        data_dir = root / "data"
+        generate_s = None
+        if not data_dir.exists():
+            root.mkdir(parents=True, exist_ok=True)
+            generate_s = generate(data_dir, options.count)
+        append(measure(data_dir, options.count, options.reads), generate_s)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
