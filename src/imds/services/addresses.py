@@ -111,7 +111,7 @@ class AddressIndex:
     def __init__(self) -> None:
         self._tables: dict[int, str] = {}
         self._lengths: dict[int, list[int]] = {4: [], 6: []}
-        self._counts: dict[tuple[int, int], int] = {}
+        self._counts: dict[int, int] = {}  # networks held per (prefix length << 1 | is IPv6)
         self._held: dict[str, tuple[int, ...]] = {}
 
     def __len__(self) -> int:
@@ -173,14 +173,15 @@ class AddressIndex:
         return found
 
     def _count(self, key: int, delta: int) -> None:
-        version, length = 6 if key & 1 else 4, (key >> 1) & 0xFF
-        count = self._counts.get((version, length), 0) + delta
+        kind = key & 0x1FF
+        count = self._counts.get(kind, 0) + delta
         if count:
-            self._counts[(version, length)] = count
+            self._counts[kind] = count
         else:
-            del self._counts[(version, length)]
+            del self._counts[kind]
         if count in (0, 1):
-            self._lengths[version] = sorted({n for v, n in self._counts if v == version}, reverse=True)
+            v6 = kind & 1
+            self._lengths[6 if v6 else 4] = sorted((k >> 1 for k in self._counts if k & 1 == v6), reverse=True)
 
     def _remove(self, key: int, instance_id: str) -> None:
         if self._tables.get(key) != instance_id:

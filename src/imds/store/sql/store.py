@@ -66,6 +66,21 @@ def _chunks(items: Sequence[_T]) -> Iterable[Sequence[_T]]:
         yield items[start : start + _CHUNK]
 
 
+def _page(last: str | None, size: int) -> Any:
+    """The next ``size`` instances after id ``last``, one row each: id, document text, its time, addresses.
+
+    The stored JSON comes back as text, never parsed here; the addresses as one
+    space-separated string (group_concat / string_agg), so an instance costs one row.
+    """
+    a, m = instance_ip_addresses, instance_metadata
+    addresses = (sa.select(sa.func.aggregate_strings(a.c.address, " ")).where(a.c.instance_id == instances.c.id)
+                 .scalar_subquery())
+    query = (sa.select(instances.c.id, sa.cast(m.c.document, sa.Text), m.c.updated_at, addresses)
+             .select_from(instances.outerjoin(m, m.c.instance_id == instances.c.id))
+             .order_by(instances.c.id).limit(size))
+    return query if last is None else query.where(instances.c.id > last)
+
+
 def _in_span(column: sa.Column[Any], span: tuple[str | None, str]) -> Any:
     """``span[0] < column <= span[1]`` (no lower bound when ``span[0]`` is None): a range scan of ids."""
     low, high = span
@@ -402,30 +417,19 @@ class SqlStore:
             total = int((await conn.execute(sa.select(sa.func.count()).select_from(instances))).scalar_one())
             last: str | None = None
             while True:
-                query = sa.select(instances.c.id).order_by(instances.c.id).limit(size)
-                if last is not None:
-                    query = query.where(instances.c.id > last)
-                ids = list((await conn.execute(query)).scalars())
-                if not ids:
+                rows = (await conn.execute(_page(last, size))).all()
+                if not rows:
                     return
-                yield await self._stored(conn, ids, (last, ids[-1])), seq, total
-                last = ids[-1]
+                yield await self._stored(conn, rows, (last, rows[-1][0])), seq, total
+                last = rows[-1][0]
 
     async def _stored(
-        self, conn: AsyncConnection, ids: list[str], span: tuple[str | None, str]
+        self, conn: AsyncConnection, page: Sequence[Any], span: tuple[str | None, str]
     ) -> list[StoredInstance]:
-        """The instances ``ids`` (exactly those with ``span[0] < id <= span[1]``) in stored form, in order."""
+        """One ``_page`` of instances (exactly those with ``span[0] < id <= span[1]``) in stored form."""
         def where(column: sa.Column[Any]) -> Any:
             return _in_span(column, span)
 
-        addresses: dict[str, list[str]] = {i: [] for i in ids}
-        for row in await conn.execute(sa.select(instance_ip_addresses.c.instance_id, instance_ip_addresses.c.address)
-                                      .where(where(instance_ip_addresses.c.instance_id))):
-            addresses[row[0]].append(row[1])
-        t = instance_metadata
-        text = sa.cast(t.c.document, sa.Text)  # the stored JSON text as it is: never parsed here
-        documents = {row[0]: (row[1], _utc(row[2])) for row in await conn.execute(
-            sa.select(t.c.instance_id, text, t.c.updated_at).where(where(t.c.instance_id)))}
         userdata = {row.instance_id: (bytes(row.userdata), _utc(row.updated_at)) for row in await conn.execute(
             sa.select(instance_userdata).where(where(instance_userdata.c.instance_id)))}
         passwords = {row.instance_id: bytes(row.password) for row in await conn.execute(
@@ -433,12 +437,13 @@ class SqlStore:
         os_records = {row.instance_id: os_record(row.document) for row in await conn.execute(
             sa.select(instance_os).where(where(instance_os.c.instance_id)))}
         found = []
-        for i in ids:
-            document, updated = documents.get(i, _ABSENT)
-            data, data_updated = userdata.get(i, _ABSENT)
-            addresses[i].sort()
-            found.append(StoredInstance(i, addresses[i], document, updated, data, data_updated,
-                                        passwords.get(i), os_records.get(i)))
+        for instance_id, document, updated, addresses in page:
+            data, data_updated = userdata.get(instance_id, _ABSENT)
+            found.append(StoredInstance(
+                instance_id, sorted(addresses.split(" ")) if addresses else [], document,
+                _utc(updated), data, data_updated,
+                passwords.get(instance_id), os_records.get(instance_id),
+            ))
         return found
 
     async def changes_since(self, seq: int, limit: int = 1000) -> list[Change]:
