@@ -30,10 +30,12 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from scale import IMDS, RESULTS, free_port, generate, get, loopback, rss_mib
+from benchlib import free_port
+from scale import RESULTS, generate, loopback, rss_mib, serve, wait_ready
 
 BENCH = Path(__file__).parent
 SEQUENCE = BENCH / "cloud_init_ec2_sequence.json"
@@ -102,33 +104,11 @@ def record() -> None:
 
 
 @contextlib.contextmanager
-def serving(data_dir: Path, port: int, log: Path, *extra: str) -> Any:
+def serving(data_dir: Path, port: int, log: Path) -> Iterator[subprocess.Popen[bytes]]:
     """``imds serve`` on ``data_dir`` (IMDSv2 optional), yielded once ``/readyz`` is 200; stopped by PID."""
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [str(IMDS), "serve", "--data-dir", str(data_dir), "--listen", f"127.0.0.1:{port}",
-             "--imdsv2", "optional", "--log-level", "warning", *extra],
-            stdout=out, stderr=subprocess.STDOUT,
-        )
-        try:
-            deadline = time.monotonic() + 900
-            while True:
-                if proc.poll() is not None:
-                    sys.exit(f"imds serve exited:\n{log.read_text()[-3000:]}")
-                with contextlib.suppress(OSError):
-                    if get(port, "/readyz")[0] == 200:
-                        break
-                if time.monotonic() > deadline:
-                    sys.exit("not ready in time")
-                time.sleep(0.2)
-            yield proc
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+    with serve(data_dir, port, log, "--imdsv2", "optional", "--log-level", "warning") as proc:
+        wait_ready(proc, port, log)
+        yield proc
 
 
 async def request(port: int, source: str, method: str, path: str, headers: dict[str, str]) -> tuple[int, bytes]:

@@ -126,12 +126,11 @@ def get(port: int, path: str, source: str = "127.0.0.1") -> tuple[int, bytes]:
 
 
 @contextlib.contextmanager
-def serve(data_dir: Path, port: int, log: Path) -> Iterator[subprocess.Popen[bytes]]:
-    """``imds serve`` on ``data_dir``, stopped by PID on exit."""
+def serve(data_dir: Path, port: int, log: Path, *extra: str) -> Iterator[subprocess.Popen[bytes]]:
+    """``imds serve`` on ``data_dir`` (with ``extra`` flags), stopped by PID on exit."""
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            [str(IMDS), "serve", "--data-dir", str(data_dir), "--listen", f"127.0.0.1:{port}",
-             "--admin-token", "bench-token-not-a-secret", "--log-level", "info"],
+            [str(IMDS), "serve", "--data-dir", str(data_dir), "--listen", f"127.0.0.1:{port}", *extra],
             stdout=out, stderr=subprocess.STDOUT,
         )
         try:
@@ -140,22 +139,28 @@ def serve(data_dir: Path, port: int, log: Path) -> Iterator[subprocess.Popen[byt
             stop(proc)
 
 
+def wait_ready(proc: subprocess.Popen[bytes], port: int, log: Path) -> None:
+    """Poll ``/readyz`` until it answers 200; exit with the server's log if it dies or takes over ``TIMEOUT``."""
+    deadline = time.monotonic() + TIMEOUT
+    while True:
+        if proc.poll() is not None:
+            sys.exit(f"imds serve exited ({proc.returncode}):\n{log.read_text()[-3000:]}")
+        with contextlib.suppress(OSError):
+            if get(port, "/readyz")[0] == 200:
+                return
+        if time.monotonic() > deadline:
+            sys.exit("not ready in time")
+        time.sleep(0.2)
+
+
 def measure(data_dir: Path, count: int, reads: int) -> dict[str, Any]:
     """Start ``imds serve`` on ``data_dir``: start-up seconds, RSS loaded and after a read sample."""
     port = free_port()
     log = data_dir.parent / "serve.log"
     load_before = " ".join(Path("/proc/loadavg").read_text().split()[:3])
     started = time.monotonic()
-    with serve(data_dir, port, log) as proc:
-        while True:
-            if proc.poll() is not None:
-                sys.exit(f"imds serve exited ({proc.returncode}):\n{log.read_text()[-3000:]}")
-            with contextlib.suppress(OSError):
-                if get(port, "/readyz")[0] == 200:
-                    break
-            if time.monotonic() - started > TIMEOUT:
-                sys.exit("not ready in time")
-            time.sleep(0.2)
+    with serve(data_dir, port, log, "--log-level", "info") as proc:
+        wait_ready(proc, port, log)
         ready = time.monotonic() - started
         loaded = rss_mib(proc.pid)
         step = max(count // reads, 1)
