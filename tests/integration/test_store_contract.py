@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ipaddress
 import itertools
+import json
 from datetime import UTC, datetime
 
 import pytest
@@ -363,6 +364,24 @@ async def test_snapshot_chunks_stream_the_same_snapshot_in_stored_form(store: St
     by_id = {instance.id: instance for instance in instances}
     for stored in streamed:
         assert Entry(stored, cache).instance == by_id[stored.id]
+
+
+async def test_snapshot_chunks_is_one_snapshot_while_writes_land(store: Store) -> None:
+    """Writes committed between two pages (a changed instance, a new one) are not in the stream, nor its position."""
+    ids = sorted(new_id() for _ in range(3))
+    for n, instance_id in enumerate(ids):
+        await put(store, instance_id, nets(f"10.5.0.{n + 1}/32"), metadata={"v": 1})
+    stream = store.snapshot_chunks(1)
+    first = await anext(stream)
+    await put(store, ids[-1], nets("10.5.0.9/32"), metadata={"v": 2})
+    await put(store, "ffffffff-ffff-4fff-bfff-ffffffffffff", nets("10.5.0.10/32"), metadata={"v": 2})
+    pages = [first, *[page async for page in stream]]
+    streamed = [stored for chunk, _, _ in pages for stored in chunk]
+    assert sorted(stored.id for stored in streamed) == ids
+    assert [json.loads(stored.document or "null") for stored in streamed] == [{"v": 1}] * 3
+    assert [stored.addresses for stored in streamed if stored.id == ids[-1]] == [["10.5.0.3/32"]]
+    assert {(seq, total) for _, seq, total in pages} == {(first[1], 3)}
+    assert (await store.changes_since(first[1]))  # the writes are in the feed after the snapshot's position
 
 
 # --- atomicity -------------------------------------------------------------------------
