@@ -15,7 +15,8 @@ from __future__ import annotations
 import asyncio
 import json
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
 from typing import TypeVar, cast
 
 import zstandard
@@ -164,6 +165,11 @@ class Entry:
             self._instance = instance
             self._cache.charge(self, _NODE_COST + (0 if text is None else len(text)) * _PARSED_FACTOR)
         return instance  # a cached read is marked recent by ``render``, which every flavor calls
+
+    @property
+    def rendered(self) -> Mapping[str, object]:
+        """What ``render`` holds for this version now (empty once evicted); read-only."""
+        return MappingProxyType(self._rendered) if self._rendered is not None else MappingProxyType({})
 
     @property
     def etag(self) -> bytes:
