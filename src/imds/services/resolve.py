@@ -28,7 +28,7 @@ class Resolver:
 
     def __init__(self, catalog: Catalog, metrics: Metrics, lookup: Lookup | None = None) -> None:
         self._catalog = catalog
-        self._metrics = metrics
+        self._count = metrics.tally.count_read  # plain ints (imds.tally): no lock on the read path
         self._lookup = lookup
 
     async def caller(
@@ -69,7 +69,7 @@ class Resolver:
 
     def served(self, kind: str) -> None:
         """The flavor answered a ``kind`` read from what imds holds: hollow's ``*_cache_hit``."""
-        self._metrics.count_read(kind, hit=True)
+        self._count(kind, hit=True)
 
     def _by_address(self, kind: str, address: Address | None) -> Entry | None:
         if address is None:
@@ -99,4 +99,4 @@ class Resolver:
 
     def _missed(self, kind: str, *, count: bool) -> None:
         if count:
-            self._metrics.count_read(kind, hit=False)
+            self._count(kind, hit=False)

@@ -78,8 +78,7 @@ class InstanceFront:
             self._prefixes.update(guard.wrap(flavor, {flavor: self._prefixes[flavor]}))
         self._log_reads = services.settings.log_instance_reads
         metrics = services.metrics
-        self._observe = metrics.latency.labels("instance").observe
-        self._counters = {s: metrics.requests.labels("instance", str(s)) for s in (200, 400, 401, 403, 404, 405)}
+        self._tally = metrics.tally.group("instance")  # plain ints: no lock per request (imds.tally)
         settings = services.settings
         self._limiter = RateLimiter(settings.rate_limit, settings.rate_burst) if settings.rate_limit > 0 else None
         self._locator, self._behind_proxies = locator, bool(settings.trusted_proxies)
@@ -124,9 +123,7 @@ class InstanceFront:
             headers.append((b"etag", entry.etag))
         await send({"type": "http.response.start", "status": reply.status, "headers": headers})
         await send({"type": "http.response.body", "body": b"" if scope["method"] == "HEAD" else reply.body})
-        counter = self._counters.get(reply.status)
-        (counter or self.services.metrics.requests.labels("instance", str(reply.status))).inc()
-        self._observe(time.perf_counter() - started)
+        self._tally.add(reply.status, time.perf_counter() - started)
         if self._log_reads:
             client = scope.get("client")
             _log.info("instance.read", path=scope["path"], peer=client[0] if client else None, status=reply.status)
@@ -186,6 +183,4 @@ class InstanceFront:
                 await send({"type": "http.response.start", "status": 500, "headers": [(b"content-type", JSON)]})
                 await send({"type": "http.response.body", "body": error_body("internal error")})
         finally:
-            metrics = self.services.metrics
-            metrics.requests.labels(group, str(status)).inc()
-            metrics.latency.labels(group).observe(time.perf_counter() - started)
+            self.services.metrics.tally.group(group).add(status, time.perf_counter() - started)
