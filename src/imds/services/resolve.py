@@ -31,19 +31,55 @@ class Resolver:
         self._count = metrics.tally.count_read  # plain ints (imds.tally): no lock on the read path
         self._lookup = lookup
 
+    def held(
+        self, kind: str, *, address: Address | None, claim: Claim | None = None, needs_record: bool = False
+    ) -> Entry | None:
+        """The caller's entry when imds holds it (with its ``kind`` record if ``needs_record``), else None.
+
+        Synchronous and counts nothing: the read path of known instances ends here.
+        """
+        if claim is not None:
+            entry = self._catalog.get(claim.instance_id)
+            if entry is not None and not claim.admits(entry.instance):
+                return None
+        else:
+            entry = self._by_address(kind, address)
+        if entry is None or (needs_record and not holds(entry.instance, kind)):
+            return None
+        return entry
+
     async def caller(
-        self, kind: str, *, address: Address | None, claim: Claim | None = None, count: bool = True
+        self, kind: str, *, address: Address | None, claim: Claim | None = None, count: bool = True,
+        needs_record: bool = False,
     ) -> Entry:
         """The calling instance, or InstanceNotFound (or the upstream lookup's error).
 
-        ``count``: whether a miss counts in hollow's ``*_cache_miss`` for ``kind``.
+        ``count``: whether a miss counts in hollow's ``*_cache_miss`` for ``kind``;
+        ``needs_record``: the caller must hold its ``kind`` record (RecordNotFound otherwise).
+        At most one upstream lookup per call.
         """
+        entry = self.held(kind, address=address, claim=claim, needs_record=needs_record)
+        if entry is not None:
+            return entry
         if claim is not None:
-            return await self._claimed(kind, claim, count=count)
+            entry, looked_up, error = await self._claimed(kind, claim, count=count)
+        else:
+            entry, looked_up, error = await self._addressed(kind, address, count=count)
+        if needs_record and not holds(entry.instance, kind):
+            if not looked_up:
+                return await self.record(entry, kind)
+            raise error or RecordNotFound(kind, entry.instance.id)
+        return entry
+
+    async def _addressed(
+        self, kind: str, address: Address | None, *, count: bool
+    ) -> tuple[Entry, bool, ImdsError | None]:
+        """The instance holding ``address`` (looked up by address in pull mode); whether looked up, and its error."""
         entry = self._by_address(kind, address)
+        looked_up, error = False, None
         if entry is None and address is not None and self._lookup is not None:
             self._missed(kind, count=count)
-            count = False
+            count, looked_up = False, True
             error = await self._lookup.resolve(kind, address=address)
             entry = self._by_address(kind, address)
             if entry is None and error is not None:
@@ -51,7 +87,7 @@ class Resolver:
         if entry is None:
             self._missed(kind, count=count)
             raise InstanceNotFound(str(address) if address is not None else None)
-        return entry
+        return entry, looked_up, error
 
     async def record(self, entry: Entry, kind: str) -> Entry:
         """``entry`` holding its ``kind`` record: looked up by id in pull mode, else RecordNotFound."""
@@ -80,13 +116,13 @@ class Resolver:
             entry = self._catalog.get(cached) if cached is not None else None
         return entry
 
-    async def _claimed(self, kind: str, claim: Claim, *, count: bool) -> Entry:
+    async def _claimed(self, kind: str, claim: Claim, *, count: bool) -> tuple[Entry, bool, ImdsError | None]:
         """The instance a verified claim names, whatever its addresses (looked up by id in pull mode)."""
         entry = self._catalog.get(claim.instance_id)
-        error: ImdsError | None = None
+        looked_up, error = False, None
         if entry is None and self._lookup is not None:
             self._missed(kind, count=count)
-            count = False
+            count, looked_up = False, True
             error = await self._lookup.resolve(kind, instance_id=claim.instance_id)
             entry = self._catalog.get(claim.instance_id)
         if entry is None and error is not None:
@@ -95,7 +131,7 @@ class Resolver:
             # A tenant mismatch answers exactly like an unknown id.
             self._missed(kind, count=count)
             raise InstanceNotFound(f"instance {claim.instance_id}")
-        return entry
+        return entry, looked_up, error
 
     def _missed(self, kind: str, *, count: bool) -> None:
         if count:

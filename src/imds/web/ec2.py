@@ -89,9 +89,8 @@ class Ec2Flavor:
     async def _read(self, scope: Scope, version: str, subpath: str) -> Reply:
         kind = subpath.split("/", 1)[0]
         record = USERDATA if kind == "user-data" else METADATA
-        entry = await self._locator.entry(scope, record, count=kind in _COUNTED)
-        if kind in _NEEDS_METADATA or kind == "user-data":
-            entry = await self._locator.record(scope, entry, record)
+        needs_record = kind in _NEEDS_METADATA or kind == "user-data"
+        entry = await self._locator.entry(scope, record, count=kind in _COUNTED, needs_record=needs_record)
         headers: tuple[tuple[bytes, bytes], ...] = ()
         token = header(scope, TOKEN_HEADER.encode())
         if token is not None:

@@ -45,7 +45,7 @@ class JsonFlavor:
         if scope["method"] not in READ_METHODS:
             return _NOT_ALLOWED
         try:
-            entry = await self._locator.record(scope, await self._locator.entry(scope, kind), kind)
+            entry = await self._locator.entry(scope, kind, needs_record=True)
             body = entry.render(f"json/{kind}", build)
         except ImdsError as exc:
             return _error(exc)

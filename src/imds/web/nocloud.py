@@ -39,10 +39,8 @@ class NoCloudFlavor:
         rest = "/".join(part for part in scope["path"].split("/")[2:] if part)
         kind = USERDATA if rest == USER_DATA else METADATA
         try:
-            entry = await self._locator.entry(scope, kind)
-            if kind == METADATA:
-                entry = await self._locator.record(scope, entry, kind)
-            else:
+            entry = await self._locator.entry(scope, kind, needs_record=kind == METADATA)
+            if kind == USERDATA and entry.instance.userdata is None:
                 # NoCloud's user-data is always there: empty when the instance has none.
                 with contextlib.suppress(RecordNotFound):
                     entry = await self._locator.record(scope, entry, kind)

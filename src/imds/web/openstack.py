@@ -75,7 +75,7 @@ class OpenStackFlavor:
 
     async def _read(self, scope: Scope, version: str, rest: str) -> Reply:
         kind = USERDATA if rest == USER_DATA else METADATA
-        entry = await self._locator.record(scope, await self._locator.entry(scope, kind), kind)
+        entry = await self._locator.entry(scope, kind, needs_record=True)
         root = entry.render(f"openstack/{version}", lambda found: version_dir(found, version))
         node = resolve(root, rest)
         if node is None:

@@ -88,15 +88,22 @@ class Locator:
         forwarded = [v.decode("latin-1") for k, v in scope["headers"] if k == b"x-forwarded-for"]
         return caller_address(peer, forwarded, self._trusted)
 
-    async def entry(self, scope: Scope, kind: str = METADATA, *, count: bool = True) -> Entry:
+    async def entry(
+        self, scope: Scope, kind: str = METADATA, *, count: bool = True, needs_record: bool = False
+    ) -> Entry:
         """The calling instance, or InstanceNotFound (or the upstream lookup's error in pull mode).
 
-        A miss is counted once per request (hollow's ``*_cache_miss_total``) unless ``count``
-        is False; the flavor counts the hit once it has answered (``served``).
+        ``needs_record``: the caller must hold its ``kind`` record (looked up by id in pull
+        mode; RecordNotFound otherwise). A miss is counted once per request (hollow's
+        ``*_cache_miss_total``) unless ``count`` is False; the flavor counts the hit once it
+        has answered (``served``).
         """
         claim = self.claim(scope)
         address = self.address(scope) if claim is None else None
-        entry = await self._resolver.caller(kind, address=address, claim=claim, count=count)
+        resolver = self._resolver
+        entry = resolver.held(kind, address=address, claim=claim, needs_record=needs_record) or await resolver.caller(
+            kind, address=address, claim=claim, count=count, needs_record=needs_record
+        )
         if claim is None:
             scope[ENTRY] = entry
         return entry

@@ -13,11 +13,12 @@ from typing import Any
 import pytest
 
 from factories import new_id
-from imds.errors import RecordNotFound, StoreUnavailable, UpstreamError, UpstreamUnavailable
+from imds.errors import InstanceNotFound, RecordNotFound, StoreUnavailable, UpstreamError, UpstreamUnavailable
 from imds.metrics import Metrics
 from imds.services.breaker import CLOSED, HALF_OPEN, Breaker
 from imds.services.catalog import Catalog
 from imds.services.lookup import Lookup, LookupPolicy
+from imds.services.resolve import Resolver
 from imds.services.upsert import Records
 from imds.store import MemoryStore
 
@@ -276,3 +277,79 @@ async def test_expired_cache_entries_are_pruned_as_unknown_callers_accumulate():
             r.clock.now += 0.01
         assert len(r.client.calls) == 3000
         assert len(r.lookup._negative) <= 1024
+
+
+# --- caller resolution (services.resolve): one awaited call, counted in one place ------------------------------
+
+
+def counts(r: Rig, kind: str = "metadata") -> tuple[float, float]:
+    prefix = "metadata" if kind == "metadata" else "metadata_userdata"
+    return r.sample(f"{prefix}_cache_hit_total"), r.sample(f"{prefix}_cache_miss_total")
+
+
+async def test_a_held_caller_resolves_without_awaiting_upstream_or_counting():
+    """Known by address: ``held`` answers synchronously, ``caller`` the same entry, nothing counted or fetched."""
+    async with rig() as r:
+        instance_id = new_id()
+        r.client.answers[("metadata", "ip", str(X))] = record(instance_id, [str(X)])
+        await r.lookup.resolve("metadata", address=X)
+        resolver, calls = Resolver(r.catalog, r.metrics, r.lookup), len(r.client.calls)
+        held = resolver.held("metadata", address=X, needs_record=True)
+        assert held is not None
+        assert held.instance.id == instance_id
+        assert await resolver.caller("metadata", address=X, needs_record=True) is held
+        assert len(r.client.calls) == calls
+        assert counts(r) == (0, 0)
+
+
+async def test_an_unknown_caller_is_looked_up_once_and_its_miss_counted_once():
+    """Pull mode: the first request fetches by address (one miss), the next is held (no call, no miss)."""
+    async with rig() as r:
+        instance_id = new_id()
+        r.client.answers[("metadata", "ip", str(X))] = record(instance_id, [str(X)])
+        resolver = Resolver(r.catalog, r.metrics, r.lookup)
+        assert resolver.held("metadata", address=X) is None
+        assert (await resolver.caller("metadata", address=X)).instance.id == instance_id
+        assert (await resolver.caller("metadata", address=X)).instance.id == instance_id
+        assert r.client.calls == [("metadata", "ip", str(X))]
+        assert counts(r) == (0, 1)
+
+
+async def test_an_upstream_404_is_a_404_counted_once_per_request_and_remembered():
+    """Not found upstream: InstanceNotFound, one miss per request; the second request is a negative-cache hit."""
+    async with rig() as r:
+        resolver = Resolver(r.catalog, r.metrics, r.lookup)
+        for _ in range(2):
+            with pytest.raises(InstanceNotFound):
+                await resolver.caller("metadata", address=X)
+        assert r.client.calls == [("metadata", "ip", str(X))]
+        assert counts(r) == (0, 2)
+        assert r.sample("imds_lookup_negative_cache_hits_total") == 1
+
+
+async def test_an_upstream_failure_is_the_answer_and_a_miss_without_count_is_not_counted():
+    """The lookup's error reaches the caller (502); ``count=False`` leaves hollow's counters alone."""
+    async with rig() as r:
+        r.client.answers[("metadata", "ip", str(X))] = UpstreamError("upstream sent garbage")
+        resolver = Resolver(r.catalog, r.metrics, r.lookup)
+        with pytest.raises(UpstreamError, match="garbage"):
+            await resolver.caller("metadata", address=X, count=False)
+        assert counts(r) == (0, 0)
+
+
+async def test_a_missing_record_is_looked_up_by_id_and_counted_as_its_kinds_miss():
+    """A held instance without userdata: fetched by id once (a userdata miss); without pull mode, RecordNotFound."""
+    async with rig() as r:
+        instance_id = new_id()
+        r.client.answers[("metadata", "ip", str(X))] = record(instance_id, [str(X)])
+        r.client.answers[("userdata", "id", instance_id)] = {"id": instance_id, "ipAddresses": [str(X)],
+                                                              "userdata": "#!/bin/sh\n"}
+        await r.lookup.resolve("metadata", address=X)
+        assert await Resolver(r.catalog, r.metrics).caller("userdata", address=X) is not None
+        with pytest.raises(RecordNotFound):
+            await Resolver(r.catalog, r.metrics).caller("userdata", address=X, needs_record=True)
+        resolver = Resolver(r.catalog, r.metrics, r.lookup)
+        entry = await resolver.caller("userdata", address=X, needs_record=True)
+        assert entry.instance.userdata == b"#!/bin/sh\n"
+        assert r.client.calls[-1] == ("userdata", "id", instance_id)
+        assert counts(r, "userdata") == (0, 1)
