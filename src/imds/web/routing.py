@@ -100,10 +100,7 @@ class Locator:
         """
         claim = self.claim(scope)
         address = self.address(scope) if claim is None else None
-        resolver = self._resolver
-        entry = resolver.held(kind, address=address, claim=claim, needs_record=needs_record) or await resolver.caller(
-            kind, address=address, claim=claim, count=count, needs_record=needs_record
-        )
+        entry = await self._resolver.caller(kind, address=address, claim=claim, count=count, needs_record=needs_record)
         if claim is None:
             scope[ENTRY] = entry
         return entry
