@@ -24,7 +24,6 @@ import argparse
 import json
 import os
 import platform
-import re
 import shutil
 import subprocess
 import sys
@@ -35,7 +34,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-from benchlib import free_port, stop, wait_for
+from benchlib import free_port, run_wrk, stop, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 IMDS = Path(sys.executable).with_name("imds")
@@ -95,23 +94,6 @@ DATAPATHS: dict[str, Callable[[Bench], AbstractContextManager[Target]]] = {
 }
 
 
-def run_wrk(target: Target, path: str, duration: int, connections: int, threads: int) -> dict[str, float]:
-    """Requests/s and latency percentiles (ms) from one wrk run."""
-    out = subprocess.run(
-        [*target.prefix, "wrk", f"-t{threads}", f"-c{connections}", f"-d{duration}s", "--latency", target.url + path],
-        check=True, capture_output=True, text=True,
-    ).stdout
-    result = {"rps": float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))}  # type: ignore[union-attr]
-    for pct in ("50", "90", "99"):
-        match = re.search(rf"^\s+{pct}(?:\.000)?%\s+([\d.]+)(us|ms|s)", out, re.MULTILINE)
-        if match:
-            scale = {"us": 0.001, "ms": 1.0, "s": 1000.0}[match.group(2)]
-            result[f"p{pct}"] = float(match.group(1)) * scale
-    errors = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", out)
-    result["non2xx"] = float(errors.group(1)) if errors else 0.0
-    return result
-
-
 def main() -> int:
     """Start serve, then each datapath; load each and record the ratios against direct."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -136,7 +118,8 @@ def main() -> int:
         port = free_port()
         serve = subprocess.Popen(
             [str(IMDS), "serve", "--demo", "--db", "memory://", "--listen", f"127.0.0.1:{port}",
-             "--trusted-proxy", "127.0.0.1/32", "--proxy-shared-secret-file", str(secret)],
+             "--trusted-proxy", "127.0.0.1/32", "--proxy-shared-secret-file", str(secret),
+             "--rate-limit", "0"],  # one source at full speed: the per-caller limit would answer 429s
             env=env,
         )
         try:
@@ -150,8 +133,9 @@ def main() -> int:
                         print(f"{name} answers {args.path} differently from direct", file=sys.stderr)
                         return 1
                     results[name] = {
-                        "latency": run_wrk(target, args.path, args.duration, 1, 1),
-                        "throughput": run_wrk(target, args.path, args.duration, args.connections, args.threads),
+                        "latency": run_wrk(target.url + args.path, args.duration, 1, 1, prefix=target.prefix),
+                        "throughput": run_wrk(target.url + args.path, args.duration, args.connections, args.threads,
+                                              prefix=target.prefix),
                     }
                 show(name, results)
         finally:

@@ -26,7 +26,6 @@ VM namespace are targeted.
 from __future__ import annotations
 
 import argparse
-import re
 import shutil
 import subprocess
 import sys
@@ -37,6 +36,8 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 
+from benchlib import free_port, run_wrk
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
@@ -45,30 +46,6 @@ from ovs_harness import AgentProcess, Vm, ovs_daemons, sh, vms, wait_for  # noqa
 IMDS = Path(sys.executable).with_name("imds")
 RESULTS = ROOT / "bench" / "results-datapath.md"
 DEMO_ID = "cc40301c-4038-4011-af55-6eae3ba60246"  # src/imds/demo/metadata.json
-
-
-def _free_port() -> int:
-    import socket  # noqa: PLC0415 - only here
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _wrk(prefix: list[str], url: str, duration: int, connections: int) -> dict[str, float]:
-    out = subprocess.run(
-        [*prefix, "wrk", "-t1", f"-c{connections}", f"-d{duration}s", "--latency", url],
-        capture_output=True, text=True, check=True, timeout=duration + 60,
-    ).stdout
-    rate = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
-    result = {"rps": rate}
-    for pct in ("50", "99"):
-        match = re.search(rf"\s{pct}%\s+([\d.]+)(us|ms|s)", out)
-        value, unit = float(match.group(1)), match.group(2)  # type: ignore[union-attr]
-        result[f"p{pct}_ms"] = value / 1000 if unit == "us" else value * 1000 if unit == "s" else value
-    errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
-    result["non_2xx"] = float(errors.group(1)) if errors else 0.0
-    return result
 
 
 def main() -> None:
@@ -81,10 +58,11 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="imds-bench-"))
     secret = work / "secret"
     secret.write_bytes(b"bench-secret")
-    port = _free_port()
+    port = free_port()
     serve = subprocess.Popen(
         [str(IMDS), "serve", "--demo", "--db", "memory://", "--listen", f"127.0.0.1:{port}",
-         "--trusted-proxy", "127.0.0.1/32", "--proxy-shared-secret-file", str(secret)],
+         "--trusted-proxy", "127.0.0.1/32", "--proxy-shared-secret-file", str(secret),
+         "--rate-limit", "0"],  # wrk from one source at full speed: the per-caller limit would answer 429s
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
     direct_url = f"http://127.0.0.1:{port}/metadata"
@@ -110,14 +88,14 @@ def main() -> None:
                     if (status, body.encode()) != (200, direct_body):
                         sys.exit("the two paths answer different bytes; not comparable")
                     results = {
-                        "direct (host → imds serve)": _wrk([], direct_url, args.duration, args.connections),
+                        "direct (host → imds serve)": run_wrk(direct_url, args.duration, args.connections),
                     }
                     with _proxy(work, port, secret) as proxy_url:
-                        results["via imds proxy --map (loopback)"] = _wrk([], proxy_url, args.duration,
-                                                                          args.connections)
-                    results["via OVS flows + haproxy (VM → 169.254.169.254)"] = _wrk(
-                        ["ip", "netns", "exec", vm.name], "http://169.254.169.254/metadata",
-                        args.duration, args.connections)
+                        results["via imds proxy --map (loopback)"] = run_wrk(proxy_url, args.duration,
+                                                                             args.connections)
+                    results["via OVS flows + haproxy (VM → 169.254.169.254)"] = run_wrk(
+                        "http://169.254.169.254/metadata", args.duration, args.connections,
+                        prefix=("ip", "netns", "exec", vm.name))
             finally:
                 agent.stop()
                 ovs.vsctl("--if-exists", "del-br", meta_bridge, check=False)
@@ -143,7 +121,7 @@ def _proxy(work: Path, upstream_port: int, secret: Path) -> Iterator[str]:
     """``imds proxy --map`` on 127.0.0.2 mapping the caller 127.0.0.1 to the demo instance."""
     mapping = work / "map"
     mapping.write_text(f"127.0.0.1 {DEMO_ID}\n")
-    port = _free_port()
+    port = free_port()
     process = subprocess.Popen(
         [str(IMDS), "proxy", "--listen", f"127.0.0.2:{port}", "--upstream", f"http://127.0.0.1:{upstream_port}",
          "--shared-secret-file", str(secret), "--map", str(mapping)],
@@ -168,12 +146,12 @@ def _report(results: dict[str, dict[str, float]], args: argparse.Namespace) -> N
     ]
     direct = next(iter(results.values()))
     for name, row in results.items():
-        cells = f"{row['rps']:.0f} | {row['p50_ms']:.2f} | {row['p99_ms']:.2f} | {row['non_2xx']:.0f}"
+        cells = f"{row['rps']:.0f} | {row['p50']:.2f} | {row['p99']:.2f} | {row['non2xx']:.0f}"
         lines.append(f"| {name} | {cells} |")
     lines.append("")
     for name, row in list(results.items())[1:]:
         lines.append(f"- {name} / direct: throughput {row['rps'] / direct['rps']:.2f}, p50 latency "
-                     f"{row['p50_ms'] / direct['p50_ms']:.2f}x (+{row['p50_ms'] - direct['p50_ms']:.2f} ms)")
+                     f"{row['p50'] / direct['p50']:.2f}x (+{row['p50'] - direct['p50']:.2f} ms)")
     lines.append("")
     text = "\n".join(lines)
     print(text)

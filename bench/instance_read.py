@@ -25,36 +25,20 @@ import argparse
 import json
 import os
 import platform
-import re
 import shutil
 import subprocess
 import sys
 import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
+from subprocess import Popen
 
-from benchlib import free_port, stop, wait_for
+from benchlib import cpu_seconds, free_port, run_wrk, stop, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 IMDS = Path(sys.executable).with_name("imds")
+BASELINE = "baseline"
 PATHS = ("/metadata", "/latest/meta-data/instance-id", "/openstack/latest/meta_data.json")
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def cpu_seconds(pid: int) -> float:
-    """utime+stime of ``pid`` and its live children (nginx's worker, imds's --workers)."""
-    pids = [pid]
-    children = Path(f"/proc/{pid}/task/{pid}/children")
-    if children.exists():
-        pids += [int(child) for child in children.read_text().split()]
-    ticks = 0
-    for each in pids:
-        fields = Path(f"/proc/{each}/stat").read_text().rsplit(")", 1)[1].split()
-        ticks += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat(5))
-    return ticks / CLOCK_TICKS
-
-
-
 
 
 def start_nginx(workdir: Path, bodies: dict[str, bytes], port: int) -> subprocess.Popen[bytes]:
@@ -95,24 +79,6 @@ http {{
     return subprocess.Popen([nginx, "-p", str(workdir), "-c", str(conf)])
 
 
-def run_wrk(url: str, duration: int, connections: int, threads: int) -> dict[str, float]:
-    """Requests/s and latency percentiles (ms) from one wrk run."""
-    out = subprocess.run(
-        ["wrk", f"-t{threads}", f"-c{connections}", f"-d{duration}s", "--latency", url],
-        check=True, capture_output=True, text=True,
-    ).stdout
-    result = {"rps": float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))}  # type: ignore[union-attr]
-    result["requests"] = float(re.search(r"(\d+) requests in", out).group(1))  # type: ignore[union-attr]
-    for pct in ("50", "90", "99"):
-        match = re.search(rf"^\s+{pct}(?:\.000)?%\s+([\d.]+)(us|ms|s)", out, re.MULTILINE)
-        if match:
-            scale = {"us": 0.001, "ms": 1.0, "s": 1000.0}[match.group(2)]
-            result[f"p{pct}"] = float(match.group(1)) * scale
-    errors = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", out)
-    result["non2xx"] = float(errors.group(1)) if errors else 0.0
-    return result
-
-
 def measure(url: str, pid: int, args: argparse.Namespace) -> dict[str, float]:
     """One wrk run against ``url`` plus the server's CPU time per request over it."""
     before = cpu_seconds(pid)
@@ -128,12 +94,27 @@ def same_bytes(path: str, got: bytes, expected: bytes) -> bool:
     return got == expected
 
 
-def start_imds(server: str, port: int) -> subprocess.Popen[bytes]:
-    """``imds serve --demo`` on ``server`` with one worker, logging warnings only, rate limit off."""
+def start_imds(server: str, port: int, source: Path | None = None) -> subprocess.Popen[bytes]:
+    """``imds serve --demo`` on ``server`` with one worker, logging warnings only, rate limit off.
+
+    ``source``: a ``src`` directory to import imds from instead of this checkout (``--baseline``).
+    """
     env = {**os.environ, "IMDS_LOG_LEVEL": "warning"}
-    command = [str(IMDS), "serve", "--demo", "--db", "memory://", "--listen", f"127.0.0.1:{port}",
+    program = [str(IMDS)]
+    if source is not None:
+        env["PYTHONPATH"] = str(source)
+        program = [sys.executable, "-m", "imds"]
+    command = [*program, "serve", "--demo", "--db", "memory://", "--listen", f"127.0.0.1:{port}",
                "--server", server, "--workers", "1", "--rate-limit", "0"]
     return subprocess.Popen(command, env=env)
+
+
+def start_servers(servers: tuple[str, ...], ports: dict[str, int], baseline: Path | None) -> dict[str, Popen[bytes]]:
+    """Each imds server on its port; ``baseline`` runs the first server's kind from the ``baseline`` tree."""
+    started = {name: start_imds(name, ports[name]) for name in servers if name != BASELINE}
+    if baseline is not None:
+        started[BASELINE] = start_imds(servers[0], ports[BASELINE], baseline)
+    return started
 
 
 def profile(pid: int, url: str, args: argparse.Namespace, name: str) -> Path:
@@ -209,6 +190,9 @@ def main() -> int:
                         help="imds server to measure (repeatable; default: granian and uvicorn)")
     parser.add_argument("--path", action="append", help=f"path to load (repeatable; default: {', '.join(PATHS)})")
     parser.add_argument("--profile", action="store_true", help="also save a py-spy profile of the first server")
+    parser.add_argument("--baseline", type=Path, metavar="SRC",
+                        help="also measure the first server importing imds from SRC (e.g. a copy of main's src/), "
+                             "as server 'baseline': a before/after ratio from the same run")
     parser.add_argument("--output", type=Path, default=ROOT / "bench" / "results.md")
     args = parser.parse_args()
     paths = tuple(args.path or PATHS)
@@ -222,8 +206,10 @@ def main() -> int:
     rows: list[dict[str, object]] = []
     profiles: list[Path] = []
     with tempfile.TemporaryDirectory(prefix="imds-bench-") as tmp:
+        if args.baseline is not None:  # the same server, imds imported from another source tree
+            servers = (*servers, BASELINE)
         ports = {name: free_port() for name in ("nginx", *servers)}
-        imds = {name: start_imds(name, ports[name]) for name in servers}
+        imds = start_servers(servers, ports, args.baseline)
         nginx = None
         try:
             first = servers[0]
@@ -266,14 +252,16 @@ def write_results(
             jsonl.write(json.dumps({**context, **row}) + "\n")
     command = (f".venv/bin/python bench/instance_read.py --duration {args.duration} --repeat {args.repeat} "
                f"--connections {args.connections} --threads {args.threads}"
-               + "".join(f" --server {name}" for name in (args.server or ())) + (" --profile" if args.profile else ""))
+               + "".join(f" --server {name}" for name in (args.server or ())) + (" --profile" if args.profile else "")
+               + (" --baseline SRC" if args.baseline else ""))
     lines = [
         "",
         f"## read: {stamp}",
         "",
         (f"{os.cpu_count()} cores, Python {platform.python_version()}, {nginx_version}, load average "
          f"{' '.join(load_before)} before / {' '.join(load_after)} after (a shared machine). Command: `{command}`. "
-         "imds: `imds serve --demo --workers 1 --rate-limit 0` per server; nginx: one worker, same bytes, same paths. "
+         "imds: `imds serve --demo --workers 1 --rate-limit 0` per server (`baseline`: the first server with imds "
+         "imported from another source tree); nginx: one worker, same bytes, same paths. "
          "cpu = server utime+stime per request."),
         "",
         "| path | bytes | server | run | req/s | imds/nginx | p50 ms | p99 ms | cpu µs/req | non-2xx |",

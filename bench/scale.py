@@ -12,7 +12,7 @@ database is filled through the store's batch primitives (``fill``: the statement
 ``imds import`` runs, not the HTTP API). Then
 ``imds serve`` is started and timed from process start to ``/readyz`` 200; its VmRSS is
 read once loaded, and again after a read sample (``--reads`` distinct instances each read
-``/metadata`` from their own source address). Appends a JSON line and a Markdown row to
+``/metadata`` from their own source address). Appends a JSON line to ``bench/results.jsonl`` and a Markdown row to
 ``bench/results.md``. Targets (issue 12): 1M instances ≤ 2 GiB RSS, start-up ≤ 60 s.
 """
 
@@ -190,10 +190,12 @@ STARTUP_TARGET_S, RSS_TARGET_MIB = 60.0, 2048.0
 
 
 def append(result: dict[str, Any], generate_s: float | None) -> None:
-    """Print the JSON line; add the Markdown row, and the line as a comment under the table, to results.md."""
+    """Print the JSON line and append it to results.jsonl; add the Markdown row (and the line) to results.md."""
     result = {**result, "fill_s": None if generate_s is None else round(generate_s, 1)}
     line = json.dumps(result)
     print(line)
+    with RESULTS.with_suffix(".jsonl").open("a") as jsonl:
+        jsonl.write(line + "\n")
     fill = "reused" if result["fill_s"] is None else result["fill_s"]
     row = (f"| {result['at']} | {result['instances']:,} | {fill} | {result['startup_s']} "
            f"| **{result['startup_s'] / STARTUP_TARGET_S:.2f}** | {result['rss_loaded_mib']} "

@@ -21,7 +21,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from instance_read import ROOT, cpu_seconds, free_port, run_wrk, stop, wait_for
+from benchlib import cpu_seconds, free_port, run_wrk, stop, wait_for
+from instance_read import ROOT
 
 APPS = """
 BODY = b"x" * {size}

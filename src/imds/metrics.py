@@ -1,12 +1,15 @@
 """Prometheus metrics: one registry per application (so tests can build many apps).
 
 Request counts and latency are labelled by route group (``instance``, ``admin``, ``ops``,
-``other``) and status; hollow's counters keep their names.
+``other``) and status; hollow's counters keep their names. Those counted on every request
+live in ``imds.tally`` (plain ints, no lock) and are exported at scrape time.
 """
 
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from imds.tally import Tally, TallyCollector
 
 GROUPS = ("instance", "admin", "ops", "other")
 _BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
@@ -18,28 +21,12 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        self.requests = Counter(
-            "imds_http_requests", "HTTP requests answered, by route group and status.", ["group", "status"], registry=r
-        )
-        self.latency = Histogram(
-            "imds_http_request_duration_seconds", "Time to answer, by route group.", ["group"],
-            buckets=_BUCKETS, registry=r,
-        )
+        # imds_http_requests_total, imds_http_request_duration_seconds and hollow's cache counters.
+        self.tally = Tally(_BUCKETS)
+        r.register(TallyCollector(self.tally))
         self.instances = Gauge("imds_catalog_instances", "Instances held in memory.", registry=r)
         self.feed_position = Gauge("imds_catalog_feed_position", "Last change-feed entry applied.", registry=r)
-        # hollow-metadataservice's counters, same names.
-        self.metadata_cache_hit = Counter(
-            "metadata_cache_hit", "Metadata requests answered from what imds holds.", registry=r
-        )
-        self.metadata_cache_miss = Counter(
-            "metadata_cache_miss", "Metadata requests from callers imds does not know.", registry=r
-        )
-        self.userdata_cache_hit = Counter(
-            "metadata_userdata_cache_hit", "Userdata requests answered from what imds holds.", registry=r
-        )
-        self.userdata_cache_miss = Counter(
-            "metadata_userdata_cache_miss", "Userdata requests from callers imds does not know.", registry=r
-        )
+        # hollow-metadataservice's counters, same names (the cache hit/miss ones are in the tally).
         self.metadata_inserts = Counter("metadata_inserts", "Metadata writes applied from the API.", registry=r)
         self.userdata_inserts = Counter(
             "metadata_userdata_inserts", "Userdata writes applied from the API.", registry=r
@@ -82,7 +69,4 @@ class Metrics:
 
     def count_read(self, kind: str, *, hit: bool) -> None:
         """Hollow's cache counters: an instance read of ``metadata``/``userdata`` found (hit) or not."""
-        if kind == "userdata":
-            (self.userdata_cache_hit if hit else self.userdata_cache_miss).inc()
-        else:
-            (self.metadata_cache_hit if hit else self.metadata_cache_miss).inc()
+        self.tally.count_read(kind, hit=hit)

@@ -12,7 +12,7 @@ cloud-init's OpenStack and NoCloud datasources send none of these headers.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 
 from imds.errors import Unauthenticated
 from imds.services.tokens import TOKEN_HEADER, TokenIssuer
@@ -34,7 +34,7 @@ class InstanceAuth:
     def __init__(self, tokens: TokenIssuer) -> None:
         self._tokens = tokens
 
-    def check(self, header: Callable[[str], str | None], instance_id: Callable[[], str]) -> None:
+    async def check(self, header: Callable[[str], str | None], instance_id: Callable[[], Awaitable[str]]) -> None:
         """``header(name)`` reads a request header; ``instance_id()`` finds the caller (only for a token)."""
         if (header(METADATA_HEADER) or "").strip().lower() == "true":
             return
@@ -42,7 +42,7 @@ class InstanceAuth:
             return
         token = header(TOKEN_HEADER)
         if token is not None:
-            self._tokens.check(token, instance_id())
+            self._tokens.check(token, await instance_id())
             return
         msg = ("this path needs the header 'Metadata: true', a 'Metadata-Flavor' header "
                "or an IMDSv2 token (--instance-auth)")

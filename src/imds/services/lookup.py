@@ -44,16 +44,6 @@ Key = tuple[str, str, str]  # (kind, "ip" | "id", value)
 _PRUNE_FLOOR = 1024
 
 
-class LookupNeeded(Exception):
-    """Raised on the read path when a caller or record is unknown and a lookup may find it."""
-
-    def __init__(self, kind: str, *, address: Address | None = None, instance_id: str | None = None) -> None:
-        super().__init__(kind)
-        self.kind = kind
-        self.address = address
-        self.instance_id = instance_id
-
-
 @dataclass(frozen=True)
 class LookupPolicy:
     """Timing and limits of upstream lookups."""
@@ -114,18 +104,20 @@ class Lookup:
         fetched = [kind for kind in kinds if instance_id is not None and (kind, instance_id) in self._fetched]
         return {"by_ip_cache": cached, "fetched": fetched}
 
-    async def resolve(self, need: LookupNeeded) -> ImdsError | None:
-        """Fetch what the read path missed; return the error to answer with, if any."""
-        if need.instance_id is not None:
-            key: Key = (need.kind, "id", need.instance_id)
+    async def resolve(
+        self, kind: str, *, address: Address | None = None, instance_id: str | None = None
+    ) -> ImdsError | None:
+        """Fetch the ``kind`` record the read path missed (by id, else by address); the error to answer with, if any."""
+        if instance_id is not None:
+            key: Key = (kind, "id", instance_id)
         else:
-            key = (need.kind, "ip", str(need.address))
+            key = (kind, "ip", str(address))
         if self._negative.get(key, 0.0) > self._clock():
             self._metrics.lookup_negative_hits.inc()
             return None
         self._prune()
         try:
-            await self._single_flight(key, need.address)
+            await self._single_flight(key, address)
         except ImdsError as exc:  # upstream failures (502), and a store that cannot take the write (503)
             return exc
         return None

@@ -40,24 +40,24 @@ class ChannelFlavor:
         """Exact paths: the flavor-neutral posts."""
         return {"/events": self.events, "/phone-home": self.phone_home}
 
-    def events(self, scope: Scope) -> Reply:
+    async def events(self, scope: Scope) -> Reply:
         """``POST /events`` ``{"state", "code"?, "message"?}``."""
-        return self._post(scope, self._channel.post)
+        return await self._post(scope, self._channel.post)
 
-    def handle_write(self, scope: Scope) -> Reply:
+    async def handle_write(self, scope: Scope) -> Reply:
         """``POST /ganeti/<version>/write``: the same as ``/events``."""
-        return self.events(scope)
+        return await self.events(scope)
 
-    def phone_home(self, scope: Scope) -> Reply:
+    async def phone_home(self, scope: Scope) -> Reply:
         """``POST /phone-home``: the instance booted (any body up to the size cap, e.g. cloud-init's form)."""
-        return self._post(scope, self._channel.phone_home)
+        return await self._post(scope, self._channel.phone_home)
 
-    def handle_read(self, scope: Scope) -> Reply:
+    async def handle_read(self, scope: Scope) -> Reply:
         """``GET /ganeti/<version>/read``: the oldest queued message, consumed by this read."""
         if scope["method"] != "GET":
             return _not_allowed(b"GET")
         try:
-            instance_id = self._locator.entry(scope).instance.id
+            instance_id = (await self._locator.entry(scope)).instance.id
         except ImdsError as exc:
             return _error(exc)
         scope.pop(ENTRY, None)  # a message is no instance document: no ETag, no change watch
@@ -74,12 +74,12 @@ class ChannelFlavor:
 
         return Pending(complete=complete)
 
-    def _post(self, scope: Scope, store: Callable[[str, bytes], Awaitable[Event]]) -> Reply:
+    async def _post(self, scope: Scope, store: Callable[[str, bytes], Awaitable[Event]]) -> Reply:
         if scope["method"] != "POST":
             return _not_allowed(b"POST")
         limit = self._channel.limits.event_max_bytes
         try:
-            instance_id = self._locator.entry(scope).instance.id
+            instance_id = (await self._locator.entry(scope)).instance.id
             if declared_over(scope, limit):
                 raise PayloadTooLarge(limit)
             self._channel.admit(instance_id)

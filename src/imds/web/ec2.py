@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 
-from imds.errors import ImdsError, NotFound, RecordNotFound, Refused, Unauthenticated
+from imds.errors import ImdsError, NotFound, Refused, Unauthenticated
 from imds.models import METADATA, USERDATA
 from imds.services import Services
 from imds.services.instance_auth import proxied
@@ -40,7 +40,6 @@ class Ec2Flavor:
         self._locator = locator
         self._tokens = services.tokens
         self._required = services.settings.imdsv2 == "required"
-        self._metrics = services.metrics
 
     def routes(self) -> dict[str, Handler]:
         """Exact paths: ``/`` lists the versions."""
@@ -54,13 +53,13 @@ class Ec2Flavor:
         """Whether an unknown first segment looks like an EC2 version (so 404s are EC2-style)."""
         return _VERSION_SHAPE.match(segment) is not None
 
-    def versions(self, scope: Scope) -> Reply:
+    async def versions(self, scope: Scope) -> Reply:
         """``GET /``: the versions served, one per line."""
         if scope["method"] not in READ_METHODS:
             return plain(405)
         return Reply(200, versions_listing().encode())
 
-    def handle(self, scope: Scope) -> Reply:
+    async def handle(self, scope: Scope) -> Reply:
         """Any path under ``/<version>``."""
         _, version, *rest = scope["path"].split("/", 2)
         subpath = rest[0] if rest else ""
@@ -69,33 +68,29 @@ class Ec2Flavor:
             return plain(404)
         try:
             if method == "PUT" and version == "latest" and subpath.strip("/") == _TOKEN_PATH:
-                return self._mint(scope)
+                return await self._mint(scope)
             if method not in READ_METHODS:
                 return plain(405)
-            return self._read(scope, version, subpath)
+            return await self._read(scope, version, subpath)
         except ImdsError as exc:
             return plain(status_for(exc))
 
-    def _mint(self, scope: Scope) -> Reply:
+    async def _mint(self, scope: Scope) -> Reply:
         headers = scope["headers"]
         forwarded = [v.decode("latin-1") for k, v in headers if k == b"x-forwarded-for"]
         others = proxied(h for h in headers if h[0] != b"x-forwarded-for")  # Forwarded, X-Forwarded-*, X-Real-IP
         if others or not may_mint_through(self._locator.claim(scope), forwarded):
             raise Refused("IMDSv2 tokens cannot be requested through a proxy")
         ttl = parse_ttl(header(scope, _TTL))
-        entry = self._locator.entry(scope)
+        entry = await self._locator.entry(scope)
         token = self._tokens.issue(entry.instance.id, ttl)
         return Reply(200, token.encode(), headers=((_TTL, str(ttl).encode()),))
 
-    def _read(self, scope: Scope, version: str, subpath: str) -> Reply:
+    async def _read(self, scope: Scope, version: str, subpath: str) -> Reply:
         kind = subpath.split("/", 1)[0]
         record = USERDATA if kind == "user-data" else METADATA
-        entry = self._locator.entry(scope, record, count=kind in _COUNTED)
-        instance = entry.instance
-        if kind in _NEEDS_METADATA and instance.metadata is None:
-            self._locator.record_missing(scope, RecordNotFound(METADATA, instance.id))
-        if kind == "user-data" and instance.userdata is None:
-            self._locator.record_missing(scope, RecordNotFound(USERDATA, instance.id))
+        needs_record = kind in _NEEDS_METADATA or kind == "user-data"
+        entry = await self._locator.entry(scope, record, count=kind in _COUNTED, needs_record=needs_record)
         headers: tuple[tuple[bytes, bytes], ...] = ()
         token = header(scope, TOKEN_HEADER.encode())
         if token is not None:
@@ -109,5 +104,5 @@ class Ec2Flavor:
         if node is None:
             raise NotFound(f"no {subpath!r} under /{version}")
         if kind in _COUNTED:
-            self._metrics.count_read(record, hit=True)
+            self._locator.served(record)
         return Reply(200, body(node), headers=headers)

@@ -52,7 +52,7 @@ class GanetiFlavor:
         """First path segments this flavor answers."""
         return {PREFIX: self.handle}
 
-    def handle(self, scope: Scope) -> Reply:
+    async def handle(self, scope: Scope) -> Reply:
         """Any path under ``/ganeti``."""
         parts = [part for part in scope["path"].split("/")[2:] if part]
         try:
@@ -60,15 +60,15 @@ class GanetiFlavor:
                 channel = self.channel.get(parts[1])
                 if channel is None:
                     raise NotFound(f"/ganeti/{parts[0]}/{parts[1]} is not wired yet")
-                return channel(scope)
+                return await channel(scope)
             if scope["method"] not in READ_METHODS:
                 return plain(405)
-            return self._read(scope, parts)
+            return await self._read(scope, parts)
         except ImdsError as exc:
             return plain(status_for(exc))
 
-    def _read(self, scope: Scope, parts: list[str]) -> Reply:
-        instance = self._locator.entry(scope, count=False).instance
+    async def _read(self, scope: Scope, parts: list[str]) -> Reply:
+        instance = (await self._locator.entry(scope, count=False)).instance
         if not active(instance.os):
             raise NotFound("no Ganeti OS installation is under way for this instance")
         if not parts:

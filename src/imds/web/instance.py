@@ -15,8 +15,8 @@ from typing import Any
 from imds import log
 from imds.errors import ImdsError, RateLimited
 from imds.services import Services
-from imds.services.lookup import LookupNeeded
 from imds.services.ratelimit import RateLimiter
+from imds.services.resolve import Resolver
 from imds.web.channel import ChannelFlavor
 from imds.web.ec2 import Ec2Flavor
 from imds.web.errors import error_body, error_parts
@@ -25,7 +25,7 @@ from imds.web.instance_guard import FlavorGuard
 from imds.web.json import JsonFlavor
 from imds.web.nocloud import NoCloudFlavor
 from imds.web.openstack import OpenStackFlavor
-from imds.web.routing import ENTRY, JSON, LOOKED_UP, READ_METHODS, Handler, Locator, Pending, Reply, Scope
+from imds.web.routing import ENTRY, JSON, READ_METHODS, Handler, Locator, Pending, Reply, Scope
 from imds.web.watch import hold, parse_watch
 
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
@@ -48,7 +48,7 @@ def _group(path: str) -> str:
     return "other"
 
 
-def _loading(_scope: Scope) -> Reply:
+async def _loading(_scope: Scope) -> Reply:
     return _LOADING
 
 
@@ -58,9 +58,8 @@ class InstanceFront:
     def __init__(self, services: Services, admin: ASGIApp) -> None:
         self.services = services
         self.admin = admin
-        locator = Locator(
-            services.catalog, services.settings.trusted_proxies, services.metrics, services.lookup, services.signed
-        )
+        resolver = Resolver(services.catalog, services.metrics, services.lookup)
+        locator = Locator(resolver, services.settings.trusted_proxies, services.signed)
         json_flavor, ec2_flavor = JsonFlavor(services, locator), Ec2Flavor(services, locator)
         self._ec2 = ec2_flavor
         self._exact: dict[str, Handler] = {**json_flavor.routes(), **ec2_flavor.routes()}
@@ -79,8 +78,7 @@ class InstanceFront:
             self._prefixes.update(guard.wrap(flavor, {flavor: self._prefixes[flavor]}))
         self._log_reads = services.settings.log_instance_reads
         metrics = services.metrics
-        self._observe = metrics.latency.labels("instance").observe
-        self._counters = {s: metrics.requests.labels("instance", str(s)) for s in (200, 400, 401, 403, 404, 405)}
+        self._tally = metrics.tally.group("instance")  # plain ints: no lock per request (imds.tally)
         settings = services.settings
         self._limiter = RateLimiter(settings.rate_limit, settings.rate_burst) if settings.rate_limit > 0 else None
         self._locator, self._behind_proxies = locator, bool(settings.trusted_proxies)
@@ -107,10 +105,7 @@ class InstanceFront:
     async def _serve(self, scope: Scope, send: Send, handler: Handler, receive: Receive) -> None:
         started = time.perf_counter()
         try:
-            try:
-                reply = self._limited(scope) or handler(scope)
-            except LookupNeeded as need:
-                reply = await self._after_lookup(scope, handler, need)
+            reply = self._limited(scope) or await handler(scope)
             if isinstance(reply, Pending) and reply.complete is not None:
                 reply = await reply.complete(receive)  # a write that needs the body (OpenStack password)
             elif scope["query_string"]:  # change watch: parsed only when there is a query
@@ -128,9 +123,7 @@ class InstanceFront:
             headers.append((b"etag", entry.etag))
         await send({"type": "http.response.start", "status": reply.status, "headers": headers})
         await send({"type": "http.response.body", "body": b"" if scope["method"] == "HEAD" else reply.body})
-        counter = self._counters.get(reply.status)
-        (counter or self.services.metrics.requests.labels("instance", str(reply.status))).inc()
-        self._observe(time.perf_counter() - started)
+        self._tally.add(reply.status, time.perf_counter() - started)
         if self._log_reads:
             client = scope.get("client")
             _log.info("instance.read", path=scope["path"], peer=client[0] if client else None, status=reply.status)
@@ -153,12 +146,6 @@ class InstanceFront:
         status, body, headers = error_parts(RateLimited(wait))
         return Reply(status, body, JSON, tuple(headers))
 
-    async def _run(self, scope: Scope, handler: Handler) -> Reply:
-        try:
-            return handler(scope)
-        except LookupNeeded as need:
-            return await self._after_lookup(scope, handler, need)
-
     async def _watch(self, scope: Scope, handler: Handler, reply: Reply, receive: Receive) -> Reply:
         """Hold the read while ``?wait_for_change=true`` asks for it (see ``imds.web.watch``)."""
         try:
@@ -172,16 +159,9 @@ class InstanceFront:
         waiting = self.services.metrics.watch_waiting
         waiting.inc()
         try:
-            return await hold(scope, reply, watch, lambda: self._run(scope, handler), receive)
+            return await hold(scope, reply, watch, lambda: handler(scope), receive)
         finally:
             waiting.dec()
-
-    async def _after_lookup(self, scope: Scope, handler: Handler, need: LookupNeeded) -> Reply:
-        """Fetch what the handler missed from upstream, then run it once more."""
-        lookup = self.services.lookup
-        assert lookup is not None  # noqa: S101 - the Locator raises LookupNeeded only in pull mode
-        scope[LOOKED_UP] = await lookup.resolve(need) or True
-        return handler(scope)
 
     async def _measured(self, scope: Scope, receive: Receive, send: Send) -> None:
         started = time.perf_counter()
@@ -203,6 +183,4 @@ class InstanceFront:
                 await send({"type": "http.response.start", "status": 500, "headers": [(b"content-type", JSON)]})
                 await send({"type": "http.response.body", "body": error_body("internal error")})
         finally:
-            metrics = self.services.metrics
-            metrics.requests.labels(group, str(status)).inc()
-            metrics.latency.labels(group).observe(time.perf_counter() - started)
+            self.services.metrics.tally.group(group).add(status, time.perf_counter() - started)

@@ -48,14 +48,14 @@ class FlavorGuard:
         return {key: self._guarded(flavor, handler) for key, handler in handlers.items()}
 
     def _guarded(self, flavor: str, handler: Handler) -> Handler:
-        def guarded(scope: Scope) -> Reply:
+        async def caller_id(scope: Scope) -> str:
+            return (await self._locator.entry(scope, count=False)).instance.id
+
+        async def guarded(scope: Scope) -> Reply:
             try:
-                self._auth.check(
-                    lambda name: header(scope, name.encode()),
-                    lambda: self._locator.entry(scope, count=False).instance.id,
-                )
+                await self._auth.check(lambda name: header(scope, name.encode()), lambda: caller_id(scope))
             except ImdsError as exc:
                 return _refusal(flavor, exc)
-            return handler(scope)
+            return await handler(scope)
 
         return guarded

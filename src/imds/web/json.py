@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from imds.errors import ImdsError, RecordNotFound
+from imds.errors import ImdsError
 from imds.models import METADATA, USERDATA, Instance
 from imds.services import Services
 from imds.services.render.json import metadata_bytes, userdata_bytes
@@ -21,7 +21,6 @@ class JsonFlavor:
     def __init__(self, services: Services, locator: Locator) -> None:
         self._services = services
         self._locator = locator
-        self._metrics = services.metrics
 
     def routes(self) -> dict[str, Handler]:
         """Exact paths this flavor answers."""
@@ -31,29 +30,26 @@ class JsonFlavor:
                 routes[f"{prefix}/{name}"] = routes[f"{prefix}/{name}/"] = handler
         return routes
 
-    def metadata(self, scope: Scope) -> Reply:
+    async def metadata(self, scope: Scope) -> Reply:
         """The caller's metadata document."""
         templates = self._services.templates
-        return self._serve(scope, METADATA, lambda instance: metadata_bytes(instance, templates), _json_type)
+        return await self._serve(scope, METADATA, lambda instance: metadata_bytes(instance, templates), _json_type)
 
-    def userdata(self, scope: Scope) -> Reply:
+    async def userdata(self, scope: Scope) -> Reply:
         """The caller's userdata, byte for byte."""
-        return self._serve(scope, USERDATA, userdata_bytes, userdata_type)
+        return await self._serve(scope, USERDATA, userdata_bytes, userdata_type)
 
-    def _serve(
+    async def _serve(
         self, scope: Scope, kind: str, build: Callable[[Instance], bytes], content_type: Callable[[Instance], bytes]
     ) -> Reply:
         if scope["method"] not in READ_METHODS:
             return _NOT_ALLOWED
         try:
-            entry = self._locator.entry(scope, kind)
-            try:
-                body = entry.render(f"json/{kind}", build)
-            except RecordNotFound as missing:
-                self._locator.record_missing(scope, missing)
+            entry = await self._locator.entry(scope, kind, needs_record=True)
+            body = entry.render(f"json/{kind}", build)
         except ImdsError as exc:
             return _error(exc)
-        self._metrics.count_read(kind, hit=True)
+        self._locator.served(kind)
         return Reply(200, body, entry.render(f"json/{kind}:type", content_type))
 
 

@@ -25,35 +25,31 @@ PREFIX = "nocloud"
 class NoCloudFlavor:
     """Serves the NoCloud seed files rendered from the caller's record."""
 
-    def __init__(self, services: Services, locator: Locator) -> None:
+    def __init__(self, _services: Services, locator: Locator) -> None:
         self._locator = locator
-        self._metrics = services.metrics
 
     def prefixes(self) -> dict[str, Handler]:
         """First path segments this flavor answers."""
         return {PREFIX: self.handle}
 
-    def handle(self, scope: Scope) -> Reply:
+    async def handle(self, scope: Scope) -> Reply:
         """Any path under ``/nocloud``."""
         if scope["method"] not in READ_METHODS:
             return plain(405)
         rest = "/".join(part for part in scope["path"].split("/")[2:] if part)
         kind = USERDATA if rest == USER_DATA else METADATA
         try:
-            entry = self._locator.entry(scope, kind)
-            instance = entry.instance
-            if kind == METADATA and instance.metadata is None:
-                self._locator.record_missing(scope, RecordNotFound(METADATA, instance.id))
-            if kind == USERDATA and instance.userdata is None:
+            entry = await self._locator.entry(scope, kind, needs_record=kind == METADATA)
+            if kind == USERDATA and entry.instance.userdata is None:
                 # NoCloud's user-data is always there: empty when the instance has none.
                 with contextlib.suppress(RecordNotFound):
-                    self._locator.record_missing(scope, RecordNotFound(USERDATA, instance.id))
+                    entry = await self._locator.record(scope, entry, kind)
             node = resolve(entry.render("nocloud", nocloud_tree), rest)
             if node is None:
                 raise NotFound(f"no {rest!r} under /nocloud")
         except ImdsError as exc:
             return plain(status_for(exc))
-        self._metrics.count_read(kind, hit=True)
+        self._locator.served(kind)
         if kind == USERDATA:
             return Reply(200, body(node), entry.render("nocloud/user-data:type", userdata_type))
         return Reply(200, body(node))

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 
-from imds.errors import Conflict, ImdsError, InvalidInput, NotFound, RecordNotFound
+from imds.errors import Conflict, ImdsError, InvalidInput, NotFound
 from imds.models import METADATA, USERDATA
 from imds.services import Services
 from imds.services.render.openstack import (
@@ -48,13 +48,12 @@ class OpenStackFlavor:
     def __init__(self, services: Services, locator: Locator) -> None:
         self._records = services.records
         self._locator = locator
-        self._metrics = services.metrics
 
     def prefixes(self) -> dict[str, Handler]:
         """First path segments this flavor answers."""
         return {PREFIX: self.handle}
 
-    def handle(self, scope: Scope) -> Reply:
+    async def handle(self, scope: Scope) -> Reply:
         """Any path under ``/openstack``."""
         parts = [part for part in scope["path"].split("/")[2:] if part]
         method = scope["method"]
@@ -67,24 +66,21 @@ class OpenStackFlavor:
             if rest == PASSWORD and not since(version, GRIZZLY):
                 raise NotFound(f"/openstack/{version} has no password")
             if method == "POST" and rest == PASSWORD:
-                return self._post_password(scope)
+                return await self._post_password(scope)
             if method not in READ_METHODS:
                 return plain(405)
-            return self._read(scope, version, rest)
+            return await self._read(scope, version, rest)
         except ImdsError as exc:
             return plain_error(exc)
 
-    def _read(self, scope: Scope, version: str, rest: str) -> Reply:
+    async def _read(self, scope: Scope, version: str, rest: str) -> Reply:
         kind = USERDATA if rest == USER_DATA else METADATA
-        entry = self._locator.entry(scope, kind)
-        instance = entry.instance
-        if (instance.userdata if kind == USERDATA else instance.metadata) is None:
-            self._locator.record_missing(scope, RecordNotFound(kind, instance.id))
+        entry = await self._locator.entry(scope, kind, needs_record=True)
         root = entry.render(f"openstack/{version}", lambda found: version_dir(found, version))
         node = resolve(root, rest)
         if node is None:
             raise NotFound(f"no {rest!r} under /openstack/{version}")
-        self._metrics.count_read(kind, hit=True)
+        self._locator.served(kind)
         if isinstance(node, SeededJson):
             return Reply(200, node.with_seed(os.urandom(SEED_BYTES)), JSON)
         if rest.endswith(".json"):
@@ -93,8 +89,8 @@ class OpenStackFlavor:
             return Reply(200, body(node), entry.render("openstack/user_data:type", userdata_type))
         return Reply(200, body(node))
 
-    def _post_password(self, scope: Scope) -> Reply:
-        instance = self._locator.entry(scope).instance
+    async def _post_password(self, scope: Scope) -> Reply:
+        instance = (await self._locator.entry(scope)).instance
         if instance.password is not None:  # the store checks again, inside the write
             raise Conflict(f"instance {instance.id} already has a password")
         if declared_over(scope, PASSWORD_MAX_BYTES):

@@ -4,16 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import Any
 
-from imds.errors import ImdsError, InstanceNotFound, RecordNotFound
-from imds.metrics import Metrics
 from imds.models import METADATA, Address, Network
 from imds.services.addresses import parse_host
-from imds.services.catalog import Catalog, Entry
+from imds.services.catalog import Entry
 from imds.services.identify import caller_address
-from imds.services.lookup import Lookup, LookupNeeded
 from imds.services.proxied import Claim, SignedIdentity
+from imds.services.resolve import Resolver
 from imds.signing import INSTANCE_ID_HEADER, SIGNATURE_HEADER, TENANT_HEADER
 
 Scope = MutableMapping[str, Any]
@@ -21,8 +19,6 @@ TEXT = b"text/plain; charset=utf-8"
 JSON = b"application/json"
 BINARY = b"application/octet-stream"
 READ_METHODS = frozenset({"GET", "HEAD"})
-# Set in the scope by the front after a lookup: True, or the error the lookup ended with.
-LOOKED_UP = "imds.looked_up"
 # Set in the scope once the signed-identity headers were checked: the Claim, or False.
 CLAIM = "imds.claim"
 _SIGNED = tuple(name.encode() for name in (INSTANCE_ID_HEADER, SIGNATURE_HEADER, TENANT_HEADER))
@@ -40,7 +36,7 @@ class Reply:
     headers: tuple[tuple[bytes, bytes], ...] = ()
 
 
-Handler = Callable[[Scope], Reply]
+Handler = Callable[[Scope], Awaitable[Reply]]
 
 
 def header(scope: Scope, name: bytes) -> str | None:
@@ -54,22 +50,16 @@ def header(scope: Scope, name: bytes) -> str | None:
 class Locator:
     """Finds the calling instance from the socket peer (and trusted proxies only).
 
-    With pull mode on, a miss raises ``LookupNeeded`` once per request; the front fetches
-    and runs the handler again, and the second miss is final (or the lookup's error).
+    The web side of ``imds.services.resolve.Resolver``: it reads the peer, the forwarded
+    addresses and the signed-identity headers from the scope; the resolver does the rest
+    (catalog, lookup cache, upstream lookup in pull mode, hollow's counters).
     """
 
     def __init__(
-        self,
-        catalog: Catalog,
-        trusted: Sequence[Network],
-        metrics: Metrics,
-        lookup: Lookup | None = None,
-        signed: SignedIdentity | None = None,
+        self, resolver: Resolver, trusted: Sequence[Network], signed: SignedIdentity | None = None
     ) -> None:
-        self._catalog = catalog
+        self._resolver = resolver
         self._trusted = tuple(trusted)
-        self._metrics = metrics
-        self._lookup = lookup
         self._signed = signed if trusted else None  # without trusted proxies nobody may claim an id
 
     def claim(self, scope: Scope) -> Claim | None:
@@ -98,55 +88,33 @@ class Locator:
         forwarded = [v.decode("latin-1") for k, v in scope["headers"] if k == b"x-forwarded-for"]
         return caller_address(peer, forwarded, self._trusted)
 
-    def entry(self, scope: Scope, kind: str = METADATA, *, count: bool = True) -> Entry:
-        """The calling instance, or InstanceNotFound (or LookupNeeded in pull mode).
+    async def entry(
+        self, scope: Scope, kind: str = METADATA, *, count: bool = True, needs_record: bool = False
+    ) -> Entry:
+        """The calling instance, or InstanceNotFound (or the upstream lookup's error in pull mode).
 
-        A miss is counted once per request (hollow's ``*_cache_miss_total``) unless ``count``
-        is False; the flavor counts the hit once it has answered.
+        ``needs_record``: the caller must hold its ``kind`` record (looked up by id in pull
+        mode; RecordNotFound otherwise). A miss is counted once per request (hollow's
+        ``*_cache_miss_total``) unless ``count`` is False; the flavor counts the hit once it
+        has answered (``served``).
         """
         claim = self.claim(scope)
-        if claim is not None:
-            return self._claimed(scope, claim, kind, count=count)
-        address = self.address(scope)
-        entry = self._catalog.lookup(address) if address is not None else None
-        if entry is None and address is not None and self._lookup is not None:
-            cached = self._lookup.cached(kind, address)
-            entry = self._catalog.get(cached) if cached is not None else None
-            if entry is None:
-                self._look_up(scope, LookupNeeded(kind, address=address), count=count)
-        if entry is None:
-            if count and LOOKED_UP not in scope:
-                self._metrics.count_read(kind, hit=False)
-            raise InstanceNotFound(str(address) if address is not None else None)
-        scope[ENTRY] = entry
+        address = self.address(scope) if claim is None else None
+        entry = await self._resolver.caller(kind, address=address, claim=claim, count=count, needs_record=needs_record)
+        if claim is None:
+            scope[ENTRY] = entry
         return entry
 
-    def _claimed(self, scope: Scope, claim: Claim, kind: str, *, count: bool) -> Entry:
-        """The instance named by a verified claim, whatever its addresses (lookup by id in pull mode)."""
-        entry = self._catalog.get(claim.instance_id)
-        if entry is None and self._lookup is not None:
-            self._look_up(scope, LookupNeeded(kind, instance_id=claim.instance_id), count=count)
-        if entry is None or not claim.admits(entry.instance):
-            # A tenant mismatch answers exactly like an unknown id.
-            if count and LOOKED_UP not in scope:
-                self._metrics.count_read(kind, hit=False)
-            raise InstanceNotFound(f"instance {claim.instance_id}")
-        return entry
+    async def record(self, scope: Scope, entry: Entry, kind: str) -> Entry:
+        """The caller holding its ``kind`` record (looked up by id in pull mode), else RecordNotFound."""
+        found = await self._resolver.record(entry, kind)
+        if found is not entry and ENTRY in scope:
+            scope[ENTRY] = found
+        return found
 
-    def record_missing(self, scope: Scope, missing: RecordNotFound) -> NoReturn:
-        """The caller lacks a record type: look it up by id in pull mode, else re-raise."""
-        if self._lookup is not None:
-            self._look_up(scope, LookupNeeded(missing.kind, instance_id=missing.instance_id), count=True)
-        raise missing
-
-    def _look_up(self, scope: Scope, need: LookupNeeded, *, count: bool) -> None:
-        outcome = scope.get(LOOKED_UP)
-        if outcome is None:
-            if count:
-                self._metrics.count_read(need.kind, hit=False)
-            raise need
-        if isinstance(outcome, ImdsError):
-            raise outcome
+    def served(self, kind: str) -> None:
+        """Count a ``kind`` read answered from what imds holds (hollow's ``*_cache_hit_total``)."""
+        self._resolver.served(kind)
 
 
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
@@ -156,8 +124,8 @@ Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 class Pending(Reply):
     """A reply that still needs the request body (an instance's write, e.g. its OpenStack password).
 
-    Handlers stay synchronous: one returns ``Pending(complete=...)`` after identifying the
-    caller, and the front awaits ``complete(receive)`` for the real reply.
+    A handler returns ``Pending(complete=...)`` after identifying the caller, and the
+    front awaits ``complete(receive)`` for the real reply (and the body).
     """
 
     status: int = 500
