@@ -517,8 +517,8 @@ def test_an_unknown_imdsv2_mode_is_a_config_error():
         config.load({"imdsv2": "bogus"}, environ={})
     with pytest.raises(ConfigError, match="IMDS_IMDSV2"):
         config.load({}, environ={"IMDS_IMDSV2": "sometimes"})
-    assert config.load({}, environ={"IMDS_IMDSV2": "required"}).imdsv2 == "required"
-    assert config.load({}, environ={}).imdsv2 == "optional"
+    assert config.load({}, environ={"IMDS_IMDSV2": "required"}).ec2.imdsv2 == "required"
+    assert config.load({}, environ={}).ec2.imdsv2 == "optional"
 
 
 # --- identity document and its signatures -------------------------------------------------------------------------
