@@ -623,8 +623,8 @@ def read_config_file(path: Path, table: tuple[Option, ...] = OPTIONS) -> dict[st
         raise ConfigError(msg) from exc
     options = {option.name: option for option in table}
     values: dict[str, Any] = {}
-    for key, group, value in _toml_keys(document, {option.group for option in table}):
-        option = options.get(key.rpartition(".")[2].replace("-", "_"))
+    for key, name, group, value in _toml_keys(document, {option.group for option in table}):
+        option = options.get(name.replace("-", "_"))
         if option is None or group not in {None, option.group}:
             msg = f"{where}: unknown key {key!r} (keys are option names, as `imds config show` lists them)"
             raise ConfigError(msg)
@@ -632,13 +632,13 @@ def read_config_file(path: Path, table: tuple[Option, ...] = OPTIONS) -> dict[st
     return values
 
 
-def _toml_keys(document: Mapping[str, Any], group_names: set[str]) -> Iterator[tuple[str, str | None, Any]]:
-    """(key as written, its ``[group]`` table or None, value): flat keys, or keys inside a table named for a group."""
+def _toml_keys(document: Mapping[str, Any], group_names: set[str]) -> Iterator[tuple[str, str, str | None, Any]]:
+    """(key as shown in errors, option name, its ``[group]`` table or None, value), flat or in a group's table."""
     for key, value in document.items():
         if key in group_names and isinstance(value, dict):
-            yield from ((f"{key}.{inner}", key, item) for inner, item in value.items())
+            yield from ((f"{key}.{inner}", inner, key, item) for inner, item in value.items())
         else:
-            yield key, None, value
+            yield key, key, None, value
 
 
 _TOML_TYPES: dict[str, tuple[type, ...]] = {"int": (int,), "float": (int, float), "bool": (bool,)}

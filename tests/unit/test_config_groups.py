@@ -90,3 +90,10 @@ def test_config_file_refuses_an_option_in_the_wrong_group_table(tmp_path):
     path = _file(tmp_path, "[http]\nmax_body_bytes = 4096\n")
     with pytest.raises(ConfigError, match=r"unknown key 'http\.max_body_bytes'"):
         load({"config": path}, BASE_ENV)
+
+
+def test_config_file_refuses_a_quoted_dotted_key(tmp_path):
+    """``"limits.max_body_bytes" = …`` is one flat key (TOML quotes keep the dot), not an option name."""
+    path = _file(tmp_path, '"limits.max_body_bytes" = 4096\n')
+    with pytest.raises(ConfigError, match=r"unknown key 'limits\.max_body_bytes'"):
+        load({"config": path}, BASE_ENV)
