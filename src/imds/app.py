@@ -30,7 +30,6 @@ from imds.services.os_crypto import PrivateCipher
 from imds.services.os_definitions import OsDefinitions
 from imds.services.os_records import OsRecords
 from imds.services.proxied import SignedIdentity
-from imds.services.templates import compile_all
 from imds.services.tokens import TokenIssuer
 from imds.services.upsert import Records
 from imds.signing import read_secret
@@ -65,7 +64,7 @@ def build_app(
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         async with services.running(background=True):  # the listener answers 503 until the catalog is loaded
-            if settings.demo:
+            if settings.store.demo:
                 instance_id = await load_demo(services.records)
                 _log.info("demo.loaded", instance_id=instance_id, addresses=["127.0.0.1", "::1"])
             _log.info("imds.started", version=__version__, instances=len(services.catalog))
@@ -112,17 +111,17 @@ def build_services(
 ) -> Services:
     """Wire the services for ``settings``. Nothing connects until ``start``."""
     if store is None:
-        store = open_store(settings.db_url, connect_timeout=settings.db_connect_timeout,
-                           statement_timeout=settings.db_statement_timeout)
+        store = open_store(settings.store.db, connect_timeout=settings.store.db_connect_timeout,
+                           statement_timeout=settings.store.db_statement_timeout)
     http = http if http is not None else httpx.AsyncClient(timeout=5.0)
     discovery = Discovery(http)  # one discovery fetch per OIDC issuer, whoever needs it
     metrics = Metrics()
-    catalog = Catalog(store, poll_interval=settings.feed_poll_interval,
-                      render_cache_bytes=settings.render_cache_bytes)
-    records = Records(store, catalog, metrics, trusted=settings.trusted_proxies)
+    catalog = Catalog(store, poll_interval=settings.store.feed_poll_interval,
+                      render_cache_bytes=settings.store.render_cache_bytes)
+    records = Records(store, catalog, metrics, trusted=settings.callers.trusted_proxy)
     os_records = OsRecords(
-        store, catalog, cipher=PrivateCipher.from_file(settings.private_key_file),
-        definitions=OsDefinitions.load(settings.os_definitions_dir),
+        store, catalog, cipher=PrivateCipher.from_file(settings.ganeti.private_key_file),
+        definitions=OsDefinitions.load(settings.ganeti.os_definitions_dir),
     )
     catalog.on_os_gone = os_records.vault.forget  # no secret outlives its record (issue 11)
     return Services(
@@ -132,10 +131,10 @@ def build_services(
         records=records,
         lookup=_lookup(settings, discovery, records, catalog, metrics),
         auth=_authenticator(settings, discovery),
-        templates=compile_all(settings.templates),
+        templates=settings.templates.compiled,
         metrics=metrics,
         http=http,
-        tokens=TokenIssuer.load(key_file=settings.imdsv2_key_file, data_dir=settings.key_dir),
+        tokens=TokenIssuer.load(key_file=settings.ec2.imdsv2_key_file, data_dir=settings.store.key_dir),
         os=os_records,
         limits=limits_of(settings),
         signed=_signed_identity(settings),
@@ -145,59 +144,59 @@ def build_services(
 
 def limits_of(settings: Settings) -> Limits:
     """The write limits configured in ``settings``."""
-    return Limits(settings.max_addresses, settings.max_document_depth, settings.max_document_keys)
+    return Limits(settings.limits.max_addresses, settings.limits.max_document_depth, settings.limits.max_document_keys)
 
 
 def _signed_identity(settings: Settings) -> SignedIdentity:
     """The proxy secrets, read once here (current first, then the previous during a rotation)."""
     files = (
-        (settings.proxy_shared_secret_file, "--proxy-shared-secret-file"),
-        (settings.proxy_previous_secret_file, "--proxy-previous-secret-file"),
+        (settings.callers.proxy_shared_secret_file, "--proxy-shared-secret-file"),
+        (settings.callers.proxy_previous_secret_file, "--proxy-previous-secret-file"),
     )
     secrets = [read_secret(path, flag) for path, flag in files if path is not None]
-    return SignedIdentity(settings.trusted_proxies, secrets)
+    return SignedIdentity(settings.callers.trusted_proxy, secrets)
 
 
 def _channel(settings: Settings, store: Store) -> Channel:
-    s = settings
+    s = settings.channel
     limits = ChannelLimits(
         rate=s.event_rate, burst=s.event_burst, event_max_bytes=s.event_max_bytes, retain=s.event_retain,
         message_max_bytes=s.message_max_bytes, max_queued=s.message_max_queued,
     )
-    return Channel(store, limits, EventHub(store, s.feed_poll_interval))
+    return Channel(store, limits, EventHub(store, settings.store.feed_poll_interval))
 
 
 def _lookup(
     settings: Settings, discovery: Discovery, records: Records, catalog: Catalog, metrics: Metrics
 ) -> Lookup | None:
-    if not settings.lookup_url:
+    up = settings.lookup
+    if not up.lookup_url:
         return None
     auth: UpstreamAuth = NoCredentials()
-    if settings.lookup_token:
-        auth = StaticBearer(settings.lookup_token)
-    elif settings.lookup_oidc_issuer and settings.lookup_client_id and settings.lookup_client_secret:
+    if up.lookup_token:
+        auth = StaticBearer(up.lookup_token)
+    elif up.lookup_oidc_issuer and up.lookup_client_id and up.lookup_client_secret:
         credentials = ClientCredentials(
-            settings.lookup_oidc_issuer, settings.lookup_client_id, settings.lookup_client_secret,
-            settings.lookup_scopes, settings.lookup_audience,
+            up.lookup_oidc_issuer, up.lookup_client_id, up.lookup_client_secret, up.lookup_scope, up.lookup_audience,
         )
         auth = OAuth2ClientCredentials(discovery.http, credentials, discovery=discovery)
-    client = UpstreamClient(discovery.http, settings.lookup_url, auth=auth, timeout=settings.lookup_timeout)
+    client = UpstreamClient(discovery.http, up.lookup_url, auth=auth, timeout=up.lookup_timeout)
     policy = LookupPolicy(
-        timeout=settings.lookup_timeout,
-        negative_ttl=settings.lookup_negative_ttl,
-        refresh_after=settings.lookup_refresh_after,
-        cache_ttl=settings.lookup_cache_ttl,
-        concurrency=settings.lookup_concurrency,
+        timeout=up.lookup_timeout,
+        negative_ttl=up.lookup_negative_ttl,
+        refresh_after=up.lookup_refresh_after,
+        cache_ttl=up.lookup_cache_ttl,
+        concurrency=up.lookup_concurrency,
         limits=limits_of(settings),
     )
-    breaker = Breaker(failures=settings.lookup_breaker_failures, reset=settings.lookup_breaker_reset)
+    breaker = Breaker(failures=settings.lookup.lookup_breaker_failures, reset=settings.lookup.lookup_breaker_reset)
     return Lookup(client, records, catalog, metrics, policy=policy, breaker=breaker)
 
 
 def _authenticator(settings: Settings, discovery: Discovery) -> Authenticator:
-    static = StaticTokens.from_settings(settings.admin_token, settings.admin_tokens_file)
+    static = StaticTokens.from_settings(settings.admin.admin_token, settings.admin.admin_tokens_file)
     jwt: Authenticator | None = None
-    if settings.oidc_issuer:
+    if settings.admin.oidc_issuer:
         from imds.services.oidc import OidcVerifier  # noqa: PLC0415 - only when OIDC is configured
 
         jwt = OidcVerifier(settings, discovery)

@@ -82,5 +82,5 @@ def test_the_container_runs_imds_serve_as_a_fixed_non_root_user():
     assert env_block is not None
     pairs = dict(re.findall(r"(IMDS_\w+)=(\S+)", env_block.group(1)))
     settings = load({}, environ=pairs)
-    assert settings.listen == (("0.0.0.0", 8000),)  # noqa: S104 - a container listens on its own interface
-    assert str(settings.data_dir) == "/var/lib/imds"
+    assert settings.http.listen == (("0.0.0.0", 8000),)  # noqa: S104 - a container listens on its own interface
+    assert str(settings.store.data_dir) == "/var/lib/imds"

@@ -37,7 +37,7 @@ async def clients(db_url: str, tmp_path) -> AsyncIterator[tuple[Any, Any]]:
         {"subject": "ci-writer", "token": WRITER, "scopes": ["write", "delete"]},
         {"subject": "auditor", "token": READER, "scopes": ["read"]},
     ]}))
-    settings = make_settings(db_url=db_url, admin_token=None, admin_tokens_file=tokens)
+    settings = make_settings(db=db_url, admin_token=None, admin_tokens_file=tokens)
     async with running_app(settings) as app, client_from(app, token=WRITER) as writer, \
             client_from(app, token=READER) as reader:
         yield writer, reader
@@ -119,7 +119,7 @@ async def test_the_log_pages_by_cursor_and_checks_its_query(clients):
 
 async def test_clearing_a_password_is_audited_without_the_password(db_url):
     """The instance posts its password (not an admin change); the admin's clear is one 'delete password' entry."""
-    async with running_app(make_settings(db_url=db_url)) as app, admin_client(app) as admin:
+    async with running_app(make_settings(db=db_url)) as app, admin_client(app) as admin:
         ip = next_ipv4()
         body = metadata_body(ips=[ip])
         await _ok(await admin.post("/device-metadata", json=body))

@@ -39,7 +39,7 @@ async def push(app: InstanceFront, instance_id: str, hostname: str) -> None:
 @pytest.fixture
 async def app(store_url: str) -> AsyncIterator[InstanceFront]:
     """The app on each store kind, with one instance at GUEST."""
-    async with running_app(make_settings(db_url=store_url, watch_max_timeout=60)) as running:
+    async with running_app(make_settings(db=store_url, watch_max_timeout=60)) as running:
         running.instance_id = new_id()  # type: ignore[attr-defined]
         await push(running, running.instance_id, "before")  # type: ignore[attr-defined]
         yield running

@@ -67,7 +67,7 @@ async def events_of(app: InstanceFront, instance_id: str, after: int = 0) -> dic
 @pytest.fixture
 async def app(store_url: str) -> AsyncIterator[InstanceFront]:
     """The app on each store kind, with a generous rate limit."""
-    async with running_app(make_settings(db_url=store_url, event_burst=100)) as running:
+    async with running_app(make_settings(db=store_url, event_burst=100)) as running:
         yield running
 
 
@@ -157,7 +157,7 @@ async def test_the_rate_limit_answers_429_with_retry_after():
 
 async def test_retention_keeps_the_newest_events(store_url):
     """With --event-retain 3, five posts leave the newest three."""
-    async with running_app(make_settings(db_url=store_url, event_retain=3)) as app:
+    async with running_app(make_settings(db=store_url, event_retain=3)) as app:
         instance_id = await add_instance(app)
         for n in range(5):
             assert (await guest_post(app, "/events", {"state": f"s{n}"})).status_code == 200
@@ -218,7 +218,7 @@ def shared_url(request: pytest.FixtureRequest) -> str:
 
 async def test_concurrent_reads_across_two_replicas_take_each_message_once(shared_url):
     """30 messages, 60 concurrent reads through two replicas of one database: each message is read exactly once."""
-    settings = make_settings(db_url=shared_url)
+    settings = make_settings(db=shared_url)
     async with AsyncExitStack() as stack:
         apps = [await stack.enter_async_context(running_app(settings, store=open_store(shared_url))) for _ in range(2)]
         instance_id = await add_instance(apps[0])

@@ -260,7 +260,7 @@ async def test_overlapping_writes_serialise_in_commit_order(db_url: str) -> None
     See the module docstring for why this fails on a lost update or a doubly held address.
     """
     plans = plan(seed=20240501, instances=INSTANCES, writes_each=6)
-    async with running_app(make_settings(db_url=db_url), store=open_store(db_url)) as app:
+    async with running_app(make_settings(db=db_url), store=open_store(db_url)) as app:
         async with admin_client(app) as client:
             elapsed = await run_writes([client], plans)
         writes = check_acknowledged(plans)
@@ -290,7 +290,7 @@ def shared_url(request: pytest.FixtureRequest) -> str:
 async def test_two_replicas_sharing_a_database_converge(shared_url: str) -> None:
     """Two replicas writing concurrently to one database serialise, and both catalogs converge on the store."""
     plans = plan(seed=7, instances=INSTANCES, writes_each=5)
-    settings = make_settings(db_url=shared_url)
+    settings = make_settings(db=shared_url)
     async with AsyncExitStack() as stack:
         apps = [await stack.enter_async_context(running_app(settings, store=open_store(shared_url))) for _ in range(2)]
         clients = [await stack.enter_async_context(admin_client(app)) for app in apps]

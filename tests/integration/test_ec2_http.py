@@ -412,7 +412,7 @@ async def test_a_token_put_with_a_bad_or_missing_ttl_is_400_without_a_token(head
 
 async def test_a_token_put_through_a_proxy_is_refused_even_from_a_trusted_one():
     """A PUT carrying X-Forwarded-For is 403, from a trusted proxy too, while proxied GETs still work."""
-    async with seeded(trusted_proxies=(ipaddress.ip_network(PROXY_NET),)) as app:
+    async with seeded(trusted_proxy=(ipaddress.ip_network(PROXY_NET),)) as app:
         for peer in (SEED_IP, PROXY):
             answer = await get(app, "/latest/api/token", ip=peer, method="PUT",
                                headers={TTL: "60", "X-Forwarded-For": SEED_IP})
@@ -517,8 +517,8 @@ def test_an_unknown_imdsv2_mode_is_a_config_error():
         config.load({"imdsv2": "bogus"}, environ={})
     with pytest.raises(ConfigError, match="IMDS_IMDSV2"):
         config.load({}, environ={"IMDS_IMDSV2": "sometimes"})
-    assert config.load({}, environ={"IMDS_IMDSV2": "required"}).imdsv2 == "required"
-    assert config.load({}, environ={}).imdsv2 == "optional"
+    assert config.load({}, environ={"IMDS_IMDSV2": "required"}).ec2.imdsv2 == "required"
+    assert config.load({}, environ={}).ec2.imdsv2 == "optional"
 
 
 # --- identity document and its signatures -------------------------------------------------------------------------

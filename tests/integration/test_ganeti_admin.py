@@ -29,7 +29,7 @@ def db_url(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture
 async def admin(db_url: str) -> AsyncIterator[Any]:
-    async with running_app(make_settings(db_url=db_url)) as app, admin_client(app) as client:
+    async with running_app(make_settings(db=db_url)) as app, admin_client(app) as client:
         yield client
 
 
@@ -189,11 +189,11 @@ async def test_scopes_follow_the_other_record_types(tmp_path: Path):
 
 async def test_restart_loses_secrets_and_says_so(sqlite_url: str):
     """After a restart the record is back from the database, each secret reported lost, the private value kept."""
-    async with running_app(make_settings(db_url=sqlite_url)) as app, admin_client(app) as admin:
+    async with running_app(make_settings(db=sqlite_url)) as app, admin_client(app) as admin:
         instance_id = await seed_instance(admin, next_ipv4())
         await put_os(admin, os_body(instance_id, package={"url": "http://192.0.2.1/a.tar.gz", "username": "u",
                                                            "password": "p"}))
-    async with running_app(make_settings(db_url=sqlite_url)) as app, admin_client(app) as admin:
+    async with running_app(make_settings(db=sqlite_url)) as app, admin_client(app) as admin:
         shown = (await admin.get(f"/device-os/{instance_id}")).json()
     assert shown["parameters"]["root-password"] == {"visibility": "secret", "secret_state": "lost"}
     assert shown["parameters"]["root-hash"] == {"visibility": "private", "value": "<private>"}
@@ -211,7 +211,7 @@ async def test_private_values_are_encrypted_at_rest_with_key_rotation(sqlite_url
     old, new = Fernet.generate_key().decode(), Fernet.generate_key().decode()
     key_file = tmp_path / "private.keys"
     key_file.write_text(f"# imds private keys\n{old}\n")
-    settings = make_settings(db_url=sqlite_url, private_key_file=key_file)
+    settings = make_settings(db=sqlite_url, private_key_file=key_file)
     async with running_app(settings) as app, admin_client(app) as admin:
         instance_id = await seed_instance(admin, next_ipv4())
         await put_os(admin, os_body(instance_id))
@@ -223,7 +223,7 @@ async def test_private_values_are_encrypted_at_rest_with_key_rotation(sqlite_url
     assert "secret-value" not in stored_documents(sqlite_url)
     assert stored["parameters"]["root-password"] == {"visibility": "secret"}
     key_file.write_text(f"{new}\n{old}\n")  # rotation: the new key first, the old one still listed
-    rotated: Settings = make_settings(db_url=sqlite_url, private_key_file=key_file)
+    rotated: Settings = make_settings(db=sqlite_url, private_key_file=key_file)
     async with running_app(rotated) as app:
         instance = app.services.catalog.get(instance_id)
         assert instance is not None

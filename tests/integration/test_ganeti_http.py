@@ -36,7 +36,7 @@ def db_url(request: pytest.FixtureRequest) -> str:
 @pytest.fixture
 async def app(db_url: str) -> AsyncIterator[Any]:
     """The app with the example OS definitions, on memory:// and on migrated SQLite."""
-    async with running_app(make_settings(db_url=db_url, os_definitions_dir=EXAMPLES)) as running:
+    async with running_app(make_settings(db=db_url, os_definitions_dir=EXAMPLES)) as running:
         yield running
 
 
@@ -170,7 +170,7 @@ async def test_unknown_os_type_is_refused_and_undeclared_parameters_too(app):
 
 async def test_two_replicas_on_one_database(sqlite_url: str):
     """The replica that took the write serves the secret; the other serves it absent and reports it lost."""
-    settings = make_settings(db_url=sqlite_url)
+    settings = make_settings(db=sqlite_url)
     ip = next_ipv4()
     async with running_app(settings) as a, running_app(settings) as b, admin_client(a) as admin_a, \
             admin_client(b) as admin_b:

@@ -22,7 +22,7 @@ async def test_private_values_are_opened_once_per_version(tmp_path: Path, sqlite
     key_file = tmp_path / "private.keys"
     key_file.write_bytes(Fernet.generate_key() + b"\n")
     ip = next_ipv4()
-    async with running_app(make_settings(db_url=sqlite_url, private_key_file=key_file)) as app, \
+    async with running_app(make_settings(db=sqlite_url, private_key_file=key_file)) as app, \
             admin_client(app) as admin, client_from(app, ip) as guest:
         instance_id = await seed_instance(admin, ip)
         await put_os(admin, os_body(instance_id, os_type="any"))

@@ -31,7 +31,7 @@ async def served(app: object, ip: str) -> dict[str, object]:
 async def test_deleting_the_instance_records_forgets_its_secrets(sqlite_url: str):
     """DELETE /device-metadata drops the OS record too: the vault holds nothing, and nothing old comes back."""
     ip = next_ipv4()
-    async with running_app(make_settings(db_url=sqlite_url)) as app, admin_client(app) as admin:
+    async with running_app(make_settings(db=sqlite_url)) as app, admin_client(app) as admin:
         vault = app.services.os.vault
         instance_id = await seed_instance(admin, ip)
         await put_os(admin, os_body(instance_id, os_type="any"))
@@ -51,7 +51,7 @@ async def test_deleting_the_instance_records_forgets_its_secrets(sqlite_url: str
 
 async def test_a_delete_on_another_replica_empties_this_vault(sqlite_url: str):
     """A holds the secret; B deletes the OS record, then the instance: A forgets it once it follows the feed."""
-    settings = make_settings(db_url=sqlite_url)
+    settings = make_settings(db=sqlite_url)
     ip = next_ipv4()
     async with running_app(settings) as a, running_app(settings) as b, admin_client(a) as admin_a, \
             admin_client(b) as admin_b:
@@ -76,7 +76,7 @@ async def test_a_delete_on_another_replica_empties_this_vault(sqlite_url: str):
 
 async def test_a_newer_write_elsewhere_drops_the_older_secret(sqlite_url: str):
     """B replaces the record A's secret belonged to: A frees it (it could never be served again)."""
-    settings = make_settings(db_url=sqlite_url)
+    settings = make_settings(db=sqlite_url)
     ip = next_ipv4()
     async with running_app(settings) as a, running_app(settings) as b, admin_client(a) as admin_a, \
             admin_client(b) as admin_b:

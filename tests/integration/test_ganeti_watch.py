@@ -41,7 +41,7 @@ async def waiting(app: Any, count: int) -> None:
 @pytest.fixture
 async def app(store_url: str) -> AsyncIterator[InstanceFront]:
     """The app with one installing instance at GUEST."""
-    async with running_app(make_settings(db_url=store_url, watch_max_timeout=60)) as running:
+    async with running_app(make_settings(db=store_url, watch_max_timeout=60)) as running:
         running.guest_ip = next_ipv4()  # type: ignore[attr-defined]
         async with admin_client(running) as admin:
             running.instance_id = await seed_instance(admin, running.guest_ip)  # type: ignore[attr-defined]

@@ -28,7 +28,7 @@ MAC = "aa:bb:cc:dd:ee:ff"
 
 @asynccontextmanager
 async def admin_app(url: str, **overrides: Any) -> AsyncIterator[tuple[InstanceFront, httpx.AsyncClient]]:
-    async with running_app(make_settings(db_url=url, **overrides)) as app, admin_client(app) as admin:
+    async with running_app(make_settings(db=url, **overrides)) as app, admin_client(app) as admin:
         yield app, admin
 
 
@@ -137,7 +137,7 @@ async def test_a_record_stored_before_the_checks_still_renders_everywhere(local_
         await tx.put_userdata(instance_id, b"#!/bin/sh\n")
         await tx.replace_addresses(instance_id, (ipaddress.ip_network(ip),))
         await tx.mark_changed([instance_id])
-    async with running_app(make_settings(db_url=local_store_url), store=store) as app, admin_client(app) as admin, \
+    async with running_app(make_settings(db=local_store_url), store=store) as app, admin_client(app) as admin, \
             client_from(app, ip) as guest:
         for path in EVERY_FLAVOR:
             answer = await guest.get(path)

@@ -129,8 +129,10 @@ async def test_instance_auth_is_a_setting_with_all_and_a_checked_list():
     from imds.errors import ConfigError  # noqa: PLC0415
 
     env = {"HOME": "/nonexistent"}
-    assert load({"instance_auth": ("all",)}, env).instance_auth == frozenset({"json", "openstack", "nocloud", "ganeti"})
-    assert load({}, {**env, "IMDS_INSTANCE_AUTH": "json,nocloud"}).instance_auth == frozenset({"json", "nocloud"})
+    every = frozenset({"json", "openstack", "nocloud", "ganeti"})
+    assert load({"instance_auth": ("all",)}, env).callers.instance_auth == every
+    chosen = load({}, {**env, "IMDS_INSTANCE_AUTH": "json,nocloud"}).callers
+    assert chosen.instance_auth == frozenset({"json", "nocloud"})
     with pytest.raises(ConfigError, match="--instance-auth"):
         load({"instance_auth": ("ec2",)}, env)
 

@@ -367,7 +367,7 @@ async def test_untrusted_xff_is_ignored_by_default():
 
 async def test_xff_from_a_peer_outside_the_trusted_networks_is_ignored():
     """Configured proxies do not make every peer a proxy."""
-    async with app_with(trusted_proxies=(ipaddress.ip_network(PROXY_NET),)) as app:
+    async with app_with(trusted_proxy=(ipaddress.ip_network(PROXY_NET),)) as app:
         theirs = metadata_body(ips=[their_ip := next_ipv4()], name="theirs")
         await push_metadata(app, theirs)
         stranger = next_ipv4()
@@ -377,7 +377,7 @@ async def test_xff_from_a_peer_outside_the_trusted_networks_is_ignored():
 
 async def test_a_trusted_proxy_is_believed_right_most_untrusted_entry_wins():
     """From a trusted proxy, the right-most untrusted XFF address is the caller; spoofed left entries are ignored."""
-    async with app_with(trusted_proxies=(ipaddress.ip_network(PROXY_NET),)) as app:
+    async with app_with(trusted_proxy=(ipaddress.ip_network(PROXY_NET),)) as app:
         victim = metadata_body(ips=[victim_ip := next_ipv4()], name="victim")
         caller = metadata_body(ips=[caller_ip := next_ipv4()], name="caller")
         await push_metadata(app, victim)
@@ -396,13 +396,13 @@ async def test_a_trusted_proxy_is_believed_right_most_untrusted_entry_wins():
 
 async def test_a_trusted_proxy_without_xff_is_itself_the_caller():
     """No header: the proxy's own address is looked up (and is unknown here)."""
-    async with app_with(trusted_proxies=(ipaddress.ip_network(PROXY_NET),)) as app:
+    async with app_with(trusted_proxy=(ipaddress.ip_network(PROXY_NET),)) as app:
         assert_not_found_json(await get(app, PROXY, "/metadata"), f"no instance is associated with {PROXY}")
 
 
 async def test_a_malformed_deciding_xff_entry_from_a_trusted_proxy_is_400():
     """The proxy sent garbage where the caller should be: 400 naming the header, not a guess."""
-    async with app_with(trusted_proxies=(ipaddress.ip_network(PROXY_NET),)) as app:
+    async with app_with(trusted_proxy=(ipaddress.ip_network(PROXY_NET),)) as app:
         answer = await get(app, PROXY, "/metadata", headers={"X-Forwarded-For": "10.0.0.1, unknown"})
         assert answer.status_code == 400
         assert answer.json() == {

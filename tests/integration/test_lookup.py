@@ -41,7 +41,7 @@ def upstream() -> Iterator[FakeUpstream]:
 async def pull_app(upstream: FakeUpstream | None, store_url: str = "memory://", *, store: Store | None = None,
                    **overrides: Any) -> AsyncIterator[InstanceFront]:
     """The app in pull mode against ``upstream`` (lookup off when None), with its services running."""
-    values: dict[str, Any] = {"db_url": store_url, "lookup_timeout": 2.0}
+    values: dict[str, Any] = {"db": store_url, "lookup_timeout": 2.0}
     if upstream is not None:
         values["lookup_url"] = upstream.base
     settings = make_settings(**{**values, **overrides})
@@ -642,7 +642,7 @@ async def test_oauth_client_credentials_through_the_app(upstream):
         upstream.put_metadata(instance_id, [ip], doc(instance_id))
     first, second, third = callers
     async with pull_app(upstream, lookup_oidc_issuer=upstream.issuer, lookup_client_id="imds",
-                        lookup_client_secret="pull-secret", lookup_scopes=("metadata:read",),
+                        lookup_client_secret="pull-secret", lookup_scope=("metadata:read",),
                         lookup_audience="source-of-truth") as app:
         assert (await get(app, first, "/metadata")).json() == doc(callers[first])
         assert (await get(app, second, "/metadata")).json() == doc(callers[second])

@@ -48,7 +48,7 @@ def db_url(request: pytest.FixtureRequest) -> str:
 @pytest.fixture
 async def app(db_url: str) -> AsyncIterator[Any]:
     """The seed instance at GUEST and another at OTHER, on the in-memory store and on migrated SQLite."""
-    async with running_app(make_settings(db_url=db_url)) as running, admin_client(running) as admin:
+    async with running_app(make_settings(db=db_url)) as running, admin_client(running) as admin:
         await push(admin, openstack_document(), [GUEST])
         await push(admin, {"id": new_id(), "hostname": "other"}, [OTHER])
         yield running

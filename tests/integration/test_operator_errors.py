@@ -55,7 +55,7 @@ def test_postgres_connection_refused_names_server_database_and_user_not_the_pass
 
 def test_postgres_scheme_is_accepted_as_an_alias(tmp_path):
     """postgres:// (libpq's and Heroku's spelling) is postgresql://: it gets as far as connecting."""
-    assert load({"db": "postgres://u:p@db.example/imds"}, {"HOME": str(tmp_path)}).db_url == (
+    assert load({"db": "postgres://u:p@db.example/imds"}, {"HOME": str(tmp_path)}).store.db == (
         "postgresql://u:p@db.example/imds"
     )
     port = free_port()

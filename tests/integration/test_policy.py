@@ -139,7 +139,7 @@ PROXIES = (ipaddress.ip_network("10.250.0.0/16"), ipaddress.ip_network("fd00:250
 
 async def test_a_write_binding_an_address_inside_a_trusted_proxy_network_warns():
     """The write still applies (the operator may mean it), with a warning in the answer and in the log."""
-    async with running_app(make_settings(trusted_proxies=PROXIES)) as app, admin_client(app) as admin:
+    async with running_app(make_settings(trusted_proxy=PROXIES)) as app, admin_client(app) as admin:
         body = metadata_body(ips=["10.250.3.4", "10.0.0.0/8", next_ipv4()])
         with capture_logs() as logs:
             answer = await admin.post("/device-metadata", json=body)
@@ -157,11 +157,11 @@ async def test_a_write_binding_an_address_inside_a_trusted_proxy_network_warns()
 async def test_startup_warns_about_stored_instances_inside_a_trusted_proxy_network(sqlite_url):
     """Records stored before the proxy was trusted are reported once when the service starts."""
     inside, outside = metadata_body(ips=["fd00:250::9"]), metadata_body(ips=[next_ipv4()])
-    async with running_app(make_settings(db_url=sqlite_url)) as app, admin_client(app) as admin:
+    async with running_app(make_settings(db=sqlite_url)) as app, admin_client(app) as admin:
         for body in (inside, outside):
             assert (await admin.post("/device-metadata", json=body)).status_code == 200
     with capture_logs() as logs:
-        async with running_app(make_settings(db_url=sqlite_url, trusted_proxies=PROXIES)):
+        async with running_app(make_settings(db=sqlite_url, trusted_proxy=PROXIES)):
             pass
     warned = [e for e in logs if e["event"] == "instance.inside_trusted_proxy"]
     assert [(e["log_level"], e["instance_id"]) for e in warned] == [("warning", inside["id"])]

@@ -52,7 +52,7 @@ async def proxied_app(tmp_path: Path, *secrets: bytes, trusted: bool = True) -> 
     """An app trusting PROXY_NET with these secrets (current first), holding ALPHA (with a project) and BETA."""
     files = write_secrets(tmp_path, secrets)
     proxies = (ipaddress.ip_network(PROXY_NET),) if trusted else ()
-    async with running_app(make_settings(trusted_proxies=proxies, **files)) as app:
+    async with running_app(make_settings(trusted_proxy=proxies, **files)) as app:
         async with admin_client(app) as admin:
             for body, ip in ((doc(ALPHA, "alpha", project_id=TENANT), ALPHA_IP), (doc(BETA, "beta"), BETA_IP)):
                 userdata = f"ud-{body['hostname']}"
@@ -254,7 +254,7 @@ async def test_an_unknown_signed_id_is_looked_up_by_id_in_pull_mode(tmp_path: Pa
     with running_upstream() as upstream:
         upstream.put_metadata(BETA, ["10.80.9.9"], doc(BETA, "pulled"))
         settings = make_settings(
-            trusted_proxies=(ipaddress.ip_network(PROXY_NET),), lookup_url=upstream.base, **files
+            trusted_proxy=(ipaddress.ip_network(PROXY_NET),), lookup_url=upstream.base, **files
         )
         async with running_app(settings) as app:
             first = await fetch(app, "/metadata", headers=signed(BETA))

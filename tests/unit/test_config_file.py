@@ -20,9 +20,10 @@ def test_the_file_sets_options_and_flags_and_env_override_it(tmp_path):
     path = _file(tmp_path, 'log_level = "debug"\nlisten = ["127.0.0.1:9000"]\nmax_body_bytes = 2048\n'
                            'migrate = false\ntrusted-proxy = "10.0.0.0/8, 10.1.0.0/16"\n')
     settings = load({"config": str(path)}, {})
-    assert (settings.log_level, settings.listen, settings.max_body_bytes) == ("debug", (("127.0.0.1", 9000),), 2048)
-    assert settings.migrate is False
-    assert [str(n) for n in settings.trusted_proxies] == ["10.0.0.0/8", "10.1.0.0/16"]
+    assert (settings.logging.log_level, settings.limits.max_body_bytes) == ("debug", 2048)
+    assert settings.http.listen == (("127.0.0.1", 9000),)
+    assert settings.store.migrate is False
+    assert [str(n) for n in settings.callers.trusted_proxy] == ["10.0.0.0/8", "10.1.0.0/16"]
     env = {"IMDS_CONFIG": str(path), "IMDS_LOG_LEVEL": "warning", "IMDS_MAX_BODY_BYTES": "4096"}
     sources = layered({"max_body_bytes": 8192}, env)
     assert sources["max_body_bytes"] == (8192, "flag")

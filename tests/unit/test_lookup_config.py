@@ -23,17 +23,17 @@ def refused(flags: dict[str, object] | None = None, **environ: str) -> str:
 
 def test_pull_mode_is_off_by_default_with_the_documented_policy():
     """No --lookup-url: no upstream; the policy defaults are those of the README."""
-    settings = load({}, BASE_ENV)
-    assert settings.lookup_url is None
-    assert (settings.lookup_token, settings.lookup_oidc_issuer, settings.lookup_scopes) == (None, None, ())
-    assert (settings.lookup_timeout, settings.lookup_negative_ttl, settings.lookup_refresh_after) == (2.0, 30.0, 0.0)
-    assert (settings.lookup_cache_ttl, settings.lookup_concurrency) == (300.0, 16)
-    assert (settings.lookup_breaker_failures, settings.lookup_breaker_reset) == (5, 10.0)
+    up = load({}, BASE_ENV).lookup
+    assert up.lookup_url is None
+    assert (up.lookup_token, up.lookup_oidc_issuer, up.lookup_scope) == (None, None, ())
+    assert (up.lookup_timeout, up.lookup_negative_ttl, up.lookup_refresh_after) == (2.0, 30.0, 0.0)
+    assert (up.lookup_cache_ttl, up.lookup_concurrency) == (300.0, 16)
+    assert (up.lookup_breaker_failures, up.lookup_breaker_reset) == (5, 10.0)
 
 
 def test_every_lookup_option_from_the_environment():
     """IMDS_LOOKUP_* set each option; scopes are comma-separated."""
-    settings = load({}, {
+    up = load({}, {
         **BASE_ENV,
         "IMDS_LOOKUP_URL": "https://source.example/api/",
         "IMDS_LOOKUP_OIDC_ISSUER": ISSUER,
@@ -48,16 +48,16 @@ def test_every_lookup_option_from_the_environment():
         "IMDS_LOOKUP_CONCURRENCY": "4",
         "IMDS_LOOKUP_BREAKER_FAILURES": "3",
         "IMDS_LOOKUP_BREAKER_RESET": "1.5",
-    })
-    assert settings.lookup_url == "https://source.example/api/"
-    assert (settings.lookup_oidc_issuer, settings.lookup_client_id, settings.lookup_client_secret) == (
+    }).lookup
+    assert up.lookup_url == "https://source.example/api/"
+    assert (up.lookup_oidc_issuer, up.lookup_client_id, up.lookup_client_secret) == (
         ISSUER, "imds", "s3cret",
     )
-    assert settings.lookup_scopes == ("metadata:read", "userdata:read")
-    assert settings.lookup_audience == "source"
-    assert (settings.lookup_timeout, settings.lookup_negative_ttl, settings.lookup_refresh_after) == (0.5, 5.0, 60.0)
-    assert (settings.lookup_cache_ttl, settings.lookup_concurrency) == (120.0, 4)
-    assert (settings.lookup_breaker_failures, settings.lookup_breaker_reset) == (3, 1.5)
+    assert up.lookup_scope == ("metadata:read", "userdata:read")
+    assert up.lookup_audience == "source"
+    assert (up.lookup_timeout, up.lookup_negative_ttl, up.lookup_refresh_after) == (0.5, 5.0, 60.0)
+    assert (up.lookup_cache_ttl, up.lookup_concurrency) == (120.0, 4)
+    assert (up.lookup_breaker_failures, up.lookup_breaker_reset) == (3, 1.5)
 
 
 def test_flags_win_over_the_environment():
@@ -66,8 +66,8 @@ def test_flags_win_over_the_environment():
         {"lookup_url": "http://flag.example", "lookup_scope": ("a", "b"), "lookup_token": "t"},
         {**BASE_ENV, "IMDS_LOOKUP_URL": "http://env.example", "IMDS_LOOKUP_SCOPES": "c"},
     )
-    assert settings.lookup_url == "http://flag.example"
-    assert (settings.lookup_scopes, settings.lookup_token) == (("a", "b"), "t")
+    assert settings.lookup.lookup_url == "http://flag.example"
+    assert (settings.lookup.lookup_scope, settings.lookup.lookup_token) == (("a", "b"), "t")
 
 
 def test_secrets_stay_out_of_the_settings_repr():
@@ -138,7 +138,7 @@ def test_out_of_range_policy_values_are_refused_by_name(env_var, value, message)
 
 def test_refresh_after_zero_means_off():
     """IMDS_LOOKUP_REFRESH_AFTER=0 is accepted (background refresh off)."""
-    assert load({}, {**BASE_ENV, "IMDS_LOOKUP_REFRESH_AFTER": "0"}).lookup_refresh_after == 0.0
+    assert load({}, {**BASE_ENV, "IMDS_LOOKUP_REFRESH_AFTER": "0"}).lookup.lookup_refresh_after == 0.0
 
 
 def test_messages_never_contain_the_secret():

@@ -61,7 +61,7 @@ def build(instance_id: str, output: Path, fmt: str, **flags: Any) -> None:
 
     settings = resolve(flags)
     try:
-        drive = asyncio.run(_build(settings.db_url, parse_instance_id(instance_id, "--instance"), fmt))
+        drive = asyncio.run(_build(settings.store.db, parse_instance_id(instance_id, "--instance"), fmt))
     except InvalidInput as exc:
         raise click.UsageError("; ".join(f"{p.field} {p.message}" for p in exc.problems)) from exc
     except ImdsError as exc:

@@ -14,9 +14,9 @@ _DB_OPTIONS = ("data_dir", "db")
 
 def _url(flags: dict[str, Any]) -> str:
     settings = resolve(flags)
-    if settings.db_url.startswith("memory://"):
+    if settings.store.db.startswith("memory://"):
         raise click.UsageError("memory:// has no schema to migrate")
-    return settings.db_url
+    return settings.store.db
 
 
 @click.group()

@@ -22,7 +22,7 @@ RETRY_SECONDS = 1.0
 
 
 def _headers(token: str | None) -> dict[str, str]:
-    token = token or resolve({}).admin_token
+    token = token or resolve({}).admin.admin_token
     return {"Authorization": f"Bearer {token}"} if token else {}
 
 

@@ -17,7 +17,6 @@ from imds.cli.records import OUTPUTS, Target, target_options
 from imds.errors import InvalidInput
 from imds.services.explain import explain_snapshot, parse_query
 from imds.services.offline import OfflineRecords
-from imds.services.templates import compile_all
 
 
 @click.command()
@@ -40,7 +39,7 @@ def explain(query: str, output: str, **flags: Any) -> None:
         if target.remote is not None:
             body: dict[str, Any] = target.remote.get_json(f"/explain?q={quote(str(parsed))}")
         else:
-            templates = compile_all(target.settings.templates)
+            templates = target.settings.templates.compiled
 
             async def read(offline: OfflineRecords) -> dict[str, Any]:
                 return explain_snapshot(await offline.all(), parsed, templates=templates)

@@ -27,10 +27,10 @@ def listen_addresses(settings: Settings, *, ipv6_loopback: bool | None = None) -
 
     Addresses given with ``--listen`` / ``IMDS_LISTEN`` are always bound (a failure is an error).
     """
-    if settings.listen != _DEFAULT:
-        return settings.listen
+    if settings.http.listen != _DEFAULT:
+        return settings.http.listen
     available = has_ipv6_loopback() if ipv6_loopback is None else ipv6_loopback
     if available:
-        return settings.listen
+        return settings.http.listen
     log.get("serve").warning("listen.ipv6_skipped", reason="this host has no IPv6 loopback (::1)")
-    return tuple(address for address in settings.listen if address[0] != "::1")
+    return tuple(address for address in settings.http.listen if address[0] != "::1")

@@ -9,7 +9,6 @@ import click
 
 from imds.config import CONFIG_OPTION, OPTIONS, Option, Settings, load
 from imds.errors import ConfigError
-from imds.services.templates import compile_template
 
 _TYPES: dict[str, Any] = {"int": int, "float": float, "path": click.Path(), "str": str, "list": str}
 
@@ -42,26 +41,12 @@ def settings_options(names: tuple[str, ...] | None = None, table: tuple[Option, 
     return apply
 
 
-def resolve(flags: dict[str, Any], *, templates: bool = False) -> Settings:
+def resolve(flags: dict[str, Any]) -> Settings:
     """Settings from these flags plus the environment; a config error exits with status 2.
 
-    With ``templates``, the template fields must compile too (``imds serve`` renders them).
+    ``load`` checks everything, the template fields included (each must compile).
     """
     try:
-        settings = load(flags)
-        if templates:
-            _check_templates(settings)
+        return load(flags)
     except ConfigError as exc:
         raise click.UsageError(exc.message) from exc
-    return settings
-
-
-def _check_templates(settings: Settings) -> None:
-    """Compile each template field now, so a bad one is a usage error naming its flag."""
-    options = {option.name: option for option in OPTIONS}
-    for key, source in settings.templates.items():
-        try:
-            compile_template(key, source)
-        except ConfigError as exc:
-            option = options[key]
-            raise ConfigError(f"{option.flag} / {option.env}: {exc.message}") from exc

@@ -21,8 +21,8 @@ from imds.signing import read_secret
 
 def identifier_for(settings: ProxySettings) -> Identifier:
     """The identification mode the settings ask for (one branch per mode)."""
-    if settings.map_file is not None:
-        return MapIdentifier(settings.map_file, poll_interval=settings.map_poll_interval, reload_on_sighup=True)
+    if settings.map is not None:
+        return MapIdentifier(settings.map, poll_interval=settings.map_poll_interval, reload_on_sighup=True)
     if settings.inport and settings.ovsdb:
         from imds.agent.ovsdb import Ovsdb  # noqa: PLC0415 - OVS modules load only in this mode
         from imds.proxy.inport import InportIdentifier  # noqa: PLC0415

@@ -49,11 +49,11 @@ class Target:
     def __init__(self, flags: dict[str, Any]) -> None:
         url, token = flags.pop("url"), flags.pop("token")
         settings = resolve(flags)
-        log.configure(settings.log_level)  # JSON lines on stderr (deletes are logged); stdout is the answer
-        self.remote = AdminClient(url, token or settings.admin_token) if url else None
-        self.db_url = settings.db_url
+        log.configure(settings.logging.log_level)  # JSON lines on stderr (deletes are logged); stdout is the answer
+        self.remote = AdminClient(url, token or settings.admin.admin_token) if url else None
+        self.db_url = settings.store.db
         self.settings = settings
-        self.private_key_file = settings.private_key_file
+        self.private_key_file = settings.ganeti.private_key_file
 
     def __enter__(self) -> Self:
         return self

@@ -56,25 +56,25 @@ def run(settings: Settings) -> None:
     from imds.app import build_served_app  # noqa: PLC0415 - the app stack loads only when serving
 
     logger = log.get("serve")
-    if settings.migrate and not settings.db_url.startswith("memory://"):
+    if settings.store.migrate and not settings.store.db.startswith("memory://"):
         from imds.services import schema  # noqa: PLC0415 - Alembic loads only when a database is used
 
-        schema.upgrade(settings.db_url)
-        logger.info("db.migrated", db=settings.db_url.split(":", 1)[0])
+        schema.upgrade(settings.store.db)
+        logger.info("db.migrated", db=settings.store.db.split(":", 1)[0])
     servers.raise_fd_limit()
     servers.quiet_server_floods()
     listen = listen_addresses(settings)
-    sockets = [bind(host, port, hop_limit=settings.token_hop_limit) for host, port in listen]
+    sockets = [bind(host, port, hop_limit=settings.ec2.token_hop_limit) for host, port in listen]
     for host, port in listen:
         logger.info("listening", address=f"[{host}]:{port}" if ":" in host else f"{host}:{port}",
-                    server=settings.server, workers=settings.workers)
-    serve_with = servers.SERVERS[settings.server]
+                    server=settings.http.server, workers=settings.http.workers)
+    serve_with = servers.SERVERS[settings.http.server]
 
     def serve_one() -> None:
         serve_with(build_served_app(settings), sockets, settings)
 
-    if settings.workers > 1:
-        servers.run_workers(settings.workers, serve_one)
+    if settings.http.workers > 1:
+        servers.run_workers(settings.http.workers, serve_one)
     else:
         serve_one()
 
@@ -83,8 +83,8 @@ def run(settings: Settings) -> None:
 @settings_options()
 def serve(**flags: Any) -> None:
     """Serve instance metadata (all flavors) and the admin API."""
-    settings = resolve(flags, templates=True)
-    log.configure(settings.log_level)
+    settings = resolve(flags)
+    log.configure(settings.logging.log_level)
     try:
         run(settings)
     except ImdsError as exc:

@@ -111,9 +111,9 @@ async def _granian_main(app: Any, sockets: list[socket.socket], settings: Settin
         raise click.ClickException("imds did not start; see the log above")
     callback = g.future_watcher_wrapper(g.callback_wrapper(app, {}, lifespan.state, None))
     http1 = g.HTTP1Settings(
-        header_read_timeout=int(settings.header_timeout * 1000),
+        header_read_timeout=int(settings.http.header_timeout * 1000),
         keep_alive=True,
-        max_buffer_size=settings.max_header_bytes,
+        max_buffer_size=settings.http.max_header_bytes,
     )
     stopped: list[asyncio.Future[None]] = []
     signals = []
@@ -124,20 +124,20 @@ async def _granian_main(app: Any, sockets: list[socket.socket], settings: Settin
         worker_signal.add_cb(lambda done=done: loop.call_soon_threadsafe(_resolve, done))
         worker = g.ASGIWorker(
             index + 1, (None, g.SocketHolder(sock.fileno(), False, 2048)), None,  # noqa: FBT003 - positional API
-            1, 512, 1, 30, settings.max_connections, "1", http1, None, False, None,  # noqa: FBT003
+            1, 512, 1, 30, settings.http.max_connections, "1", http1, None, False, None,  # noqa: FBT003
             False, None, None, None, "tls13", None, [], False, (None, None),  # noqa: FBT003 - no TLS, no metrics
         )
         worker.serve_async(g.new_cbscheduler(loop, callback, impl_asyncio=True), loop, worker_signal)
         signals.append(worker_signal)
         stopped.append(done)
     await stop.wait()
-    _log.info("stopping", in_flight_grace=settings.shutdown_timeout)
+    _log.info("stopping", in_flight_grace=settings.http.shutdown_timeout)
     for worker_signal in signals:
         worker_signal.set()
     try:
-        await asyncio.wait_for(asyncio.gather(*stopped), settings.shutdown_timeout)
+        await asyncio.wait_for(asyncio.gather(*stopped), settings.http.shutdown_timeout)
     except TimeoutError:
-        _log.warning("stop.timeout", seconds=settings.shutdown_timeout)
+        _log.warning("stop.timeout", seconds=settings.http.shutdown_timeout)
     await lifespan.shutdown()
 
 
@@ -185,10 +185,10 @@ def serve_uvicorn(app: Any, sockets: list[socket.socket], settings: Settings) ->
         # only); uvicorn must not rewrite it from X-Forwarded-For.
         proxy_headers=False,
         server_header=False,
-        timeout_graceful_shutdown=int(settings.shutdown_timeout),
-        timeout_keep_alive=max(1, round(settings.keepalive_timeout)),
-        limit_concurrency=settings.max_connections * len(sockets),
-        h11_max_incomplete_event_size=settings.max_header_bytes,
+        timeout_graceful_shutdown=int(settings.http.shutdown_timeout),
+        timeout_keep_alive=max(1, round(settings.http.keepalive_timeout)),
+        limit_concurrency=settings.http.max_connections * len(sockets),
+        h11_max_incomplete_event_size=settings.http.max_header_bytes,
     )
     run_uvicorn(config, sockets, "imds")
 

@@ -59,8 +59,10 @@ class Services:
     def signer(self) -> IdentitySigner:
         """The identity-document signer, loaded (or generated) on first use."""
         if self._signer is None:
-            s = self.settings
-            self._signer = IdentitySigner.load(key_file=s.identity_key, cert_file=s.identity_cert, data_dir=s.key_dir)
+            ec2 = self.settings.ec2
+            self._signer = IdentitySigner.load(
+                key_file=ec2.identity_key, cert_file=ec2.identity_cert, data_dir=self.settings.store.key_dir,
+            )
         return self._signer
 
     async def start(self, *, background: bool = False) -> None:
@@ -69,7 +71,7 @@ class Services:
         With ``background`` the catalog loads in a task (retrying while the store is
         unavailable) so the listener can answer 503 meanwhile instead of staying silent.
         """
-        if self.settings.identity_key or self.settings.key_dir:
+        if self.settings.ec2.identity_key or self.settings.store.key_dir:
             _ = self.signer  # a bad key fails at startup, not at the first identity request
         if background:
             self._tasks.append(asyncio.create_task(self._load_then_follow(), name="imds-catalog-load"))
@@ -77,12 +79,12 @@ class Services:
             await self._loaded()
             self._tasks.append(asyncio.create_task(self.catalog.follow(), name="imds-feed-follower"))
         self._tasks.append(asyncio.create_task(self.channel.hub.follow(), name="imds-event-follower"))
-        if self.lookup is not None and self.settings.lookup_refresh_after > 0:
+        if self.lookup is not None and self.settings.lookup.lookup_refresh_after > 0:
             self._tasks.append(asyncio.create_task(self.lookup.refresh_loop(), name="imds-lookup-refresh"))
 
     async def _loaded(self) -> None:
         await self.catalog.load()
-        warn_stored(self.catalog.holdings(), self.settings.trusted_proxies)
+        warn_stored(self.catalog.holdings(), self.settings.callers.trusted_proxy)
 
     async def _load_then_follow(self) -> None:
         delay = 0.5

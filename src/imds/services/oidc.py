@@ -96,16 +96,16 @@ class OidcVerifier:
         max_age: float = MAX_AGE_SECONDS,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        if not settings.oidc_issuer:
+        if not settings.admin.oidc_issuer:
             msg = "OidcVerifier needs settings.oidc_issuer"
             raise ValueError(msg)
-        self._issuer = settings.oidc_issuer
+        self._issuer = settings.admin.oidc_issuer
         bare = self._issuer.rstrip("/")
         self._issuers = (bare, bare + "/")
-        self._audience = settings.oidc_audience
-        self._roles_claim = settings.oidc_roles_claim
-        self._username_claim = settings.oidc_username_claim
-        self._jwks = IssuerKeys(discovery, bare, settings.oidc_jwks_url)
+        self._audience = settings.admin.oidc_audience
+        self._roles_claim = settings.admin.oidc_roles_claim
+        self._username_claim = settings.admin.oidc_username_claim
+        self._jwks = IssuerKeys(discovery, bare, settings.admin.oidc_jwks_url)
         self._refetch_interval = refetch_interval
         self._max_age = max_age
         self._clock = clock

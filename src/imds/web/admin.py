@@ -92,7 +92,7 @@ def admin_router(services: Services) -> APIRouter:
     """The admin routes, bound to ``services``."""
     router = APIRouter(tags=["admin"], responses=documented(400, 401, 403, 404, 413, 503))
     records = services.records
-    limit = services.settings.max_body_bytes
+    limit = services.settings.limits.max_body_bytes
 
     async def principal_for(request: Request, needed: tuple[str, ...]) -> str:
         return await authorize(services, request, needed)

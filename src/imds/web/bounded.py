@@ -39,9 +39,9 @@ class Bounded:
 
     def __init__(self, app: ASGIApp, settings: Settings) -> None:
         self.app = app
-        self.max_headers = settings.max_headers
-        self.max_body = settings.max_body_bytes
-        self.body_timeout = settings.body_timeout
+        self.max_headers = settings.http.max_headers
+        self.max_body = settings.limits.max_body_bytes
+        self.body_timeout = settings.http.body_timeout
 
     def __getattr__(self, name: str) -> Any:
         """Expose the wrapped app's attributes (``services`` for tests and tools)."""

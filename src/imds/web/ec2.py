@@ -39,7 +39,7 @@ class Ec2Flavor:
         self._services = services
         self._locator = locator
         self._tokens = services.tokens
-        self._required = services.settings.imdsv2 == "required"
+        self._required = services.settings.ec2.imdsv2 == "required"
 
     def routes(self) -> dict[str, Handler]:
         """Exact paths: ``/`` lists the versions."""

@@ -41,7 +41,7 @@ class GanetiFlavor:
         self._locator = locator
         settings = services.settings
         self._fetcher = PackageFetcher(
-            services.http, max_bytes=settings.os_package_max_bytes, timeout=settings.os_package_timeout
+            services.http, max_bytes=settings.ganeti.os_package_max_bytes, timeout=settings.ganeti.os_package_timeout
         )
         # CHANNEL DISPATCH POINT: the channel's handlers for "read" and "write" go here
         # (``flavor.channel["read"] = handler``). Until they are wired, both answer 404,

@@ -72,8 +72,8 @@ def ganeti_admin_router(services: Services) -> APIRouter:
     )
     async def post_os(request: Request) -> Response:
         subject = await authorize(services, request, upsert_scopes(OS_KIND))
-        raw = parse_json(await read_limited(request, settings.max_body_bytes))
-        write = parse_os_write(raw, max_value_bytes=settings.os_param_max_bytes)
+        raw = parse_json(await read_limited(request, settings.limits.max_body_bytes))
+        write = parse_os_write(raw, max_value_bytes=settings.ganeti.os_param_max_bytes)
         del raw  # the parsed write wraps every private and secret value
         result = await records.put(write, subject=subject)
         body: dict[str, Any] = {"id": result.instance_id, "applied": result.applied}

@@ -59,7 +59,7 @@ class InstanceFront:
         self.services = services
         self.admin = admin
         resolver = Resolver(services.catalog, services.metrics, services.lookup)
-        locator = Locator(resolver, services.settings.trusted_proxies, services.signed)
+        locator = Locator(resolver, services.settings.callers.trusted_proxy, services.signed)
         json_flavor, ec2_flavor = JsonFlavor(services, locator), Ec2Flavor(services, locator)
         self._ec2 = ec2_flavor
         self._exact: dict[str, Handler] = {**json_flavor.routes(), **ec2_flavor.routes()}
@@ -71,17 +71,17 @@ class InstanceFront:
         self.ganeti.channel.update(read=channel.handle_read, write=channel.handle_write)
         self._exact.update(channel.routes())
         self._prefixes.update(self.ganeti.prefixes())
-        self._watch_max = services.settings.watch_max_timeout
+        self._watch_max = services.settings.channel.watch_max_timeout
         guard = FlavorGuard(services, locator)  # --instance-auth: the anti-SSRF policy per flavor
         self._exact.update(guard.wrap("json", json_flavor.routes()))
         for flavor in ("openstack", "nocloud", "ganeti"):
             self._prefixes.update(guard.wrap(flavor, {flavor: self._prefixes[flavor]}))
-        self._log_reads = services.settings.log_instance_reads
+        self._log_reads = services.settings.logging.log_instance_reads
         metrics = services.metrics
         self._tally = metrics.tally.group("instance")  # plain ints: no lock per request (imds.tally)
-        settings = services.settings
-        self._limiter = RateLimiter(settings.rate_limit, settings.rate_burst) if settings.rate_limit > 0 else None
-        self._locator, self._behind_proxies = locator, bool(settings.trusted_proxies)
+        callers = services.settings.callers
+        self._limiter = RateLimiter(callers.rate_limit, callers.rate_burst) if callers.rate_limit > 0 else None
+        self._locator, self._behind_proxies = locator, bool(callers.trusted_proxy)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """ASGI entry point."""

@@ -32,11 +32,11 @@ class FlavorGuard:
     """Applies ``--instance-auth`` to the handlers of the protected flavors."""
 
     def __init__(self, services: Services, locator: Locator) -> None:
-        self._protected = services.settings.instance_auth
+        self._protected = services.settings.callers.instance_auth
         self._auth = InstanceAuth(services.tokens)
         self._locator = locator
         open_flavors = [f for f in INSTANCE_AUTH_FLAVORS if f not in self._protected]
-        if services.settings.imdsv2 == "required" and open_flavors:
+        if services.settings.ec2.imdsv2 == "required" and open_flavors:
             # EC2 needs tokens, but these flavors serve the same userdata to a plain GET (what SSRF makes).
             _log.warning("instance_auth.partial", imdsv2="required", open_flavors=open_flavors,
                          hint="--instance-auth all (breaks cloud-init's OpenStack and NoCloud-Net datasources)")

@@ -45,7 +45,7 @@ def ops_router(services: Services, openapi: Callable[[], dict[str, Any]]) -> API
 
     @router.get("/metrics")
     async def metrics(request: Request) -> Response:
-        if not services.settings.metrics_public:
+        if not services.settings.admin.metrics_public:
             await authorize(services, request, ops_scopes())
         services.metrics.instances.set(len(services.catalog))
         services.metrics.feed_position.set(services.catalog.position)

@@ -63,7 +63,7 @@ def records_admin_router(services: Services) -> APIRouter:
     async def post_records(request: Request, dry_run: bool = False) -> Response:
         subject = await authorize(services, request, upsert_scopes(METADATA))
         await authorize(services, request, upsert_scopes(USERDATA))
-        objects = parse_json(await read_limited(request, services.settings.max_body_bytes))
+        objects = parse_json(await read_limited(request, services.settings.limits.max_body_bytes))
         if not isinstance(objects, list):
             raise InvalidInput.one("body", "must be a JSON array of upsert objects")
         items, results = [], {}
@@ -71,7 +71,7 @@ def records_admin_router(services: Services) -> APIRouter:
             label = f"item {index}"
             try:
                 items.append((index, parse_item(obj, label=label,
-                                                max_os_value_bytes=services.settings.os_param_max_bytes)))
+                                                max_os_value_bytes=services.settings.ganeti.os_param_max_bytes)))
             except InvalidInput as exc:
                 results[index] = rejected(label, obj, exc)
         await _authorize_os_writes(services, request, [item for _, item in items])

@@ -50,14 +50,14 @@ def test_different_messages_and_imds_own_logs_are_not_throttled():
 def test_server_limit_defaults_are_bounded():
     """Out of the box: granian, 1 worker, finite heads, timeouts, connections and rate."""
     settings = load({}, environ=ENV)
-    assert settings.server == "granian"
-    assert settings.workers == 1
-    assert settings.max_header_bytes == 16384
-    assert settings.max_headers == 100
-    assert 0 < settings.header_timeout <= 30
-    assert 0 < settings.body_timeout <= 30
-    assert settings.max_connections == 512
-    assert (settings.rate_limit, settings.rate_burst) == (50.0, 200)
+    assert settings.http.server == "granian"
+    assert settings.http.workers == 1
+    assert settings.http.max_header_bytes == 16384
+    assert settings.http.max_headers == 100
+    assert 0 < settings.http.header_timeout <= 30
+    assert 0 < settings.http.body_timeout <= 30
+    assert settings.http.max_connections == 512
+    assert (settings.callers.rate_limit, settings.callers.rate_burst) == (50.0, 200)
 
 
 @pytest.mark.parametrize(("flags", "needle"), [
@@ -77,4 +77,4 @@ def test_bad_server_settings_name_their_flag(flags, needle):
 
 def test_the_environment_sets_the_server():
     """IMDS_SERVER=uvicorn picks uvicorn (the documented fallback)."""
-    assert load({}, environ={**ENV, "IMDS_SERVER": "uvicorn", "IMDS_WORKERS": "2"}).server == "uvicorn"
+    assert load({}, environ={**ENV, "IMDS_SERVER": "uvicorn", "IMDS_WORKERS": "2"}).http.server == "uvicorn"

@@ -16,7 +16,7 @@ BASE = {"IMDS_PROXY_UPSTREAM": "http://10.0.0.2:8000", "IMDS_PROXY_SHARED_SECRET
 def test_environment_and_defaults():
     settings = load_proxy({}, BASE)
     assert settings.upstream == "http://10.0.0.2:8000"
-    assert (settings.shared_secret_file, settings.map_file) == (Path("/s"), Path("/m"))
+    assert (settings.shared_secret_file, settings.map) == (Path("/s"), Path("/m"))
     assert settings.listen == (("169.254.169.254", 80),)
     assert (settings.timeout, settings.connect_timeout, settings.max_connections) == (5.0, 2.0, 64)
 
