@@ -290,6 +290,9 @@ OPTIONS: tuple[Option, ...] = (
            "Instance requests per second per caller address (token bucket; 0: off; over: 429).", group="callers"),
     Option("rate_burst", "IMDS_RATE_BURST", "int", 200,
            "Instance requests a caller address may make at once before --rate-limit applies.", group="callers"),
+    Option("max_requests_per_source", "IMDS_MAX_REQUESTS_PER_SOURCE", "int", 32,
+           "Instance requests one caller address may have in flight at once (0: off; over: 429).",
+           group="callers"),
 )
 
 
@@ -339,6 +342,7 @@ class CallerSettings(Group):
     instance_auth: frozenset[str]
     rate_limit: float
     rate_burst: int
+    max_requests_per_source: int
 
 
 @dataclass(frozen=True, repr=False)
@@ -820,7 +824,7 @@ def _check_http(values: Mapping[str, Any]) -> None:
 
 def _check_callers(values: Mapping[str, Any]) -> None:
     """Rate limit bounds; the previous proxy secret only beside a current one."""
-    _require(values, ("rate_limit", "rate_burst"), lambda n: n >= 0, "must be zero or more")
+    _require(values, ("rate_limit", "rate_burst", "max_requests_per_source"), lambda n: n >= 0, "must be zero or more")
     if values["rate_limit"] and values["rate_burst"] < 1:
         msg = "--rate-burst / IMDS_RATE_BURST must be at least 1 when --rate-limit is on"
         raise ConfigError(msg)

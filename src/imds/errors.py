@@ -15,6 +15,7 @@ for them are chosen in exactly one place, ``imds.web.errors``.
     │   ├── HeadersTooLarge      more header lines than the configured limit
     │   └── RequestTimeout       the body did not arrive within the configured time
     ├── RateLimited              a caller sent more requests than its rate limit allows
+    │   └── SourceBusy           a caller address has --max-requests-per-source requests in flight
     ├── AuthError
     │   ├── Unauthenticated      no credentials, or credentials that do not verify
     │   ├── AuthNotConfigured    the admin API has no way to check credentials
@@ -123,6 +124,16 @@ class RateLimited(ImdsError):
     def __init__(self, retry_after: int) -> None:
         super().__init__(f"too many requests: try again in {retry_after} s")
         self.retry_after = retry_after
+
+
+class SourceBusy(RateLimited):
+    """One caller address already has ``limit`` instance requests in flight (``--max-requests-per-source``)."""
+
+    def __init__(self, limit: int) -> None:
+        message = f"too many requests in flight from this address (--max-requests-per-source {limit})"
+        ImdsError.__init__(self, f"{message}: try again in 1 s")
+        self.retry_after = 1
+        self.limit = limit
 
 
 class AuthError(ImdsError):

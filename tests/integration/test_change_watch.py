@@ -190,3 +190,15 @@ async def test_a_client_that_disconnects_frees_its_held_request(app):
     assert app.services.catalog.get(app.instance_id).waiters in (None, set())
     assert app.services.metrics.watch_waiting._value.get() == 0
     assert sent[0]["status"] == 200  # what it would have got: the current document
+
+
+async def test_a_cancelled_held_read_gives_its_per_source_slot_back(app):
+    """The per-source in-flight count (``--max-requests-per-source``) drops back to 0 when a held read is cancelled."""
+    etag = (await read(app, "/metadata")).headers["etag"]
+    held = asyncio.create_task(read(app, "/metadata", wait_for_change="true", last_etag=etag, timeout_sec="60"))
+    await waiting(app, app.instance_id)
+    assert app._in_flight.held(GUEST) == 1
+    held.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await held
+    assert (app._in_flight.held(GUEST), len(app._in_flight)) == (0, 0)

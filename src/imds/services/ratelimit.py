@@ -63,3 +63,40 @@ class RateLimiter:
     def __len__(self) -> int:
         """How many callers have a bucket."""
         return len(self._buckets)
+
+
+class InFlight:
+    """How many requests each caller address has in flight, capped at ``limit`` (0: no cap).
+
+    ``enter`` takes a slot (False when the address already holds ``limit``), ``leave`` gives
+    it back; a key is dropped when its count returns to zero, so the dict only ever holds
+    the addresses with a request open right now. One event loop: no lock.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._held: dict[str, int] = {}
+
+    def enter(self, key: str) -> bool:
+        """Take a slot for ``key``; False (nothing taken) when it already has ``limit`` in flight."""
+        held = self._held.get(key, 0)
+        if self.limit and held >= self.limit:
+            return False
+        self._held[key] = held + 1
+        return True
+
+    def leave(self, key: str) -> None:
+        """Give back one of ``key``'s slots."""
+        held = self._held[key] - 1
+        if held:
+            self._held[key] = held
+        else:
+            del self._held[key]
+
+    def held(self, key: str) -> int:
+        """Requests ``key`` has in flight."""
+        return self._held.get(key, 0)
+
+    def __len__(self) -> int:
+        """How many addresses have a request in flight."""
+        return len(self._held)

@@ -13,9 +13,9 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from imds import log
-from imds.errors import ImdsError, RateLimited
+from imds.errors import ImdsError, RateLimited, SourceBusy
 from imds.services import Services
-from imds.services.ratelimit import RateLimiter
+from imds.services.ratelimit import InFlight, RateLimiter
 from imds.services.resolve import Resolver
 from imds.web.channel import ChannelFlavor
 from imds.web.ec2 import Ec2Flavor
@@ -52,6 +52,21 @@ async def _loading(_scope: Scope) -> Reply:
     return _LOADING
 
 
+def _error_reply(exc: ImdsError) -> Reply:
+    status, body, headers = error_parts(exc)
+    return Reply(status, body, JSON, tuple(headers))
+
+
+def _busy(limit: int) -> Handler:
+    """A handler answering 429: the caller already has ``limit`` requests in flight."""
+    reply = _error_reply(SourceBusy(limit))
+
+    async def busy(_scope: Scope) -> Reply:
+        return reply
+
+    return busy
+
+
 class InstanceFront:
     """Serves instance routes from memory; forwards every other request to ``admin``."""
 
@@ -82,6 +97,7 @@ class InstanceFront:
         callers = services.settings.callers
         self._limiter = RateLimiter(callers.rate_limit, callers.rate_burst) if callers.rate_limit > 0 else None
         self._locator, self._behind_proxies = locator, bool(callers.trusted_proxy)
+        self._in_flight = InFlight(callers.max_requests_per_source)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """ASGI entry point."""
@@ -103,9 +119,22 @@ class InstanceFront:
         await self._serve(scope, send, handler, receive)
 
     async def _serve(self, scope: Scope, send: Send, handler: Handler, receive: Receive) -> None:
+        if not self._in_flight.limit and self._limiter is None:
+            await self._answer(scope, send, handler, receive, None)
+            return
+        key = self._caller_key(scope)
+        if not self._in_flight.enter(key):
+            await self._answer(scope, send, _busy(self._in_flight.limit), receive, None)
+            return
+        try:
+            await self._answer(scope, send, handler, receive, key)
+        finally:  # every way out (an error, a cancelled watch, a client gone) gives the slot back
+            self._in_flight.leave(key)
+
+    async def _answer(self, scope: Scope, send: Send, handler: Handler, receive: Receive, key: str | None) -> None:
         started = time.perf_counter()
         try:
-            reply = self._limited(scope) or await handler(scope)
+            reply = self._limited(key) or await handler(scope)
             if isinstance(reply, Pending) and reply.complete is not None:
                 reply = await reply.complete(receive)  # a write that needs the body (OpenStack password)
             elif scope["query_string"]:  # change watch: parsed only when there is a query
@@ -128,23 +157,24 @@ class InstanceFront:
             client = scope.get("client")
             _log.info("instance.read", path=scope["path"], peer=client[0] if client else None, status=reply.status)
 
-    def _limited(self, scope: Scope) -> Reply | None:
-        """A 429 with Retry-After when the caller's address has used up its rate, else None."""
-        if self._limiter is None:
-            return None
+    def _caller_key(self, scope: Scope) -> str:
+        """The caller's address: the socket peer, or the forwarded caller when the peer is a trusted proxy."""
         client = scope.get("client")
-        key = client[0] if client else "-"
+        key: str = client[0] if client else "-"
         if self._behind_proxies:
             try:
                 address = self._locator.address(scope)
             except ImdsError:  # a bad X-Forwarded-For: the handler answers it (400); count it against the peer
                 address = None
             key = str(address) if address is not None else key
-        wait = self._limiter.retry_after(key)
-        if not wait:
+        return key
+
+    def _limited(self, key: str | None) -> Reply | None:
+        """A 429 with Retry-After when the caller's address has used up its rate, else None."""
+        if self._limiter is None or key is None:
             return None
-        status, body, headers = error_parts(RateLimited(wait))
-        return Reply(status, body, JSON, tuple(headers))
+        wait = self._limiter.retry_after(key)
+        return _error_reply(RateLimited(wait)) if wait else None
 
     async def _watch(self, scope: Scope, handler: Handler, reply: Reply, receive: Receive) -> Reply:
         """Hold the read while ``?wait_for_change=true`` asks for it (see ``imds.web.watch``)."""
@@ -152,8 +182,7 @@ class InstanceFront:
             watch = parse_watch(scope["query_string"], self._watch_max)
         except ImdsError as exc:
             scope.pop(ENTRY, None)
-            status, body, headers = error_parts(exc)
-            return Reply(status, body, JSON, tuple(headers))
+            return _error_reply(exc)
         if watch is None or ENTRY not in scope:
             return reply
         waiting = self.services.metrics.watch_waiting
