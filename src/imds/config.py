@@ -125,6 +125,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("listen", "IMDS_LISTEN", "list", ("127.0.0.1:8000", "[::1]:8000"),
            "HOST:PORT to listen on (repeatable; [v6]:PORT for IPv6; env: comma-separated; "
            "the default's [::1] is skipped on a host without IPv6 loopback).", parse=_listen, group="http"),
+    Option("admin_listen", "IMDS_ADMIN_LISTEN", "list", (),
+           "HOST:PORT for the admin API alone (repeatable; [v6]:PORT). When set, the --listen addresses "
+           "serve instances only and answer admin paths 404.", parse=_listen, group="http"),
     Option("data_dir", "IMDS_DATA_DIR", "path", None,
            "Directory for the embedded database and generated keys "
            "(default: $XDG_DATA_HOME/imds or ~/.local/share/imds).", group="store"),
@@ -321,6 +324,7 @@ class HttpSettings(Group):
     """The HTTP server and its listeners (docs/server.md)."""
 
     listen: tuple[tuple[str, int], ...]
+    admin_listen: tuple[tuple[str, int], ...]
     server: str
     workers: int
     max_header_bytes: int
@@ -820,6 +824,11 @@ def _check_http(values: Mapping[str, Any]) -> None:
     _require(values, ("workers", "max_header_bytes", "max_headers", "header_timeout", "body_timeout",
                       "keepalive_timeout", "max_connections"), _positive, "must be positive")
     _require(values, ("max_header_bytes",), lambda n: n >= MIN_HEADER_BYTES, f"must be at least {MIN_HEADER_BYTES}")
+    shared = sorted(set(values["admin_listen"]) & set(values["listen"]))
+    if shared:
+        host, port = shared[0]
+        msg = f"--admin-listen / IMDS_ADMIN_LISTEN: {host}:{port} is also a --listen address (give the admin its own)"
+        raise ConfigError(msg)
 
 
 def _check_callers(values: Mapping[str, Any]) -> None:

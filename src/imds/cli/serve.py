@@ -65,9 +65,13 @@ def run(settings: Settings) -> None:
     servers.quiet_server_floods()
     listen = listen_addresses(settings)
     sockets = [bind(host, port, hop_limit=settings.ec2.token_hop_limit) for host, port in listen]
-    for host, port in listen:
-        logger.info("listening", address=f"[{host}]:{port}" if ":" in host else f"{host}:{port}",
-                    server=settings.http.server, workers=settings.http.workers)
+    # The admin listeners get no token hop limit: an operator may be several hops away.
+    sockets += [bind(host, port) for host, port in settings.http.admin_listen]
+    serves = "instances" if settings.http.admin_listen else "instances and admin API"
+    for kind, addresses in ((serves, listen), ("admin API", settings.http.admin_listen)):
+        for host, port in addresses:
+            logger.info("listening", address=f"[{host}]:{port}" if ":" in host else f"{host}:{port}", serves=kind,
+                        server=settings.http.server, workers=settings.http.workers)
     serve_with = servers.SERVERS[settings.http.server]
 
     def serve_one() -> None:

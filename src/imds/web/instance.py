@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from imds import log
-from imds.errors import ImdsError, RateLimited, SourceBusy
+from imds.errors import ImdsError, NotFound, RateLimited, SourceBusy
 from imds.services import Services
 from imds.services.ratelimit import InFlight, RateLimiter
 from imds.services.resolve import Resolver
@@ -23,6 +23,7 @@ from imds.web.errors import error_body, error_parts
 from imds.web.ganeti import GanetiFlavor
 from imds.web.instance_guard import FlavorGuard
 from imds.web.json import JsonFlavor
+from imds.web.listeners import AdminListeners
 from imds.web.nocloud import NoCloudFlavor
 from imds.web.openstack import OpenStackFlavor
 from imds.web.routing import ENTRY, JSON, READ_METHODS, Handler, Locator, Pending, Reply, Scope
@@ -55,6 +56,14 @@ async def _loading(_scope: Scope) -> Reply:
 def _error_reply(exc: ImdsError) -> Reply:
     status, body, headers = error_parts(exc)
     return Reply(status, body, JSON, tuple(headers))
+
+
+_NOT_HERE = _error_reply(NotFound("not found"))
+PROBE_PATHS = frozenset({"/healthz", "/readyz"})  # answered on every listener (health checks)
+
+
+async def _not_here(_scope: Scope) -> Reply:
+    return _NOT_HERE
 
 
 def _busy(limit: int) -> Handler:
@@ -98,6 +107,8 @@ class InstanceFront:
         self._limiter = RateLimiter(callers.rate_limit, callers.rate_burst) if callers.rate_limit > 0 else None
         self._locator, self._behind_proxies = locator, bool(callers.trusted_proxy)
         self._in_flight = InFlight(callers.max_requests_per_source)
+        admin_listen = services.settings.http.admin_listen
+        self._admin_listeners = AdminListeners(admin_listen) if admin_listen else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """ASGI entry point."""
@@ -111,12 +122,21 @@ class InstanceFront:
             handler = self._prefixes.get(segment)
             if handler is None and self._ec2.claims(segment):
                 handler = self._ec2.handle
-        if handler is None:
+        if self._admin_listeners is not None and self._elsewhere(scope, instance_path=handler is not None):
+            handler = _not_here
+        elif handler is None:
             await self._measured(scope, receive, send)
             return
-        if not self.services.catalog.loaded:  # answered, never left silent, until the catalog is in memory
+        elif not self.services.catalog.loaded:  # answered, never left silent, until the catalog is in memory
             handler = _loading
         await self._serve(scope, send, handler, receive)
+
+    def _elsewhere(self, scope: Scope, *, instance_path: bool) -> bool:
+        """With ``--admin-listen``: an instance path on an admin listener, or an admin path on an instance one."""
+        assert self._admin_listeners is not None  # noqa: S101 - only called when set
+        if self._admin_listeners.serves(scope):
+            return instance_path
+        return not instance_path and scope["path"] not in PROBE_PATHS
 
     async def _serve(self, scope: Scope, send: Send, handler: Handler, receive: Receive) -> None:
         if not self._in_flight.limit and self._limiter is None:
