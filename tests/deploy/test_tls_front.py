@@ -85,7 +85,7 @@ def tls_front(tmp_path: Path) -> Iterator[tuple[str, Path, int]]:
 
 
 def test_an_admin_write_over_tls_reaches_the_instance(tmp_path, tls_front):
-    """HTTPS through the shipped front (CA-verified, HSTS) writes; the instance port serves it; plain HTTP is refused."""
+    """HTTPS through the shipped front (CA-verified, HSTS) writes; the instance port serves it; plain HTTP fails."""
     url, ca, admin_port = tls_front
     with serving(tmp_path, "--admin-listen", f"127.0.0.1:{admin_port}") as imds:
         instance_id = new_id()
