@@ -1,15 +1,20 @@
-"""Benchmark the instance read path against nginx serving the same bytes.
+"""The ``read`` benchmark: the instance read path against nginx serving the same bytes.
 
-Starts ``imds serve --demo`` (in-memory store, one process) and nginx (one worker) on
-loopback ports, checks that both answer each path (``/metadata`` and an EC2 leaf by
-default) with identical bytes, loads each with wrk for the same duration and connection
-count, prints requests/s and latency percentiles with the imds/nginx ratio per path, and
-writes them to ``bench/results.md``.
+Starts ``imds serve --demo`` (in-memory store, one worker) once per ``--server`` and nginx
+(one worker) on loopback ports, checks that both answer each path (``/metadata``, an EC2
+leaf and OpenStack's ``meta_data.json`` by default) with identical bytes, loads each with
+``wrk -t1 -c64`` for the same duration, and reports per path and server: requests/s, the
+imds/nginx ratio, p50/p99 latency and server CPU per request (utime+stime from
+``/proc/<pid>/stat``, worker processes included). Results are appended to
+``bench/results.jsonl`` (one JSON line per measurement) and ``bench/results.md`` (a table
+per run). ``--profile`` also records the read path of the first server with py-spy under
+the same load and saves the collapsed stacks and a top-functions summary under
+``bench/profiles/``.
 
 Run on demand (never in CI)::
 
     apt-get install nginx-light wrk   # once
-    .venv/bin/python bench/instance_read.py --duration 10 --connections 64
+    .venv/bin/python bench/instance_read.py --duration 5 --repeat 2 --profile
 
 Every process it starts is stopped by its PID; only 127.0.0.1 is targeted.
 """
@@ -17,54 +22,39 @@ Every process it starts is stopped by its PID; only 127.0.0.1 is targeted.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import re
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
 from datetime import UTC, datetime
 from pathlib import Path
 
+from benchlib import free_port, stop, wait_for
+
 ROOT = Path(__file__).resolve().parents[1]
 IMDS = Path(sys.executable).with_name("imds")
-PATHS = ("/metadata", "/latest/meta-data/instance-id")
+PATHS = ("/metadata", "/latest/meta-data/instance-id", "/openstack/latest/meta_data.json")
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+def cpu_seconds(pid: int) -> float:
+    """utime+stime of ``pid`` and its live children (nginx's worker, imds's --workers)."""
+    pids = [pid]
+    children = Path(f"/proc/{pid}/task/{pid}/children")
+    if children.exists():
+        pids += [int(child) for child in children.read_text().split()]
+    ticks = 0
+    for each in pids:
+        fields = Path(f"/proc/{each}/stat").read_text().rsplit(")", 1)[1].split()
+        ticks += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat(5))
+    return ticks / CLOCK_TICKS
 
 
-def wait_for(url: str, timeout: float = 15.0) -> bytes:
-    """GET ``url`` until it answers 200; return the body."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            with urllib.request.urlopen(url, timeout=1) as response:  # noqa: S310 - loopback URL built here
-                return bytes(response.read())
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.1)
 
-
-def stop(process: subprocess.Popen[bytes]) -> None:
-    """SIGTERM the process by PID, then SIGKILL if it lingers."""
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
 
 
 def start_nginx(workdir: Path, bodies: dict[str, bytes], port: int) -> subprocess.Popen[bytes]:
@@ -78,7 +68,7 @@ def start_nginx(workdir: Path, bodies: dict[str, bytes], port: int) -> subproces
         file = www / f"body-{index}"
         file.write_bytes(body)
         file.chmod(0o644)
-        kind = "application/json" if url_path == "/metadata" else "text/plain"
+        kind = "application/json" if url_path.endswith(("/metadata", ".json")) else "text/plain"
         locations.append(f"location = {url_path} {{ default_type {kind}; alias {file}; }}")
     scratch = workdir / "scratch"
     conf = workdir / "nginx.conf"
@@ -112,6 +102,7 @@ def run_wrk(url: str, duration: int, connections: int, threads: int) -> dict[str
         check=True, capture_output=True, text=True,
     ).stdout
     result = {"rps": float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))}  # type: ignore[union-attr]
+    result["requests"] = float(re.search(r"(\d+) requests in", out).group(1))  # type: ignore[union-attr]
     for pct in ("50", "90", "99"):
         match = re.search(rf"^\s+{pct}(?:\.000)?%\s+([\d.]+)(us|ms|s)", out, re.MULTILINE)
         if match:
@@ -122,88 +113,182 @@ def run_wrk(url: str, duration: int, connections: int, threads: int) -> dict[str
     return result
 
 
+def measure(url: str, pid: int, args: argparse.Namespace) -> dict[str, float]:
+    """One wrk run against ``url`` plus the server's CPU time per request over it."""
+    before = cpu_seconds(pid)
+    result = run_wrk(url, args.duration, args.connections, args.threads)
+    result["cpu_us_per_request"] = (cpu_seconds(pid) - before) / max(result["requests"], 1.0) * 1e6
+    return result
+
+
+def same_bytes(path: str, got: bytes, expected: bytes) -> bool:
+    """Equal bytes; OpenStack's meta_data.json carries a fresh random_seed each time, so equal length there."""
+    if path.endswith("/meta_data.json"):
+        return len(got) == len(expected) and b'"random_seed"' in got
+    return got == expected
+
+
+def start_imds(server: str, port: int) -> subprocess.Popen[bytes]:
+    """``imds serve --demo`` on ``server`` with one worker, logging warnings only, rate limit off."""
+    env = {**os.environ, "IMDS_LOG_LEVEL": "warning"}
+    command = [str(IMDS), "serve", "--demo", "--db", "memory://", "--listen", f"127.0.0.1:{port}",
+               "--server", server, "--workers", "1", "--rate-limit", "0"]
+    return subprocess.Popen(command, env=env)
+
+
+def profile(pid: int, url: str, args: argparse.Namespace, name: str) -> Path:
+    """py-spy record of ``pid`` while wrk loads ``url``; collapsed stacks plus a summary by function."""
+    out_dir = args.output.parent / "profiles"
+    out_dir.mkdir(exist_ok=True)
+    raw = out_dir / f"read-{name}.collapsed.txt"
+    spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    recorder = subprocess.Popen(
+        [spy, "record", "--pid", str(pid), "--rate", "250", "--format", "raw", "--output", str(raw),
+         "--duration", str(args.duration + 1), "--nonblocking"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    try:
+        run_wrk(url, args.duration, args.connections, args.threads)
+    finally:
+        recorder.wait(timeout=args.duration + 30)
+    summary = out_dir / f"read-{name}.top.txt"
+    summary.write_text(summarize(raw))
+    return summary
+
+
+def summarize(collapsed: Path, top: int = 30) -> str:
+    """Self and inclusive sample shares per function from py-spy's collapsed stacks."""
+    own: dict[str, int] = {}
+    inclusive: dict[str, int] = {}
+    total = 0
+    for line in collapsed.read_text().splitlines():
+        stack, _, count_text = line.rpartition(" ")
+        if not stack:
+            continue
+        count = int(count_text)
+        frames = stack.split(";")
+        total += count
+        own[frames[-1]] = own.get(frames[-1], 0) + count
+        for frame in set(frames):
+            inclusive[frame] = inclusive.get(frame, 0) + count
+    lines = [f"{total} samples", "", "self%  incl%  function (file:line)"]
+    for frame, count in sorted(own.items(), key=lambda item: -item[1])[:top]:
+        lines.append(f"{100 * count / total:5.1f}  {100 * inclusive[frame] / total:5.1f}  {frame}")
+    return "\n".join([*lines, ""])
+
+
+def load_all(
+    bodies: dict[str, bytes], names: tuple[str, ...], ports: dict[str, int], pids: dict[str, int],
+    args: argparse.Namespace,
+) -> list[dict[str, object]]:
+    """Each path, each repetition, each server (nginx first): one measurement row each."""
+    rows: list[dict[str, object]] = []
+    for path, body in bodies.items():
+        for repetition in range(args.repeat):
+            nginx_rps = 0.0
+            for name in names:
+                r = measure(f"http://127.0.0.1:{ports[name]}{path}", pids[name], args)
+                nginx_rps = r["rps"] if name == "nginx" else nginx_rps
+                ratio = r["rps"] / nginx_rps if nginx_rps else 0.0
+                rows.append({"path": path, "bytes": len(body), "server": name, "run": repetition + 1,
+                             "ratio": round(ratio, 3), **{k: round(v, 3) for k, v in r.items()}})
+                print(f"{path:34} {name:8} #{repetition + 1} {r['rps']:>8.0f} req/s  ratio {ratio:.3f}  "
+                      f"p50 {r.get('p50', 0):.2f} ms  p99 {r.get('p99', 0):.2f} ms  "
+                      f"cpu {r['cpu_us_per_request']:.1f} us/req  non-2xx {r['non2xx']:.0f}")
+    return rows
+
+
 def main() -> int:
-    """Run both servers, load them on each path, print and record the ratios."""
+    """Run nginx and each imds server, load them on each path, print and record the ratios."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--duration", type=int, default=10, help="seconds of load per server and path")
+    parser.add_argument("--duration", type=int, default=5, help="seconds of load per server, path and repetition")
+    parser.add_argument("--repeat", type=int, default=2, help="repetitions per server and path")
     parser.add_argument("--connections", type=int, default=64)
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--server", action="append", choices=("granian", "uvicorn"),
+                        help="imds server to measure (repeatable; default: granian and uvicorn)")
     parser.add_argument("--path", action="append", help=f"path to load (repeatable; default: {', '.join(PATHS)})")
+    parser.add_argument("--profile", action="store_true", help="also save a py-spy profile of the first server")
     parser.add_argument("--output", type=Path, default=ROOT / "bench" / "results.md")
     args = parser.parse_args()
     paths = tuple(args.path or PATHS)
+    servers = tuple(args.server or ("granian", "uvicorn"))
     for tool in ("wrk", "nginx"):
         if not shutil.which(tool) and not Path(f"/usr/sbin/{tool}").exists():
             print(f"{tool} is not installed: apt-get install nginx-light wrk", file=sys.stderr)
             return 2
 
-    results: dict[str, dict[str, dict[str, float]]] = {}
-    sizes: dict[str, int] = {}
+    load_before = Path("/proc/loadavg").read_text().split()[:3]
+    rows: list[dict[str, object]] = []
+    profiles: list[Path] = []
     with tempfile.TemporaryDirectory(prefix="imds-bench-") as tmp:
-        imds_port, nginx_port = free_port(), free_port()
-        env = {**os.environ, "IMDS_LOG_LEVEL": "warning"}
-        imds = subprocess.Popen(
-            [str(IMDS), "serve", "--demo", "--db", "memory://", "--listen", f"127.0.0.1:{imds_port}"], env=env
-        )
+        ports = {name: free_port() for name in ("nginx", *servers)}
+        imds = {name: start_imds(name, ports[name]) for name in servers}
         nginx = None
         try:
-            bodies = {path: wait_for(f"http://127.0.0.1:{imds_port}{path}") for path in paths}
-            nginx = start_nginx(Path(tmp), bodies, nginx_port)
+            first = servers[0]
+            bodies = {path: wait_for(f"http://127.0.0.1:{ports[first]}{path}") for path in paths}
+            nginx = start_nginx(Path(tmp), bodies, ports["nginx"])
+            pids = {"nginx": nginx.pid, **{name: process.pid for name, process in imds.items()}}
             for path, body in bodies.items():
-                if wait_for(f"http://127.0.0.1:{nginx_port}{path}") != body:
-                    print(f"nginx and imds disagree on the bytes of {path}", file=sys.stderr)
-                    return 1
-                sizes[path] = len(body)
-            print(f"{args.duration}s per server and path, {args.connections} connections")
-            for path in paths:
-                results[path] = {}
-                for name, port in (("nginx", nginx_port), ("imds", imds_port)):
-                    r = run_wrk(f"http://127.0.0.1:{port}{path}", args.duration, args.connections, args.threads)
-                    results[path][name] = r
-                    print(f"{path:32} {name:6} {r['rps']:>9.0f} req/s  p50 {r.get('p50', 0):.2f} ms  "
-                          f"p99 {r.get('p99', 0):.2f} ms  non-2xx {r['non2xx']:.0f}")
-                ratio = results[path]["imds"]["rps"] / results[path]["nginx"]["rps"]
-                print(f"{path:32} imds/nginx throughput ratio: {ratio:.3f}")
+                for name in ("nginx", *servers):
+                    if not same_bytes(path, wait_for(f"http://127.0.0.1:{ports[name]}{path}"), body):
+                        print(f"{name} and {first} disagree on the bytes of {path}", file=sys.stderr)
+                        return 1
+            print(f"wrk -t{args.threads} -c{args.connections}, {args.duration}s x {args.repeat} per server and path; "
+                  f"load average before: {' '.join(load_before)}")
+            rows = load_all(bodies, ("nginx", *servers), ports, pids, args)
+            if args.profile:
+                profiles.append(profile(pids[first], f"http://127.0.0.1:{ports[first]}{paths[0]}", args, first))
+                print(f"profile: {profiles[-1]}")
         finally:
-            stop(imds)
+            for process in imds.values():
+                stop(process)
             if nginx is not None:
                 stop(nginx)
-    write_results(args, results, sizes)
+    load_after = Path("/proc/loadavg").read_text().split()[:3]
+    write_results(args, rows, load_before, load_after, profiles)
     return 0
 
 
 def write_results(
-    args: argparse.Namespace, results: dict[str, dict[str, dict[str, float]]], sizes: dict[str, int]
+    args: argparse.Namespace, rows: list[dict[str, object]], load_before: list[str], load_after: list[str],
+    profiles: list[Path],
 ) -> None:
-    """Replace bench/results.md with this run."""
+    """Append this run to bench/results.jsonl (one line per measurement) and bench/results.md (a table)."""
     nginx_version = subprocess.run(["nginx", "-v"], capture_output=True, text=True, check=False).stderr.strip()
+    stamp = f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC"
+    context = {"bench": "read", "at": stamp, "cores": os.cpu_count(), "python": platform.python_version(),
+               "nginx": nginx_version, "load_before": load_before, "load_after": load_after,
+               "wrk": f"-t{args.threads} -c{args.connections} -d{args.duration}s"}
+    with args.output.with_suffix(".jsonl").open("a") as jsonl:
+        for row in rows:
+            jsonl.write(json.dumps({**context, **row}) + "\n")
+    command = (f".venv/bin/python bench/instance_read.py --duration {args.duration} --repeat {args.repeat} "
+               f"--connections {args.connections} --threads {args.threads}"
+               + "".join(f" --server {name}" for name in (args.server or ())) + (" --profile" if args.profile else ""))
     lines = [
-        "# Instance read benchmark: imds vs nginx",
         "",
-        (
-            f"Run {datetime.now(UTC):%Y-%m-%d %H:%M} UTC on {os.cpu_count()} cores, "
-            f"Python {platform.python_version()}, {nginx_version}. Command: `.venv/bin/python "
-            f"bench/instance_read.py --duration {args.duration} --connections {args.connections} "
-            f"--threads {args.threads}`."
-        ),
+        f"## read: {stamp}",
         "",
-        (
-            "The demo instance's answers, loopback, wrk on the same machine; imds is one `imds serve` "
-            "process (uvicorn + uvloop + httptools), nginx one worker serving the same bytes at the same paths."
-        ),
+        (f"{os.cpu_count()} cores, Python {platform.python_version()}, {nginx_version}, load average "
+         f"{' '.join(load_before)} before / {' '.join(load_after)} after (a shared machine). Command: `{command}`. "
+         "imds: `imds serve --demo --workers 1 --rate-limit 0` per server; nginx: one worker, same bytes, same paths. "
+         "cpu = server utime+stime per request."),
         "",
-        "| path | bytes | server | req/s | p50 ms | p90 ms | p99 ms | non-2xx | imds/nginx |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| path | bytes | server | run | req/s | imds/nginx | p50 ms | p99 ms | cpu µs/req | non-2xx |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for path, by_server in results.items():
-        ratio = by_server["imds"]["rps"] / by_server["nginx"]["rps"]
-        for name, r in by_server.items():
-            shown = f"**{ratio:.3f}**" if name == "imds" else ""
-            lines.append(
-                f"| `{path}` | {sizes[path]} | {name} | {r['rps']:.0f} | {r.get('p50', 0):.2f} | "
-                f"{r.get('p90', 0):.2f} | {r.get('p99', 0):.2f} | {r['non2xx']:.0f} | {shown} |"
-            )
-    args.output.write_text("\n".join([*lines, ""]))
+    for row in rows:
+        ratio = f"**{row['ratio']:.3f}**" if row["server"] != "nginx" else ""
+        lines.append(
+            f"| `{row['path']}` | {row['bytes']} | {row['server']} | {row['run']} | {row['rps']:.0f} | {ratio} | "
+            f"{row.get('p50', 0):.2f} | {row.get('p99', 0):.2f} | {row['cpu_us_per_request']:.1f} | "
+            f"{row['non2xx']:.0f} |"
+        )
+    lines += [f"\nProfile: [{p.name}](profiles/{p.name})" for p in profiles]
+    with args.output.open("a") as markdown:
+        markdown.write("\n".join([*lines, ""]))
 
 
 if __name__ == "__main__":

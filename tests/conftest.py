@@ -14,7 +14,7 @@ pytest_plugins = ["postgres_server"]
 
 @pytest.fixture
 def anyio_backend() -> str:
-    """Async tests run on asyncio (uvicorn's loop in production)."""
+    """Async tests run on asyncio (the loop imds serve runs on)."""
     return "asyncio"
 
 
@@ -26,3 +26,9 @@ def sqlite_url(tmp_path: Path) -> str:
     url = f"sqlite:///{tmp_path / 'imds.db'}"
     migrate.upgrade(url)
     return url
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+def local_store_url(request: pytest.FixtureRequest) -> str:
+    """memory:// or a migrated SQLite file: the two stores that need no server."""
+    return "memory://" if request.param == "memory" else request.getfixturevalue("sqlite_url")

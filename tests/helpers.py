@@ -20,6 +20,9 @@ ADMIN_PEER = "192.0.2.250"
 def make_settings(**overrides: Any) -> Settings:
     """Settings for tests: in-memory store and a known admin token unless overridden."""
     values: dict[str, Any] = {"db_url": "memory://", "admin_token": ADMIN_TOKEN, "feed_poll_interval": 0.05}
+    # In-process crawls send hundreds of requests from one address in well under a second;
+    # the rate limit has its own tests (tests/security/test_http_abuse.py, services/test_ratelimit.py).
+    values["rate_limit"] = 0.0
     values.update(overrides)
     return Settings(**values)
 

@@ -191,9 +191,9 @@ class _Server:
                 return server
         pytest.fail(f"postgres could not bind a free port on 127.0.0.1:\n{_tail(self.log)}", pytrace=False)
 
-    def _run_postgres(self) -> PostgresServer | None:
+    def _run_postgres(self, port: int | None = None) -> PostgresServer | None:
         """Start postgres and wait until it accepts connections; None when another process took the port."""
-        self.port = _free_port()
+        self.port = port or _free_port()
         with self.log.open("wb") as log:
             self.process = subprocess.Popen(
                 _as_server_user(
@@ -233,8 +233,8 @@ class _Server:
             time.sleep(0.05)
         pytest.fail(f"postgres did not become ready within {START_TIMEOUT:.0f}s:\n{_tail(self.log)}", pytrace=False)
 
-    def stop(self) -> None:
-        """Fast shutdown of the postmaster by its PID, then remove the temporary directory."""
+    def stop(self, *, keep: bool = False) -> None:
+        """Fast shutdown of the postmaster by its PID, then remove the temporary directory (unless ``keep``)."""
         try:
             if self.process is not None and self.process.poll() is None:
                 found = _postmaster_pid(self.data)
@@ -249,7 +249,8 @@ class _Server:
                         os.kill(pid, signal.SIGKILL)
                     self.process.wait(timeout=STOP_TIMEOUT)
         finally:
-            shutil.rmtree(self.root, ignore_errors=True)
+            if not keep:
+                shutil.rmtree(self.root, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -8,12 +8,14 @@ goes to a log file, the wait for health is bounded, and it is always stopped by 
 from __future__ import annotations
 
 import os
+import queue
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -42,6 +44,17 @@ def clean_env(tmp_path: Path, **extra: str) -> dict[str, str]:
     return env
 
 
+def stop_process(process: subprocess.Popen[bytes]) -> int:
+    """SIGTERM by PID, bounded; SIGKILL if it does not exit. Returns the exit status."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            return process.wait(timeout=STOP_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            process.kill()
+    return process.wait(timeout=STOP_TIMEOUT)
+
+
 class Server:
     """One ``imds serve`` process: its URLs (IPv4, optional IPv6), admin token and log."""
 
@@ -57,20 +70,26 @@ class Server:
         """Everything the process wrote so far."""
         return self.log.read_text(errors="replace")
 
-    def wait_healthy(self) -> None:
-        """Block (bounded) until ``/healthz`` answers 200; fail with the log otherwise."""
+    def wait_healthy(self, *, loaded: bool = True) -> None:
+        """Block (bounded) until ``/healthz`` answers 200 (and the catalog is loaded); fail with the log otherwise."""
         deadline = time.monotonic() + START_TIMEOUT
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 pytest.fail(f"imds serve exited with {self.process.returncode}:\n{self.output()}")
             try:
                 with client_at() as client:
-                    if client.get(f"{self.url}/healthz", timeout=1.0).status_code == 200:
+                    healthy = client.get(f"{self.url}/healthz", timeout=1.0).status_code == 200
+                    if healthy and (not loaded or self.loaded(client)):
                         return
             except httpx.TransportError:
                 pass
             time.sleep(0.05)
         pytest.fail(f"imds serve not healthy within {START_TIMEOUT}s:\n{self.output()}")
+
+    def loaded(self, client: httpx.Client) -> bool:
+        """Whether ``/readyz`` says the instance catalog is in memory (the store may still be down)."""
+        loading = client.get(f"{self.url}/readyz", timeout=5.0).json().get("loading", {"phase": "loaded"})
+        return bool(loading["phase"] == "loaded")
 
     def terminate(self) -> tuple[int, float]:
         """SIGTERM by PID; (exit status, seconds it took)."""
@@ -90,18 +109,17 @@ class Server:
 
     def stop(self) -> int:
         """SIGTERM by PID, bounded; SIGKILL if it does not exit. Returns the exit status."""
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                return self.process.wait(timeout=STOP_TIMEOUT)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-        return self.process.wait(timeout=STOP_TIMEOUT)
+        return stop_process(self.process)
 
 
 @contextmanager
-def serving(tmp_path: Path, *args: str, host: str = "127.0.0.1", v6: bool = False) -> Iterator[Server]:
-    """``imds serve *args`` on a free port of ``host`` (and of ``[::1]`` with ``v6``), stopped by PID afterwards."""
+def serving(
+    tmp_path: Path, *args: str, host: str = "127.0.0.1", v6: bool = False, loaded: bool = True
+) -> Iterator[Server]:
+    """``imds serve *args`` on a free port of ``host`` (and of ``[::1]`` with ``v6``), stopped by PID afterwards.
+
+    Yields once the server is healthy and (unless ``loaded`` is False) its catalog is loaded.
+    """
     port = free_port(host)
     listen = ["--listen", f"{host}:{port}"]
     v6_url = None
@@ -109,6 +127,10 @@ def serving(tmp_path: Path, *args: str, host: str = "127.0.0.1", v6: bool = Fals
         port6 = free_port("::1")
         listen += ["--listen", f"[::1]:{port6}"]
         v6_url = f"http://[::1]:{port6}"
+    if "--rate-limit" not in args:
+        # Test loops read as fast as they can from one address; the per-caller limit has its own
+        # tests (security/test_http_abuse.py), which pass --rate-limit explicitly.
+        args = (*args, "--rate-limit", "0")
     log = tmp_path / f"serve-{port}.log"
     with log.open("wb") as sink:
         process = subprocess.Popen(
@@ -120,7 +142,7 @@ def serving(tmp_path: Path, *args: str, host: str = "127.0.0.1", v6: bool = Fals
         )
     server = Server(process, f"http://{host}:{port}", log, v6_url)
     try:
-        server.wait_healthy()
+        server.wait_healthy(loaded=loaded)
         yield server
     finally:
         server.stop()
@@ -130,6 +152,27 @@ def client_at(local_address: str | None = None) -> httpx.Client:
     """A client whose connections leave from ``local_address`` (a real source address on loopback)."""
     transport = httpx.HTTPTransport(local_address=local_address) if local_address else httpx.HTTPTransport()
     return httpx.Client(transport=transport, timeout=5.0, trust_env=False)
+
+
+def in_background(action: Callable[[], Any]) -> queue.Queue[Any]:
+    """Run ``action`` in a daemon thread; its result (or exception) lands in the returned queue."""
+    results: queue.Queue[Any] = queue.Queue()
+
+    def run() -> None:
+        try:
+            results.put(action())
+        except Exception as exc:  # noqa: BLE001 - handed to the test thread, which re-raises it
+            results.put(exc)
+
+    threading.Thread(target=run, daemon=True).start()
+    return results
+
+
+def metric(server: Server, name: str) -> float:
+    """The value of the unlabelled metric ``name`` on the server's /metrics."""
+    with client_at() as client:
+        text = client.get(f"{server.url}/metrics", headers=server.admin_headers).text
+    return next(float(line.split()[-1]) for line in text.splitlines() if line.startswith(f"{name} "))
 
 
 def run_imds(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:

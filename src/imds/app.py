@@ -16,18 +16,42 @@ from starlette.exceptions import HTTPException
 
 from imds import __version__, log
 from imds.config import Settings
-from imds.errors import ImdsError
-from imds.services import Services, build_services
+from imds.errors import AuthNotConfigured, ImdsError
+from imds.metrics import Metrics
+from imds.services import Services
+from imds.services.auth import Authenticator, Chain, NoAuth, StaticTokens
+from imds.services.breaker import Breaker
+from imds.services.catalog import Catalog
+from imds.services.channel import Channel, ChannelLimits, EventHub
 from imds.services.demo import load_demo
-from imds.store import Store
+from imds.services.limits import Limits
+from imds.services.lookup import Lookup, LookupPolicy
+from imds.services.os_crypto import PrivateCipher
+from imds.services.os_definitions import OsDefinitions
+from imds.services.os_records import OsRecords
+from imds.services.proxied import SignedIdentity
+from imds.services.templates import compile_all
+from imds.services.tokens import TokenIssuer
+from imds.services.upsert import Records
+from imds.signing import read_secret
+from imds.store import Store, open_store
+from imds.upstream.auth import ClientCredentials, NoCredentials, OAuth2ClientCredentials, StaticBearer, UpstreamAuth
+from imds.upstream.client import UpstreamClient
+from imds.upstream.oidc import Discovery
 from imds.web.admin import admin_router
+from imds.web.audit_admin import audit_router
+from imds.web.bounded import Bounded
+from imds.web.channel_admin import channel_admin_router
 from imds.web.docs import docs_router
 from imds.web.errors import handle_http_error, handle_imds_error, handle_unexpected
+from imds.web.explain_admin import explain_router
 from imds.web.ganeti_admin import ganeti_admin_router
 from imds.web.instance import InstanceFront
 from imds.web.openstack_admin import openstack_admin_router
 from imds.web.ops import ops_router
+from imds.web.records_admin import records_admin_router
 from imds.web.refresh import refresh_router
+from imds.web.ui import ui_router
 
 _log = log.get("app")
 
@@ -40,7 +64,7 @@ def build_app(
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
-        async with services.running():
+        async with services.running(background=True):  # the listener answers 503 until the catalog is loaded
             if settings.demo:
                 instance_id = await load_demo(services.records)
                 _log.info("demo.loaded", instance_id=instance_id, addresses=["127.0.0.1", "::1"])
@@ -59,14 +83,127 @@ def build_app(
         redoc_url=None,
         redirect_slashes=False,  # a 307 to http://<Host header>/… would be an open redirect: 404 as hollow
     )
-    routers: list[APIRouter] = [admin_router(services), refresh_router(services), openstack_admin_router(services)]
+    routers: list[APIRouter] = [admin_router(services), refresh_router(services), openstack_admin_router(services),
+                                  records_admin_router(services)]
     routers.append(ganeti_admin_router(services))  # Ganeti OS records
+    routers.append(audit_router(services))  # the audit log (GET /audit)
+    routers.append(explain_router(services))  # imds explain (GET /explain)
+    admin.include_router(ui_router(services))  # the admin web page (GET /ui) and its search/changes endpoints
     for router in routers:
         admin.include_router(router)
         admin.include_router(router, prefix="/api/v1", include_in_schema=False)
     admin.include_router(ops_router(services, admin.openapi))
     admin.include_router(docs_router(title=admin.title, openapi_url="/openapi.json"))
+    admin.include_router(channel_admin_router(services))  # the host's side of the instance<->host channel
     return InstanceFront(services, admin)
 
 
-__all__ = ["Services", "build_app"]
+def build_served_app(settings: Settings) -> Bounded:
+    """``build_app`` behind the request limits of ``imds.web.bounded``: what ``imds serve`` runs."""
+    return Bounded(build_app(settings), settings)
+
+
+
+# -- wiring: the services for Settings (nothing connects until Services.start) --------
+
+
+def build_services(
+    settings: Settings, *, store: Store | None = None, http: httpx.AsyncClient | None = None
+) -> Services:
+    """Wire the services for ``settings``. Nothing connects until ``start``."""
+    if store is None:
+        store = open_store(settings.db_url, connect_timeout=settings.db_connect_timeout,
+                           statement_timeout=settings.db_statement_timeout)
+    http = http if http is not None else httpx.AsyncClient(timeout=5.0)
+    discovery = Discovery(http)  # one discovery fetch per OIDC issuer, whoever needs it
+    metrics = Metrics()
+    catalog = Catalog(store, poll_interval=settings.feed_poll_interval)
+    records = Records(store, catalog, metrics, trusted=settings.trusted_proxies)
+    os_records = OsRecords(
+        store, catalog, cipher=PrivateCipher.from_file(settings.private_key_file),
+        definitions=OsDefinitions.load(settings.os_definitions_dir),
+    )
+    catalog.on_os_gone = os_records.vault.forget  # no secret outlives its record (issue 11)
+    return Services(
+        settings=settings,
+        store=store,
+        catalog=catalog,
+        records=records,
+        lookup=_lookup(settings, discovery, records, catalog, metrics),
+        auth=_authenticator(settings, discovery),
+        templates=compile_all(settings.templates),
+        metrics=metrics,
+        http=http,
+        tokens=TokenIssuer.load(key_file=settings.imdsv2_key_file, data_dir=settings.key_dir),
+        os=os_records,
+        limits=limits_of(settings),
+        signed=_signed_identity(settings),
+        channel=_channel(settings, store),
+    )
+
+
+def limits_of(settings: Settings) -> Limits:
+    """The write limits configured in ``settings``."""
+    return Limits(settings.max_addresses, settings.max_document_depth, settings.max_document_keys)
+
+
+def _signed_identity(settings: Settings) -> SignedIdentity:
+    """The proxy secrets, read once here (current first, then the previous during a rotation)."""
+    files = (
+        (settings.proxy_shared_secret_file, "--proxy-shared-secret-file"),
+        (settings.proxy_previous_secret_file, "--proxy-previous-secret-file"),
+    )
+    secrets = [read_secret(path, flag) for path, flag in files if path is not None]
+    return SignedIdentity(settings.trusted_proxies, secrets)
+
+
+def _channel(settings: Settings, store: Store) -> Channel:
+    s = settings
+    limits = ChannelLimits(
+        rate=s.event_rate, burst=s.event_burst, event_max_bytes=s.event_max_bytes, retain=s.event_retain,
+        message_max_bytes=s.message_max_bytes, max_queued=s.message_max_queued,
+    )
+    return Channel(store, limits, EventHub(store, s.feed_poll_interval))
+
+
+def _lookup(
+    settings: Settings, discovery: Discovery, records: Records, catalog: Catalog, metrics: Metrics
+) -> Lookup | None:
+    if not settings.lookup_url:
+        return None
+    auth: UpstreamAuth = NoCredentials()
+    if settings.lookup_token:
+        auth = StaticBearer(settings.lookup_token)
+    elif settings.lookup_oidc_issuer and settings.lookup_client_id and settings.lookup_client_secret:
+        credentials = ClientCredentials(
+            settings.lookup_oidc_issuer, settings.lookup_client_id, settings.lookup_client_secret,
+            settings.lookup_scopes, settings.lookup_audience,
+        )
+        auth = OAuth2ClientCredentials(discovery.http, credentials, discovery=discovery)
+    client = UpstreamClient(discovery.http, settings.lookup_url, auth=auth, timeout=settings.lookup_timeout)
+    policy = LookupPolicy(
+        timeout=settings.lookup_timeout,
+        negative_ttl=settings.lookup_negative_ttl,
+        refresh_after=settings.lookup_refresh_after,
+        cache_ttl=settings.lookup_cache_ttl,
+        concurrency=settings.lookup_concurrency,
+        limits=limits_of(settings),
+    )
+    breaker = Breaker(failures=settings.lookup_breaker_failures, reset=settings.lookup_breaker_reset)
+    return Lookup(client, records, catalog, metrics, policy=policy, breaker=breaker)
+
+
+def _authenticator(settings: Settings, discovery: Discovery) -> Authenticator:
+    static = StaticTokens.from_settings(settings.admin_token, settings.admin_tokens_file)
+    jwt: Authenticator | None = None
+    if settings.oidc_issuer:
+        from imds.services.oidc import OidcVerifier  # noqa: PLC0415 - only when OIDC is configured
+
+        jwt = OidcVerifier(settings, discovery)
+    if not static and jwt is None:
+        _log.warning("admin.auth_not_configured", problem=AuthNotConfigured().message)
+        return NoAuth()
+    return Chain(static, jwt)
+
+
+__all__ = ["Services", "build_app", "build_served_app", "build_services"]

@@ -11,18 +11,27 @@ for them are chosen in exactly one place, ``imds.web.errors``.
     │   ├── InstanceNotFound     the caller's address maps to no instance
     │   └── RecordNotFound       the instance has no record of this kind
     ├── InvalidInput             the request is malformed; carries one Problem per field
-    │   └── PayloadTooLarge      the body is over the configured limit
+    │   ├── PayloadTooLarge      the body is over the configured limit
+    │   ├── HeadersTooLarge      more header lines than the configured limit
+    │   └── RequestTimeout       the body did not arrive within the configured time
+    ├── RateLimited              a caller sent more requests than its rate limit allows
     ├── AuthError
     │   ├── Unauthenticated      no credentials, or credentials that do not verify
     │   ├── AuthNotConfigured    the admin API has no way to check credentials
     │   ├── Forbidden            valid credentials without a required scope
     │   └── Refused              a request that is never allowed in this form
+    │       ├── BadSignature     a proxy's X-Instance-ID-Signature does not verify
+    │       └── ProxyNotConfigured  a signed id arrived but no proxy shared secret is configured
     ├── Conflict                 the request conflicts with the service's state or configuration
     │   └── LookupDisabled       a refresh was asked for but no upstream is configured
     ├── StoreUnavailable         the database cannot be reached or answered with an error
     ├── UpstreamError            an upstream answered something unusable (4xx, bad JSON, bad record)
     │   └── UpstreamUnavailable  an upstream could not be reached, timed out, failed (5xx), or its breaker is open
-    └── ConfigError              configuration is invalid; raised at startup only
+    ├── ConfigError              configuration is invalid; raised at startup only
+    └── AgentError               the host agent could not program OVS or haproxy
+        ├── OvsCommandFailed     an ovs-vsctl / ovs-ofctl / ip command failed
+        ├── PoolExhausted        no Meta IP/MAC is left in the provider range
+        └── HaproxyFailed        haproxy refused the rendered config or did not reload
 """
 
 from __future__ import annotations
@@ -92,6 +101,30 @@ class PayloadTooLarge(InvalidInput):
         self.limit = limit
 
 
+class HeadersTooLarge(InvalidInput):
+    """The request has more header lines than ``--max-headers`` allows."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__([Problem("headers", f"more than {limit} header lines (--max-headers)")], "headers too large")
+        self.limit = limit
+
+
+class RequestTimeout(InvalidInput):
+    """The request body did not arrive within ``--body-timeout``."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__([Problem("body", f"not received within {seconds:g}s (--body-timeout)")], "request timeout")
+        self.seconds = seconds
+
+
+class RateLimited(ImdsError):
+    """An instance posted faster than its rate limit; it may try again after ``retry_after`` seconds."""
+
+    def __init__(self, retry_after: int) -> None:
+        super().__init__(f"too many requests: try again in {retry_after} s")
+        self.retry_after = retry_after
+
+
 class AuthError(ImdsError):
     """The admin API refused the credentials."""
 
@@ -123,6 +156,24 @@ class Refused(AuthError):
     """A request that is never allowed in this form (e.g. an IMDSv2 token PUT through a proxy)."""
 
 
+class BadSignature(Refused):
+    """A trusted proxy's ``X-Instance-ID-Signature`` does not sign its ``X-Instance-ID``."""
+
+    def __init__(self, instance_id: str) -> None:
+        super().__init__(f"X-Instance-ID-Signature does not verify for instance {instance_id}")
+        self.instance_id = instance_id
+
+
+class ProxyNotConfigured(Refused):
+    """A signed instance id arrived from a trusted proxy, but ``imds serve`` has no secret to check it."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            "X-Instance-ID refused: no proxy shared secret configured "
+            "(set --proxy-shared-secret-file / IMDS_PROXY_SHARED_SECRET_FILE)"
+        )
+
+
 class Conflict(ImdsError):
     """The request conflicts with the service's state or configuration."""
 
@@ -148,3 +199,32 @@ class UpstreamUnavailable(UpstreamError):
 
 class ConfigError(ImdsError):
     """The configuration is invalid. Raised at startup, never while serving."""
+
+
+class AgentError(ImdsError):
+    """The host agent could not program Open vSwitch or haproxy."""
+
+
+class OvsCommandFailed(AgentError):
+    """A command (``ovs-vsctl``, ``ovs-ofctl``, ``ip``) exited non-zero; carries its stderr."""
+
+    def __init__(self, command: str, stderr: str) -> None:
+        super().__init__(f"{command}: {stderr.strip() or 'failed'}")
+        self.command = command
+        self.stderr = stderr
+
+
+class PoolExhausted(AgentError):
+    """No Meta IP/MAC is left in the provider range for ``port``."""
+
+    def __init__(self, port: str, cidr: str, capacity: int) -> None:
+        super().__init__(
+            f"provider range {cidr} is exhausted ({capacity} Meta addresses in use): no Meta IP for port {port}; "
+            "widen --provider-cidr"
+        )
+        self.port = port
+        self.cidr = cidr
+
+
+class HaproxyFailed(AgentError):
+    """haproxy refused the rendered configuration, or would not start or reload."""

@@ -76,6 +76,9 @@ class Metrics:
         self.userdata_store_errors = Counter(
             "metadata_userdata_store_error", "Userdata writes that failed in the database.", registry=r
         )
+        self.watch_waiting = Gauge(
+            "imds_watch_waiting", "Change-watch (wait_for_change) requests held now.", registry=r
+        )
 
     def count_read(self, kind: str, *, hit: bool) -> None:
         """Hollow's cache counters: an instance read of ``metadata``/``userdata`` found (hit) or not."""

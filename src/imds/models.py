@@ -124,3 +124,47 @@ class OsRecord:
     package_auth: bool
     generation: str
     updated_at: datetime | None = None  # the body's updated_at (the staleness guard), if it carried one
+
+
+@dataclass(frozen=True)
+class Event:
+    """One report an instance posted (``/events``, ``/phone-home``, ``/ganeti/<v>/write``).
+
+    ``cursor`` increases with every event of an instance, in the order they committed;
+    ``GET /device-events/{id}?after=CURSOR`` pages on it.
+    """
+
+    cursor: int
+    instance_id: str
+    state: str
+    code: int | None
+    message: str | None
+    created_at: datetime
+
+
+# --- the audit log (services/audit.py) ---------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AuditEvent:
+    """One admin change, as written inside the change's own transaction.
+
+    ``detail`` holds facts only: addresses moved (address → previous instance), addresses
+    dropped, counts, OS type and mode. Never a document, userdata, password or parameter value.
+    """
+
+    subject: str
+    instance_id: str
+    action: str  # "write" or "delete"
+    kind: str  # metadata, userdata, os, password
+    applied: bool
+    detail: JsonObject
+
+
+@dataclass(frozen=True)
+class AuditEntry:
+    """A stored ``AuditEvent`` with its cursor (``seq``, increasing) and time."""
+
+    seq: int
+    at: datetime
+    event: AuditEvent

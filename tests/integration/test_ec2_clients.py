@@ -58,9 +58,13 @@ def need(module: str) -> Any:
 
 @pytest.fixture(scope="module", params=["optional", "required"])
 def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    """``imds serve --imdsv2 MODE`` with the seed document at 127.0.0.3 and an AWS-style one at 127.0.0.5."""
+    """``imds serve --imdsv2 MODE`` with the seed document at 127.0.0.3 and an AWS-style one at 127.0.0.5.
+
+    Required mode also runs the strictest anti-SSRF policy (``--instance-auth all``): EC2 clients are unaffected.
+    """
     tmp = tmp_path_factory.mktemp(f"ec2-{request.param}")
-    with serving(tmp, "--data-dir", str(tmp / "data"), "--imdsv2", request.param) as running:
+    strict = ("--instance-auth", "all") if request.param == "required" else ()
+    with serving(tmp, "--data-dir", str(tmp / "data"), "--imdsv2", request.param, *strict) as running:
         for doc, ip in ((seed(), GUEST), (aws_style(), AWS_GUEST)):
             running.post("/device-metadata", {"id": doc["id"], "ipAddresses": [ip], "metadata": doc})
             running.post("/device-userdata", {"id": doc["id"], "ipAddresses": [ip], "userdata": USERDATA,

@@ -239,8 +239,8 @@ async def test_private_values_are_encrypted_at_rest_with_key_rotation(sqlite_url
 @pytest.mark.parametrize("text", ["", "# only a comment\n", "not-a-key\n"])
 def test_a_bad_key_file_fails_at_startup(tmp_path: Path, text: str):
     """An empty key file or a line that is not a Fernet key stops the service from starting, naming the file."""
+    from imds.app import build_services  # noqa: PLC0415
     from imds.errors import ConfigError  # noqa: PLC0415
-    from imds.services import build_services  # noqa: PLC0415
 
     key_file = tmp_path / "k"
     key_file.write_text(text)

@@ -125,20 +125,27 @@ async def test_listings_scripts_and_install_package(app):
     assert again.content == package.content  # built once, reproducible
 
 
-async def test_channel_paths_are_404_until_wired_and_other_writes_405(app):
-    """The read and write paths are the channel's (404 for now); a POST elsewhere is 405; HEAD has no body."""
+async def test_channel_paths_are_wired_and_other_writes_405(app):
+    """Read and write are the channel's (a queued message, an event); a POST elsewhere is 405."""
     ip = next_ipv4()
     async with admin_client(app) as admin:
         instance_id = await seed_instance(admin, ip)
         await put_os(admin, os_body(instance_id))
     async with client_from(app, ip) as guest:
-        assert (await guest.get("/ganeti/latest/read")).text == "404 - Not Found"
-        assert (await guest.post("/ganeti/latest/write", content=b"x")).text == "404 - Not Found"
+        empty = await guest.get("/ganeti/latest/read")
+        assert empty.status_code == 404
+        assert "no message is queued" in empty.json()["message"]
+        wrote = await guest.post("/ganeti/latest/write", json={"state": "installing", "message": "disk 1/2"})
+        assert wrote.status_code == 200
+        assert wrote.json()["state"] == "installing"
         assert (await guest.post("/ganeti/latest/os/parameters.json")).text == "405 - Method Not Allowed"
         head = await guest.head("/ganeti/latest/os/parameters.json")
-        assert (head.status_code, head.content) == (200, b"")
+        assert head.status_code == 200
         assert int(head.headers["content-length"]) > 0
-    assert app.ganeti.channel == {}
+    async with admin_client(app) as admin:
+        events = (await admin.get(f"/device-events/{instance_id}?after=0")).json()
+    assert [(e["state"], e["message"]) for e in events["events"]] == [("installing", "disk 1/2")]
+    assert set(app.ganeti.channel) == {"read", "write"}
 
 
 async def test_unknown_os_type_is_refused_and_undeclared_parameters_too(app):

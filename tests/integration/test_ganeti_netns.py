@@ -85,6 +85,7 @@ def test_create_script_runs_in_the_instance_and_reads_its_parameters(tmp_path: P
                 "install_parameters": {"disk": {"value": "/dev/vda", "visibility": "public"}},
             }
             assert admin.post("/device-os", json=record).json()["applied"] is True
+            assert admin.post(f"/device-messages/{instance_id}", content=b"proceed").status_code == 200
         script = tmp_path / "create"
         fetched = guest.run("curl", "-fsS", "--max-time", "10", "-o", str(script),
                             f"{server.url}/ganeti/latest/os/scripts/create")
@@ -95,6 +96,16 @@ def test_create_script_runs_in_the_instance_and_reads_its_parameters(tmp_path: P
         assert ran.returncode == 0, ran.stderr
         stranger = run("curl", "-sS", "--max-time", "10", f"{server.url}/ganeti/latest/os/parameters.json")
         assert stranger.stdout == "404 - Not Found"  # the root namespace is not the instance
+        with httpx.Client(base_url=server.url, headers=server.admin_headers, timeout=10.0, trust_env=False) as admin:
+            events = admin.get(f"/device-events/{instance_id}", params={"after": 0}).json()["events"]
+        # the guest's "proceed" read consumed the message: nothing is left for it
+        assert guest.run("curl", "-sS", "-o", "/dev/null", "-w", "%{http_code}", "--max-time", "10",
+                         f"{server.url}/ganeti/latest/read").stdout == "404"
+    assert [(e["state"], e["message"]) for e in events] == [
+        ("running", "tiny: reading OS parameters"),
+        ("succeeded", "tiny: installed with 4 parameters"),
+    ]
+    assert [e["cursor"] for e in events] == sorted({e["cursor"] for e in events})
     lines = (tmp_path / "ganeti-os.env").read_text().splitlines()
     assert lines == [
         "OSP_DISK=/dev/vda",
@@ -102,3 +113,24 @@ def test_create_script_runs_in_the_instance_and_reads_its_parameters(tmp_path: P
         "OSP_ROOT-HASH='$6$salt$hash'",
         "OSP_ROOT-PASSWORD='it'\"'\"'s a secret'",
     ]
+
+
+def test_create_script_stops_when_the_host_says_so(tmp_path: Path, guest: Guest):
+    """A host message other than "proceed" stops the install: the script reports "failed" and writes nothing."""
+    with serving(tmp_path, "--db", "memory://", "--os-definitions-dir", str(EXAMPLES), host=guest.host) as server:
+        instance_id = new_id()
+        with httpx.Client(base_url=server.url, headers=server.admin_headers, timeout=10.0, trust_env=False) as admin:
+            body = {"id": instance_id, "ipAddresses": [guest.address], "metadata": {"id": instance_id}}
+            assert admin.post("/device-metadata", json=body).status_code == 200
+            record = {"id": instance_id, "os_type": "tiny", "mode": "install",
+                      "parameters": {"hostname": {"value": "held", "visibility": "public"}}}
+            assert admin.post("/device-os", json=record).json()["applied"] is True
+            assert admin.post(f"/device-messages/{instance_id}", content=b"hold").status_code == 200
+            script = tmp_path / "create"
+            script.write_bytes((EXAMPLES / "tiny" / "create").read_bytes())
+            script.chmod(0o755)
+            ran = guest.run("env", f"IMDS_URL={server.url}", f"TINY_OS_TARGET={tmp_path}", str(script))
+            assert ran.returncode == 1, ran.stderr
+            events = admin.get(f"/device-events/{instance_id}", params={"after": 0}).json()["events"]
+    assert [(e["state"], e["message"]) for e in events] == [("failed", "tiny: the host said 'hold', not 'proceed'")]
+    assert not (tmp_path / "ganeti-os.env").exists()

@@ -7,6 +7,7 @@ addresses stay unbound). Cases whose behaviour differed per store run on Postgre
 
 from __future__ import annotations
 
+import ipaddress
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -17,17 +18,12 @@ import pytest
 
 from factories import metadata_body, new_id, next_ipv4
 from helpers import admin_client, client_from, make_settings, running_app
+from imds.store import open_store
 from imds.web.instance import InstanceFront
 
 pytestmark = pytest.mark.anyio
 
 MAC = "aa:bb:cc:dd:ee:ff"
-
-
-@pytest.fixture(params=["memory", "sqlite"])
-def local_store_url(request: pytest.FixtureRequest) -> str:
-    """memory:// or a migrated SQLite file (the cases that never reach the store behave alike on PostgreSQL)."""
-    return "memory://" if request.param == "memory" else request.getfixturevalue("sqlite_url")
 
 
 @asynccontextmanager
@@ -115,6 +111,43 @@ async def test_valid_network_fields_are_still_accepted(local_store_url):
             assert (await guest.get("/latest/meta-data/local-ipv4")).text == "10.0.0.5"
             assert (await guest.get("/openstack/latest/network_data.json")).json()["services"] == [
                 {"type": "dns", "address": "192.0.2.53"}]
+
+
+STORED_BEFORE_THE_CHECKS = [*(p.values[0] for p in BREAKS_READS), '{"x": NaN, "y": -Infinity, "hostname": "h\\ud800"}']
+EVERY_FLAVOR = [
+    "/metadata", "/userdata", "/latest/meta-data/", "/latest/meta-data/hostname", "/latest/meta-data/local-ipv4",
+    "/latest/meta-data/network/interfaces/macs/", f"/latest/meta-data/network/interfaces/macs/{MAC}/local-ipv4s",
+    "/latest/dynamic/instance-identity/document", "/2009-04-04/meta-data/", "/2009-04-04/meta-data/hostname",
+    "/2009-04-04/meta-data/local-ipv4", "/nocloud/meta-data", "/nocloud/network-config", "/nocloud/vendor-data",
+    *(f"/openstack/{v}/{f}" for v in ("2012-08-10", "2015-10-15", "latest")
+      for f in ("meta_data.json", "network_data.json", "vendor_data.json")),
+]
+
+
+@pytest.mark.parametrize("document", STORED_BEFORE_THE_CHECKS)
+async def test_a_record_stored_before_the_checks_still_renders_everywhere(local_store_url, document):
+    """A record written by an older build (straight into the store here) renders in every flavor and drive.
+
+    Never a 500, and the JSON documents are strict JSON (no NaN or Infinity tokens).
+    """
+    store = open_store(local_store_url)
+    instance_id, ip = new_id(), next_ipv4()
+    async with store.write() as tx:
+        await tx.put_metadata(instance_id, json.loads(document))
+        await tx.put_userdata(instance_id, b"#!/bin/sh\n")
+        await tx.replace_addresses(instance_id, (ipaddress.ip_network(ip),))
+        await tx.mark_changed([instance_id])
+    async with running_app(make_settings(db_url=local_store_url), store=store) as app, admin_client(app) as admin, \
+            client_from(app, ip) as guest:
+        for path in EVERY_FLAVOR:
+            answer = await guest.get(path)
+            assert answer.status_code in (200, 404), (path, answer.status_code, answer.text[:200])
+            if answer.status_code == 200 and path.endswith((".json", "/metadata", "/document")):
+                json.loads(answer.content, parse_constant=pytest.fail)  # strict: no NaN/Infinity tokens
+        for fmt in ("config-2", "nocloud"):
+            drive = await admin.get(f"/device-configdrive/{instance_id}?format={fmt}")
+            assert drive.status_code == 200, (fmt, drive.text[:200])
+            assert drive.content[32769:32774] == b"CD001"  # an ISO 9660 volume descriptor
 
 
 def deep(levels: int) -> str:

@@ -483,7 +483,8 @@ async def test_readyz_is_ready_with_the_instance_count():
         await push_metadata(app, metadata_body(ips=[next_ipv4()]))
         answer = await get(app, next_ipv4(), "/readyz")
         assert answer.status_code == 200
-        assert answer.json() == {"status": "ready", "instances": 1, "problems": []}
+        assert answer.json() == {"status": "ready", "instances": 1, "problems": [],
+                                 "loading": {"phase": "loaded", "indexed": 0, "total": 0}}
 
 
 class UnreachableStore(MemoryStore):
@@ -505,6 +506,8 @@ async def test_readyz_is_503_when_the_store_is_unreachable_but_reads_still_work(
             "status": "not ready",
             "instances": 1,
             "problems": ["database unreachable: connection refused"],
+            "loading": {"phase": "loaded", "indexed": 0, "total": 0},
         }
+        assert answer.headers["retry-after"] == "1"
         assert (await get(app, next_ipv4(), "/healthz")).status_code == 200
         assert (await get(app, ip, "/metadata")).json() == body["metadata"]

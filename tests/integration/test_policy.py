@@ -166,3 +166,15 @@ async def test_startup_warns_about_stored_instances_inside_a_trusted_proxy_netwo
     warned = [e for e in logs if e["event"] == "instance.inside_trusted_proxy"]
     assert [(e["log_level"], e["instance_id"]) for e in warned] == [("warning", inside["id"])]
     assert "fd00:250::/32" in warned[0]["problems"][0]
+
+
+async def test_the_api_description_lists_every_error_status():
+    """400, 401, 403, 404, 409, 413, 502 and 503 were answered but missing from /openapi.json."""
+    async with running_app() as app, admin_client(app) as admin:
+        paths = (await admin.get("/openapi.json")).json()["paths"]
+    write = paths["/device-metadata"]["post"]["responses"]
+    assert {"200", "400", "401", "403", "413", "503"} <= set(write)
+    assert write["400"]["content"]["application/json"]["schema"]["required"] == ["message"]
+    assert {"200", "400", "401", "403", "404"} <= set(paths["/device-userdata/{instance_id}"]["delete"]["responses"])
+    assert {"404", "409", "502"} <= set(paths["/device-metadata/refresh/{instance_id}"]["post"]["responses"])
+    assert {"400", "404"} <= set(paths["/device-configdrive/{instance_id}"]["get"]["responses"])

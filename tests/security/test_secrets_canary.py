@@ -169,8 +169,43 @@ def exercise(rec: Recorder, c: Canaries, upstream: FakeUpstream, ip: str, other_
     rec.guest(ip, "/ganeti/latest/write", method="POST", content=c.secret.encode())
     rec.guest(ip, PARAMS, method="POST", content=c.secret.encode())
     assert rec.guest(other_ip, PARAMS).status_code == 404
+    exercise_channel(rec, c, instance_id, ip)
     rec.call("GET", "/metrics")
     return instance_id
+
+
+def exercise_channel(rec: Recorder, c: Canaries, instance_id: str, ip: str) -> None:
+    """The channel and change watch while the record holds the canaries: events, messages, SSE, audit."""
+    for path in ("/events", "/ganeti/latest/write"):
+        assert rec.guest(ip, path, method="POST", json={"state": "running", "message": "step"}).status_code == 200
+        bad = rec.guest(ip, path, method="POST", json={"state": f"{c.secret} {c.private}", "message": c.secret})
+        assert bad.status_code == 400, bad.text
+        big = rec.guest(ip, path, method="POST", content=c.secret.encode() * 1000)
+        assert big.status_code == 413, big.text
+    assert rec.guest(ip, "/phone-home", method="POST", json={"state": "booted"}).status_code == 200
+    assert rec.call("POST", f"/device-messages/{instance_id}", content=b"proceed").status_code == 200
+    assert rec.guest(ip, "/ganeti/latest/read").content == b"proceed"
+    assert rec.guest(ip, "/ganeti/latest/read").status_code == 404
+    events = rec.call("GET", f"/device-events/{instance_id}", params={"after": 0}).json()["events"]
+    assert [e["state"] for e in events][:2] == ["running", "running"]
+    with httpx.Client(base_url=rec.server.url, headers=rec.server.admin_headers, timeout=10.0,
+                      trust_env=False) as client, \
+            client.stream("GET", f"/device-events/{instance_id}/stream", params={"after": 0}) as stream:
+        first = b""
+        for chunk in stream.iter_bytes():
+            first += chunk
+            if b"\n\n" in first:
+                break
+        rec.admin.append(first)
+    assert b"running" in first
+    # Change watch on every flavor, the Ganeti parameters included (held to its timeout: nothing changes).
+    for path in ("/metadata", "/latest/meta-data/", "/openstack/latest/meta_data.json", PARAMS):
+        answer = rec.guest(ip, path)
+        etag = answer.headers["etag"]
+        held = rec.guest(ip, path, params={"wait_for_change": "true", "last_etag": etag, "timeout_sec": "1"})
+        assert held.status_code == 200, (path, held.text)
+        assert held.headers["etag"] == etag
+    rec.call("GET", "/audit")
 
 
 def _tiny_archive() -> bytes:

@@ -149,6 +149,9 @@ def test_unparseable_environment_values_name_the_variable_and_the_flag(variable,
         ({}, {"IMDS_MAX_BODY_BYTES": "-5"}, ("--max-body-bytes", "IMDS_MAX_BODY_BYTES")),
         ({"db": "mysql://u:hunter2@h/db"}, {}, ("--db", "IMDS_DB", "mysql://u:***@h/db")),
         ({"admin_tokens_file": "/nonexistent/tokens.json"}, {}, ("--admin-tokens-file", "IMDS_ADMIN_TOKENS_FILE")),
+        ({"event_rate": 0.0}, {}, ("--event-rate", "IMDS_EVENT_RATE", "positive")),
+        ({}, {"IMDS_WATCH_MAX_TIMEOUT": "0"}, ("--watch-max-timeout", "IMDS_WATCH_MAX_TIMEOUT")),
+        ({}, {"IMDS_MESSAGE_MAX_QUEUED": "-1"}, ("--message-max-queued", "IMDS_MESSAGE_MAX_QUEUED")),
     ],
 )
 def test_invalid_values_are_config_errors_naming_flag_and_variable(flags, environment, needles):

@@ -5,12 +5,19 @@ from __future__ import annotations
 import click
 
 from imds import __version__
+from imds.cli import records, transfer
+from imds.cli.agent import agent
+from imds.cli.config_cmd import config
 from imds.cli.configdrive import configdrive
 from imds.cli.db import db
+from imds.cli.events import events
+from imds.cli.explain import explain
+from imds.cli.proxy import proxy
 from imds.cli.serve import serve
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, "--version", prog_name="imds", message="%(prog)s %(version)s")
 def cli() -> None:
     """imds: instance metadata service."""
 
@@ -33,6 +40,16 @@ def guest(args: tuple[str, ...]) -> None:
 cli.add_command(serve)
 cli.add_command(db)
 cli.add_command(configdrive)
+cli.add_command(records.get)
+cli.add_command(records.list_)
+cli.add_command(records.delete)
+cli.add_command(transfer.import_)
+cli.add_command(transfer.export)
+cli.add_command(agent)
+cli.add_command(proxy)
+cli.add_command(events)
+cli.add_command(explain)  # imds explain IP|ID
+cli.add_command(config)  # imds config show
 
 
 def main() -> None:

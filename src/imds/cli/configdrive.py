@@ -6,28 +6,26 @@ import asyncio
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from imds.cli.options import resolve, settings_options
-from imds.errors import ImdsError, InvalidInput, RecordNotFound
-from imds.models import METADATA, Instance
+from imds.errors import ImdsError, InvalidInput
+
+if TYPE_CHECKING:
+    from imds.services.drives import Drive
 
 _DB_OPTIONS = ("data_dir", "db")
 
 
-async def _load(url: str, instance_id: str) -> Instance:
-    from imds.store import open_store  # noqa: PLC0415 - SQLAlchemy loads only when a command runs
+async def _build(url: str, instance_id: str, fmt: str) -> Drive:
+    """The drive of the instance, which must have metadata (RecordNotFound otherwise), read from the database."""
+    from imds.services.drives import build_drive, drive_format  # noqa: PLC0415 - pycdlib loads only when used
+    from imds.services.offline import offline_records  # noqa: PLC0415 - the store loads only when a command runs
 
-    store = open_store(url)
-    try:
-        instance = await store.get(instance_id)
-    finally:
-        await store.close()
-    if instance is None:
-        raise RecordNotFound(METADATA, instance_id)
-    return instance
+    async with offline_records(url) as offline:
+        return await build_drive(offline.records, instance_id, drive_format(fmt, "--format"))
 
 
 def _write_atomically(path: Path, data: bytes) -> None:
@@ -59,23 +57,20 @@ def configdrive() -> None:
 )
 def build(instance_id: str, output: Path, fmt: str, **flags: Any) -> None:
     """Write the instance's config drive ISO (ISO 9660 + Joliet + Rock Ridge)."""
-    from imds import configdrive as drives  # noqa: PLC0415 - pycdlib loads only when a drive is built
     from imds.services.wire import parse_instance_id  # noqa: PLC0415
 
     settings = resolve(flags)
-    kind = drives.NOCLOUD if fmt == drives.NOCLOUD else drives.CONFIG_2
     try:
-        instance = asyncio.run(_load(settings.db_url, parse_instance_id(instance_id, "--instance")))
-        data = drives.image(instance, kind)
+        drive = asyncio.run(_build(settings.db_url, parse_instance_id(instance_id, "--instance"), fmt))
     except InvalidInput as exc:
         raise click.UsageError("; ".join(f"{p.field} {p.message}" for p in exc.problems)) from exc
     except ImdsError as exc:
         raise click.ClickException(exc.message) from exc
     try:
-        _write_atomically(output, data)
+        _write_atomically(output, drive.data)
     except OSError as exc:
         raise click.ClickException(f"cannot write {output}: {exc.strerror}") from exc
-    click.echo(f"wrote {output} ({kind}, label {drives.LABELS[kind]}, {len(data)} bytes)")
+    click.echo(f"wrote {output} ({drive.fmt}, label {drive.label}, {len(drive.data)} bytes)")
 
 
 @configdrive.command(name="list")
@@ -84,7 +79,7 @@ def list_(image: Path) -> None:
     """Print an ISO's volume label, then each file (Rock Ridge path) with its size in bytes."""
     from pycdlib.pycdlibexception import PyCdlibException  # noqa: PLC0415 - pycdlib loads only when used
 
-    from imds.configdrive.iso import list_iso  # noqa: PLC0415
+    from imds.configdrive import list_iso  # noqa: PLC0415
 
     try:
         with image.open("rb") as data:

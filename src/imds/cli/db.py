@@ -29,10 +29,10 @@ def db() -> None:
 @click.option("--revision", default="head", show_default=True, help="Target revision.")
 def upgrade(revision: str, **flags: Any) -> None:
     """Apply migrations up to REVISION (creates an SQLite file if needed)."""
-    from imds.store.sql import migrate  # noqa: PLC0415 - Alembic loads only for db commands
+    from imds.services import schema  # noqa: PLC0415 - Alembic loads only for db commands
 
     try:
-        migrate.upgrade(_url(flags), revision)
+        schema.upgrade(_url(flags), revision)
     except ImdsError as exc:
         raise click.ClickException(exc.message) from exc
     click.echo(f"database upgraded to {revision}")
@@ -42,10 +42,10 @@ def upgrade(revision: str, **flags: Any) -> None:
 @settings_options(_DB_OPTIONS)
 def current(**flags: Any) -> None:
     """Print the revision the database is at."""
-    from imds.store.sql import migrate  # noqa: PLC0415 - Alembic loads only for db commands
+    from imds.services import schema  # noqa: PLC0415 - Alembic loads only for db commands
 
     try:
-        click.echo(migrate.current(_url(flags)))
+        click.echo(schema.current(_url(flags)))
     except ImdsError as exc:
         raise click.ClickException(exc.message) from exc
 
@@ -54,10 +54,10 @@ def current(**flags: Any) -> None:
 @settings_options(_DB_OPTIONS)
 def check(**flags: Any) -> None:
     """Fail when the tables in code and the migrations disagree (the database must be at head)."""
-    from imds.store.sql import migrate  # noqa: PLC0415 - Alembic loads only for db commands
+    from imds.services import schema  # noqa: PLC0415 - Alembic loads only for db commands
 
     try:
-        migrate.check(_url(flags))
+        schema.check(_url(flags))
     except ImdsError as exc:
         raise click.ClickException(exc.message) from exc
     click.echo("schema matches migrations")

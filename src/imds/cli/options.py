@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from imds.config import OPTIONS, Option, Settings, load
+from imds.config import CONFIG_OPTION, OPTIONS, Option, Settings, load
 from imds.errors import ConfigError
 from imds.services.templates import compile_template
 
@@ -28,9 +28,11 @@ def _decorator(option: Option) -> Callable[[Any], Any]:
     )
 
 
-def settings_options(names: tuple[str, ...] | None = None) -> Callable[[Any], Any]:
-    """Add the flags for ``names`` (all options when None) to a click command."""
-    chosen = [o for o in OPTIONS if names is None or o.name in names]
+def settings_options(names: tuple[str, ...] | None = None, table: tuple[Option, ...] = OPTIONS) -> Callable[[Any], Any]:
+    """Add the flags for ``names`` (all options of ``table`` when None) to a click command."""
+    chosen = [o for o in table if names is None or o.name in names]
+    if table is OPTIONS:  # every command that reads Settings also reads the config file
+        chosen.insert(0, CONFIG_OPTION)
 
     def apply(command: Any) -> Any:
         for option in reversed(chosen):

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
-import signal
 import socket
 from typing import Any
 
 import click
 
 from imds import log
+from imds.cli import servers
 from imds.cli.listen import listen_addresses
 from imds.cli.options import resolve, settings_options
 from imds.config import Settings
@@ -36,7 +35,13 @@ def bind(host: str, port: int, *, hop_limit: int = 0) -> socket.socket:
     elif hop_limit:
         sock.setsockopt(socket.IPPROTO_IP, socket.IP_TTL, hop_limit)
     try:
-        sock.bind((host, port))
+        # A zoned link-local address (fe80::a9fe:a9fe%eth0) needs its scope id in a 4-tuple.
+        zoned = "%" in host
+        sock.bind(socket.getaddrinfo(host, port, family, socket.SOCK_STREAM)[0][4] if zoned else (host, port))
+    except socket.gaierror as exc:
+        sock.close()
+        msg = f"cannot listen on {host}:{port}: {exc.strerror} (a zone is for link-local fe80:: addresses)"
+        raise click.ClickException(msg) from exc
     except OSError as exc:
         sock.close()
         msg = f"cannot listen on {host}:{port}: {exc.strerror}"
@@ -46,50 +51,32 @@ def bind(host: str, port: int, *, hop_limit: int = 0) -> socket.socket:
     return sock
 
 
-def _exit_cleanly(_signum: int, _frame: object) -> None:
-    """Exit 0 on a stop signal uvicorn is not handling (before it starts, or re-raised after it stopped)."""
-    raise SystemExit(0)
-
-
 def run(settings: Settings) -> None:
     """Migrate if asked, bind every listen address, and serve until SIGINT/SIGTERM."""
-    # The server stack loads only when serving, so `imds --help` stays quick.
-    import uvicorn  # noqa: PLC0415
-
-    from imds.app import build_app  # noqa: PLC0415
+    from imds.app import build_served_app  # noqa: PLC0415 - the app stack loads only when serving
 
     logger = log.get("serve")
     if settings.migrate and not settings.db_url.startswith("memory://"):
-        from imds.store.sql import migrate  # noqa: PLC0415 - Alembic loads only when a database is used
+        from imds.services import schema  # noqa: PLC0415 - Alembic loads only when a database is used
 
-        migrate.upgrade(settings.db_url)
+        schema.upgrade(settings.db_url)
         logger.info("db.migrated", db=settings.db_url.split(":", 1)[0])
+    servers.raise_fd_limit()
+    servers.quiet_server_floods()
     listen = listen_addresses(settings)
     sockets = [bind(host, port, hop_limit=settings.token_hop_limit) for host, port in listen]
-    config = uvicorn.Config(
-        build_app(settings),
-        lifespan="on",
-        log_config=None,
-        access_log=False,
-        # The caller's address is a security decision imds makes itself (trusted proxies
-        # only); uvicorn must not rewrite it from X-Forwarded-For.
-        proxy_headers=False,
-        server_header=False,
-        timeout_graceful_shutdown=int(settings.shutdown_timeout),
-    )
     for host, port in listen:
-        logger.info("listening", address=f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
-    server = uvicorn.Server(config)
-    # uvicorn re-raises SIGINT/SIGTERM once it has shut down gracefully, which would end
-    # the process by that signal; this handler turns it into a clean exit with status 0.
-    previous = {sig: signal.signal(sig, _exit_cleanly) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        asyncio.run(server.serve(sockets=sockets))
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-    if not server.started:
-        raise click.ClickException("imds did not start; see the log above")
+        logger.info("listening", address=f"[{host}]:{port}" if ":" in host else f"{host}:{port}",
+                    server=settings.server, workers=settings.workers)
+    serve_with = servers.SERVERS[settings.server]
+
+    def serve_one() -> None:
+        serve_with(build_served_app(settings), sockets, settings)
+
+    if settings.workers > 1:
+        servers.run_workers(settings.workers, serve_one)
+    else:
+        serve_one()
 
 
 @click.command()

@@ -1,20 +1,13 @@
-"""Config drives: the rendered documents written to an ISO 9660 image, for guests without a network path.
+"""Config drive images: ISO 9660 (Joliet + Rock Ridge) written from a ``{path: bytes}`` mapping.
 
-``layout`` decides what the drive holds (from the same renderers the HTTP flavors serve),
-``iso`` writes it. ``image(instance, fmt)`` does both.
+What a drive holds is ``imds.services.render.drive``; ``imds.services.drives`` builds the
+image from a stored instance. This package only writes and reads ISOs (pycdlib).
 """
 
 from __future__ import annotations
 
-from imds.configdrive.iso import iso_bytes
-from imds.configdrive.layout import CONFIG_2, FORMATS, LABELS, NOCLOUD, Format, layout
-from imds.models import Instance
+from imds.configdrive.iso import iso_bytes, list_iso
 
-__all__ = ["CONFIG_2", "FORMATS", "LABELS", "NOCLOUD", "Format", "image", "layout"]
+__all__ = ["MEDIA_TYPE", "iso_bytes", "list_iso"]
 
 MEDIA_TYPE = "application/x-iso9660-image"
-
-
-def image(instance: Instance, fmt: Format = CONFIG_2) -> bytes:
-    """The ISO image of a drive of format ``fmt`` (``config-2`` or ``nocloud``) for ``instance``."""
-    return iso_bytes(layout(instance, fmt), LABELS[fmt])

@@ -118,6 +118,22 @@ class AddressIndex:
                 return holder
         return None
 
+    def containing(self, address: Address) -> list[tuple[Network, str]]:
+        """Every stored entry (network, holder) containing ``address``, longest prefix first.
+
+        The first is the one ``lookup`` answers with; the rest also contain the address.
+        """
+        version, value, bits = address.version, int(address), _BITS[address.version]
+        found: list[tuple[Network, str]] = []
+        for length in self._lengths[version]:
+            masked = value >> (bits - length) << (bits - length)
+            holder = self._tables[(version, length)].get(masked)
+            if holder is not None:
+                network: Network = (ipaddress.IPv4Network((masked, length)) if version == 4
+                                    else ipaddress.IPv6Network((masked, length)))
+                found.append((network, holder))
+        return found
+
     def _table(self, network: Network) -> dict[int, str]:
         key = (network.version, network.prefixlen)
         table = self._tables.get(key)

@@ -25,19 +25,41 @@ from imds import log
 from imds.errors import StoreUnavailable
 from imds.models import RECORD_KINDS, Address, Instance, Network
 from imds.services.addresses import AddressIndex
+from imds.services.watch import instance_etag
 from imds.store.interface import Store
 from imds.store.journal import ADDRESSES, FORGET, PUT, Journal, Op
 
 _log = log.get("catalog")
 T = TypeVar("T")
+LOAD_CHUNK = 5000
 
 
 @dataclass
 class Entry:
-    """One instance and what has been rendered from it so far (dropped on every change)."""
+    """One instance and what has been rendered from it so far (dropped on every change).
+
+    ``waiters`` are the change-watch requests held on this version; the catalog resolves
+    them when it replaces or drops the entry (see ``imds.services.watch``).
+    """
 
     instance: Instance
     rendered: dict[str, object] = field(default_factory=dict)
+    waiters: set[asyncio.Future[None]] | None = None
+    _etag: bytes | None = None
+
+    @property
+    def etag(self) -> bytes:
+        """The strong ETag of this version of the instance, computed once (every read sends it)."""
+        if self._etag is None:
+            self._etag = instance_etag(self.instance)
+        return self._etag
+
+    def wake(self) -> None:
+        """Resolve every change-watch request held on this version."""
+        for waiter in self.waiters or ():
+            if not waiter.done():
+                waiter.set_result(None)
+        self.waiters = None
 
     def render(self, key: str, build: Callable[[Instance], T]) -> T:
         """The cached rendering ``key``, built once per version of the instance."""
@@ -58,6 +80,14 @@ class Catalog:
         self._lock = asyncio.Lock()
         self.position = 0
         self.loaded = False
+        # Loading progress for /readyz and the log: phase ("waiting", "reading", "indexing", "loaded").
+        self.phase = "waiting"
+        self.indexed = 0
+        self.total = 0
+        # Called with (instance id, generation) when an OS record leaves the catalog (its instance
+        # or record was deleted, or a newer write replaced it), locally or through the change feed:
+        # the secret vault forgets what it held for that generation (services/os_secrets.py).
+        self.on_os_gone: Callable[[str, str], None] | None = None
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -66,6 +96,10 @@ class Catalog:
         """The instance whose longest matching prefix contains ``address``."""
         instance_id = self._index.lookup(address)
         return None if instance_id is None else self._entries.get(instance_id)
+
+    def containing(self, address: Address) -> list[tuple[Network, str]]:
+        """Every held entry (network, instance id) containing ``address``, longest prefix first."""
+        return self._index.containing(address)
 
     def holdings(self) -> Iterator[tuple[str, tuple[Network, ...]]]:
         """(instance id, its addresses) for every instance held."""
@@ -77,16 +111,37 @@ class Catalog:
         return self._entries.get(instance_id)
 
     async def load(self) -> None:
-        """Replace everything with a fresh snapshot of the store."""
+        """Replace everything with a fresh snapshot of the store.
+
+        Indexing yields to the event loop every ``LOAD_CHUNK`` instances (and logs its
+        progress), so a listener that is already accepting keeps answering meanwhile.
+        """
         async with self._lock:
+            self.phase = "reading"
+            _log.info("catalog.loading", phase=self.phase)
             instances, position = await self._store.snapshot()
+            fresh = {instance.id: instance for instance in instances}
+            for instance_id, old in self._entries.items():
+                old.wake()
+                self._os_left(instance_id, old.instance, fresh.get(instance_id))
+            self.phase, self.total, self.indexed = "indexing", len(instances), 0
             self._entries = {}
             self._index = AddressIndex()
-            for instance in instances:
-                self._apply(instance.id, instance)
+            for start in range(0, len(instances), LOAD_CHUNK):
+                for instance in instances[start : start + LOAD_CHUNK]:
+                    self._apply(instance.id, instance)
+                self.indexed = min(start + LOAD_CHUNK, len(instances))
+                if self.indexed < self.total:
+                    _log.info("catalog.loading", phase=self.phase, indexed=self.indexed, total=self.total)
+                    await asyncio.sleep(0)
             self.position = position
             self.loaded = True
+            self.phase = "loaded"
         _log.info("catalog.loaded", instances=len(instances), position=position)
+
+    def progress(self) -> dict[str, object]:
+        """Where loading stands: phase, instances indexed and the total (known once read)."""
+        return {"phase": self.phase, "indexed": self.indexed, "total": self.total}
 
     async def refresh(self, instance_ids: Iterable[str]) -> None:
         """Re-read these instances from the store and apply what it holds now."""
@@ -138,8 +193,25 @@ class Catalog:
         """
         while True:
             await self._store.changed(self._poll_interval)
-            with contextlib.suppress(StoreUnavailable):
-                await self.catch_up()
+            # Cancelled (at shutdown) while catching up, the read still finishes first: a
+            # database call cut off midway leaves its connection to be reclaimed after the
+            # event loop may be gone. The wait is bounded by the statement timeout.
+            catching_up = asyncio.ensure_future(self._catch_up_quietly())
+            try:
+                await asyncio.shield(catching_up)
+            except asyncio.CancelledError:
+                await asyncio.wait([catching_up])
+                raise
+
+    async def _catch_up_quietly(self) -> None:
+        with contextlib.suppress(StoreUnavailable):
+            await self.catch_up()
+
+    def _os_left(self, instance_id: str, old: Instance | None, new: Instance | None) -> None:
+        gone = None if old is None or old.os is None else old.os.generation
+        if gone is not None and self.on_os_gone is not None and (new is None or new.os is None
+                                                                 or new.os.generation != gone):
+            self.on_os_gone(instance_id, gone)
 
     def _replay(self, ops: list[Op]) -> None:
         """Carry out a journal's operations on the held instances (no store read)."""
@@ -175,6 +247,11 @@ class Catalog:
             self._apply(instance_id, final)
 
     def _apply(self, instance_id: str, instance: Instance | None) -> None:
+        old = self._entries.get(instance_id)
+        if old is not None:
+            self._os_left(instance_id, old.instance, instance)
+        if old is not None and old.waiters:
+            old.wake()
         if instance is None:
             self._entries.pop(instance_id, None)
             self._index.forget(instance_id)

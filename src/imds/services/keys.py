@@ -7,6 +7,7 @@ one identity certificate) should be given the same file with the matching flag.
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -23,16 +24,27 @@ def load_or_create(path: Path, create: Callable[[], bytes]) -> bytes:
         msg = f"cannot read key file {path}: {exc.strerror}"
         raise ConfigError(msg) from exc
     data = create()
+    # Written to a private temporary file, then linked into place: a second process (another
+    # --workers worker, a replica on the same data dir) sees no file or the whole key, never
+    # a half-written one; if it linked first, its key wins and this one is discarded.
+    scratch: Path | None = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")  # mode 0600
+        scratch = Path(name)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.link(scratch, path)
     except FileExistsError:
         return path.read_bytes()  # another process created it first: use theirs
     except OSError as exc:
         msg = f"cannot create key file {path}: {exc.strerror}"
         raise ConfigError(msg) from exc
-    with os.fdopen(fd, "wb") as handle:
-        handle.write(data)
+    finally:
+        if scratch is not None:
+            scratch.unlink(missing_ok=True)
     return data
 
 

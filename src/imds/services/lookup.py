@@ -103,6 +103,17 @@ class Lookup:
             return None
         return hit[0]
 
+    def provenance(self, address: Address | None, instance_id: str | None) -> dict[str, Any]:
+        """What the upstream lookup did for this address / instance (``imds explain``).
+
+        ``by_ip_cache``: kind → the instance a recent by-IP lookup answered for ``address``;
+        ``fetched``: the kinds of ``instance_id`` this replica fetched from upstream.
+        """
+        kinds = sorted({kind for kind, _ in self._fetched} | {kind for kind, _ in self._by_ip})
+        cached = {kind: hit for kind in kinds if address is not None and (hit := self.cached(kind, address))}
+        fetched = [kind for kind in kinds if instance_id is not None and (kind, instance_id) in self._fetched]
+        return {"by_ip_cache": cached, "fetched": fetched}
+
     async def resolve(self, need: LookupNeeded) -> ImdsError | None:
         """Fetch what the read path missed; return the error to answer with, if any."""
         if need.instance_id is not None:

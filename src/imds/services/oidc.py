@@ -13,8 +13,8 @@
   the scope names imds knows; the subject from the username claim, else ``sub``.
 
 The JWKS comes from ``oidc_jwks_url`` or from the issuer's discovery document
-(``{issuer}/.well-known/openid-configuration``, its ``jwks_uri``), fetched with the
-service's async HTTP client. It is cached: a token naming an unknown ``kid`` (a key
+(``{issuer}/.well-known/openid-configuration``, its ``jwks_uri``), both fetched by
+``imds.upstream.oidc`` (one discovery fetch per issuer, shared). It is cached: a token naming an unknown ``kid`` (a key
 rotation) and a key set older than ``max_age`` trigger a refetch, but at most one fetch
 per ``refetch_interval`` seconds, so a stream of forged tokens cannot turn imds into a
 request amplifier against the issuer. A failed refetch keeps the keys already held.
@@ -27,13 +27,11 @@ no keys held, raises ``UpstreamError`` (502) naming the URL.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
 import jwt
 from jwt.algorithms import ECAlgorithm, OKPAlgorithm, RSAAlgorithm
 
@@ -42,13 +40,13 @@ from imds.config import Settings
 from imds.errors import Unauthenticated, UpstreamError
 from imds.models import Principal
 from imds.services.auth import ALL_SCOPES
+from imds.upstream.oidc import Discovery, IssuerKeys
 
 _log = log.get("oidc")
 
 LEEWAY_SECONDS = 30.0
 REFETCH_INTERVAL_SECONDS = 30.0
 MAX_AGE_SECONDS = 600.0
-MAX_DOCUMENT_BYTES = 1024 * 1024
 
 # Accepted algorithms: the key type (and EC curve) each one needs.
 _ALGORITHMS: dict[str, tuple[str, str | None]] = {
@@ -92,7 +90,7 @@ class OidcVerifier:
     def __init__(
         self,
         settings: Settings,
-        http: httpx.AsyncClient,
+        discovery: Discovery,
         *,
         refetch_interval: float = REFETCH_INTERVAL_SECONDS,
         max_age: float = MAX_AGE_SECONDS,
@@ -107,9 +105,7 @@ class OidcVerifier:
         self._audience = settings.oidc_audience
         self._roles_claim = settings.oidc_roles_claim
         self._username_claim = settings.oidc_username_claim
-        self._discovery_url = bare + "/.well-known/openid-configuration"
-        self._jwks_url = settings.oidc_jwks_url
-        self._http = http
+        self._jwks = IssuerKeys(discovery, bare, settings.oidc_jwks_url)
         self._refetch_interval = refetch_interval
         self._max_age = max_age
         self._clock = clock
@@ -226,8 +222,7 @@ class OidcVerifier:
         self._last_error = None
 
     async def _fetch_keys(self) -> dict[str | None, _Key]:
-        url = self._jwks_url or await self._discover()
-        document = await self._get_json(url, "JWKS")
+        url, document = await self._jwks.fetch()
         items = document.get("keys")
         if not isinstance(items, list):
             raise UpstreamError(f'JWKS at {url} is malformed: no "keys" list')
@@ -241,35 +236,6 @@ class OidcVerifier:
             raise UpstreamError(f"JWKS at {url} has no usable signing keys (RSA, EC or OKP public keys)")
         _log.info("oidc.jwks_fetched", url=url, keys=len(keys), ignored=len(items) - len(keys))
         return keys
-
-    async def _discover(self) -> str:
-        document = await self._get_json(self._discovery_url, "OIDC discovery document")
-        url = document.get("jwks_uri")
-        if not isinstance(url, str) or not url.startswith(("https://", "http://")):
-            msg = f"OIDC discovery document at {self._discovery_url} is malformed: no http(s) jwks_uri"
-            raise UpstreamError(msg)
-        self._jwks_url = url
-        return url
-
-    async def _get_json(self, url: str, what: str) -> dict[str, Any]:
-        try:
-            response = await self._http.get(url, headers={"Accept": "application/json"}, follow_redirects=True)
-        except httpx.HTTPError as exc:
-            reason = str(exc) or type(exc).__name__
-            _log.warning("oidc.fetch_failed", url=url, error=reason)
-            raise UpstreamError(f"cannot fetch the {what} from {url}: {reason}") from exc
-        if response.status_code != 200:
-            _log.warning("oidc.fetch_failed", url=url, status=response.status_code)
-            raise UpstreamError(f"cannot fetch the {what} from {url}: HTTP {response.status_code}")
-        if len(response.content) > MAX_DOCUMENT_BYTES:
-            raise UpstreamError(f"the {what} at {url} is larger than {MAX_DOCUMENT_BYTES} bytes")
-        try:
-            document: Any = json.loads(response.content)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise UpstreamError(f"the {what} at {url} is not JSON") from exc
-        if not isinstance(document, dict):
-            raise UpstreamError(f"the {what} at {url} is not a JSON object")
-        return document
 
 
 def _parse_jwk(item: Any) -> tuple[str | None, _Key] | None:

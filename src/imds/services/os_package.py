@@ -4,8 +4,8 @@ The whole archive is read into memory (at most ``--os-package-max-bytes``) and c
 before the first byte goes to the instance, so a refused archive is a 502 whose body
 says why rather than a truncated 200. Refused: anything that is not a gzip-compressed
 tar, a member with an absolute path or a ``..`` component, a symbolic or hard link whose
-target leaves the tree, and device or FIFO members. Redirects are not followed (the
-credentials must not travel to another origin); the URL must answer 200 itself.
+target leaves the tree, and device or FIFO members. ``imds.upstream.package`` downloads it
+(no redirects: the credentials must not travel to another origin).
 """
 
 from __future__ import annotations
@@ -17,49 +17,28 @@ import zlib
 
 import httpx
 
-from imds.errors import UpstreamError, UpstreamUnavailable
+from imds.errors import UpstreamError
 from imds.services.os_secrets import PackageAuth
+from imds.upstream.package import PackageDownloader
 
 _SHOWN = 100  # characters of a member name shown in a refusal
 
 
 class PackageFetcher:
-    """Fetches packages with the service's HTTP client, capped and timed."""
+    """Fetches packages (through ``imds.upstream.package``), capped and timed, and checks them."""
 
     def __init__(self, http: httpx.AsyncClient, *, max_bytes: int, timeout: float) -> None:
-        self._http = http
-        self._max = max_bytes
-        self._timeout = timeout
+        self._downloader = PackageDownloader(http, max_bytes=max_bytes, timeout=timeout)
 
     async def fetch(self, url: str, auth: PackageAuth | None) -> bytes:
         """The checked archive; UpstreamError (502) saying why when it cannot be served."""
         credentials = (auth.username.reveal(), auth.password.reveal()) if auth is not None else None
-        try:
-            async with self._http.stream(
-                "GET", url, auth=credentials, timeout=self._timeout, follow_redirects=False
-            ) as response:
-                if response.status_code != httpx.codes.OK:
-                    msg = f"package refused: the package URL answered {response.status_code}"
-                    raise UpstreamError(msg)
-                declared = response.headers.get("content-length", "")
-                if declared.isdigit() and int(declared) > self._max:
-                    raise UpstreamError(self._too_large())
-                data = bytearray()
-                async for chunk in response.aiter_bytes():
-                    data += chunk
-                    if len(data) > self._max:
-                        raise UpstreamError(self._too_large())
-        except httpx.HTTPError as exc:
-            msg = f"package fetch failed: {type(exc).__name__}"
-            raise UpstreamUnavailable(msg) from exc
-        problem = archive_problem(bytes(data))
+        data = await self._downloader.get(url, credentials)
+        problem = archive_problem(data)
         if problem is not None:
             msg = f"package refused: {problem}"
             raise UpstreamError(msg)
-        return bytes(data)
-
-    def _too_large(self) -> str:
-        return f"package refused: larger than {self._max} bytes (--os-package-max-bytes)"
+        return data
 
 
 def archive_problem(data: bytes) -> str | None:

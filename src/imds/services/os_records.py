@@ -25,12 +25,14 @@ from typing import Any
 from imds import log
 from imds.errors import InvalidInput, NotFound, Problem, RecordNotFound
 from imds.models import METADATA, PRIVATE, PUBLIC, SECRET, USERDATA, Instance, OsRecord, StoredParam
+from imds.services.audit import delete_event, write_event
 from imds.services.catalog import Catalog
 from imds.services.os_crypto import PrivateCipher
 from imds.services.os_definitions import OsDefinitions
 from imds.services.os_secrets import HELD, LOST, Held, PackageAuth, Secret, SecretVault
 from imds.services.os_wire import SECTIONS, OsWrite, ParamIn
 from imds.store.interface import Store
+from imds.store.journal import Journal
 
 _log = log.get("os")
 OS_RECORD = "os"
@@ -77,14 +79,14 @@ class OsRecords:
         record, held = self._split(write, generation)
         previous = self.vault.keep(write.id, held)  # before the commit, so no read sees the record without them
         try:
-            reason = await self._commit(write, record)
+            reason, journal = await self._commit(write, record, subject)
         except BaseException:
             self.vault.restore(write.id, previous)
             raise
         if reason is not None:
             self.vault.restore(write.id, previous)
         else:
-            await self._catalog.refresh([write.id])
+            await self._catalog.written(journal)
         _log.info(
             "os.written", instance_id=write.id, subject=subject, applied=reason is None, reason=reason,
             os_type=write.os_type, mode=write.mode, communication=write.communication,
@@ -92,8 +94,11 @@ class OsRecords:
         )
         return OsWriteResult(write.id, applied=reason is None, reason=reason)
 
-    async def _commit(self, write: OsWrite, record: OsRecord) -> str | None:
-        """Store the record in one transaction; the reason it is stale, or None once stored."""
+    async def _commit(self, write: OsWrite, record: OsRecord, subject: str) -> tuple[str | None, Journal]:
+        """Store the record in one transaction (with its audit entry).
+
+        Returns the reason it is stale (None once stored) and what the write did.
+        """
         async with self._store.write() as tx:
             if not (await tx.has_record(METADATA, write.id) or await tx.has_record(USERDATA, write.id)):
                 raise _no_instance(write.id)
@@ -101,7 +106,12 @@ class OsRecords:
             if reason is None:
                 await tx.put_os(write.id, record)
                 await tx.mark_changed([write.id])
-        return reason
+            # Facts only: the OS, the mode and how many parameters of each visibility, never a value.
+            facts = {"os_type": write.os_type, "mode": write.mode,
+                     **{section: _counts(getattr(write, section)) for section in SECTIONS}}
+            await tx.append_audit(write_event(subject=subject, instance_id=write.id, kind=OS_RECORD, reason=reason,
+                                              facts=facts))
+        return reason, tx.journal
 
     async def view(self, instance_id: str) -> dict[str, Any]:
         """The admin's view: public values, ``<private>``, and per secret ``held``/``lost``."""
@@ -137,8 +147,9 @@ class OsRecords:
             if not await tx.remove_os(instance_id):
                 raise RecordNotFound(OS_RECORD, instance_id)
             await tx.mark_changed([instance_id])
+            await tx.append_audit(delete_event(subject=subject, instance_id=instance_id, kind=OS_RECORD))
         self.vault.drop(instance_id)
-        await self._catalog.refresh([instance_id])
+        await self._catalog.written(tx.journal)
         _log.info("os.deleted", instance_id=instance_id, subject=subject)
 
     # --- instance side --------------------------------------------------------------------
@@ -149,13 +160,11 @@ class OsRecords:
         if record is None:
             return b"{}"
         held = self.vault.current(instance.id, record.generation)
-        sections = [("parameters", record.parameters)]
-        if record.mode in INSTALL_MODES:
-            sections.append(("install_parameters", record.install_parameters))
+        opened = self._opened(instance)
         merged: dict[str, tuple[str, str, str]] = {}  # name → (section, visibility, value)
-        for section, params in sections:
+        for section, params in _sections(record):
             for name, param in params.items():
-                value = self._value(section, name, param, held, instance.id)
+                value = self._value(section, name, param, held, opened)
                 if value is None:
                     merged.pop(name, None)
                 else:
@@ -178,18 +187,34 @@ class OsRecords:
 
     # --- helpers --------------------------------------------------------------------------
 
-    def _value(self, section: str, name: str, param: StoredParam, held: Held | None, instance_id: str) -> str | None:
+    def _opened(self, instance: Instance) -> dict[tuple[str, str], str | None]:
+        """The private values in clear, decrypted once per catalog version of the instance (in memory only)."""
+        entry = self._catalog.get(instance.id)
+        if entry is not None and entry.instance is instance:
+            return entry.render(PRIVATE_RENDER, self._open_private)
+        return self._open_private(instance)
+
+    def _open_private(self, instance: Instance) -> dict[tuple[str, str], str | None]:
+        opened: dict[tuple[str, str], str | None] = {}
+        for section, params in _sections(instance.os) if instance.os is not None else ():
+            for name, param in params.items():
+                if param.visibility == PRIVATE and param.value is not None:
+                    clear = opened[section, name] = self.cipher.open(param.value, encrypted=param.encrypted)
+                    if clear is None:
+                        _log.error("os.private_unreadable", instance_id=instance.id, parameter=name,
+                                   hint="no key in --private-key-file opens it")
+        return opened
+
+    @staticmethod
+    def _value(section: str, name: str, param: StoredParam, held: Held | None,
+               opened: dict[tuple[str, str], str | None]) -> str | None:
         if param.visibility == SECRET:
             secret = held.values.get((section, name)) if held is not None else None
             return secret.reveal() if secret is not None else None
         if param.value is None:
             return None
         if param.visibility == PRIVATE:
-            clear = self.cipher.open(param.value, encrypted=param.encrypted)
-            if clear is None:
-                _log.error("os.private_unreadable", instance_id=instance_id, parameter=name,
-                           hint="no key in --private-key-file opens it")
-            return clear
+            return opened.get((section, name))
         return param.value
 
     def _split(self, write: OsWrite, generation: str) -> tuple[OsRecord, Held]:
@@ -266,3 +291,14 @@ def _staleness(stored: OsRecord | None, write: OsWrite) -> str | None:
     if write.updated_at >= stored.updated_at:
         return None
     return f"stale: updated_at {write.updated_at.isoformat()} is older than the stored {stored.updated_at.isoformat()}"
+
+
+PRIVATE_RENDER = "ganeti.private"  # Entry.render key: the record's private values, opened
+
+
+def _sections(record: OsRecord) -> list[tuple[str, dict[str, StoredParam]]]:
+    """The parameter sections served: install_parameters (merged over parameters) only while installing."""
+    sections = [("parameters", record.parameters)]
+    if record.mode in INSTALL_MODES:
+        sections.append(("install_parameters", record.install_parameters))
+    return sections

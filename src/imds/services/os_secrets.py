@@ -8,7 +8,9 @@ The ``SecretVault`` keeps, per instance, the secrets of the write that carried t
 under that write's ``generation``. A read asks for the generation the stored record has
 now: a replica that did not receive the write (another replica did), or that restarted
 since, holds nothing for it, so it serves the parameter as absent and reports it
-``lost``. A full-replacement write that omits a secret drops it.
+``lost``. A full-replacement write that omits a secret drops it. When the catalog drops
+the record (the instance or its OS record deleted, on this replica or another, or a newer
+write replaced it), ``forget`` removes what was held for that generation.
 """
 
 from __future__ import annotations
@@ -92,6 +94,17 @@ class SecretVault:
     def drop(self, instance_id: str) -> None:
         """Forget every secret of the instance."""
         self._held.pop(instance_id, None)
+
+    def forget(self, instance_id: str, generation: str) -> None:
+        """Forget the instance's secrets if they belong to ``generation`` (that record is gone)."""
+        held = self._held.get(instance_id)
+        if held is not None and held.generation == generation:
+            del self._held[instance_id]
+
+    def holds(self, instance_id: str) -> bool:
+        """Whether any secret of the instance is in memory (of whichever generation)."""
+        held = self._held.get(instance_id)
+        return held is not None and (bool(held.values) or held.package_auth is not None)
 
     def current(self, instance_id: str, generation: str) -> Held | None:
         """The secrets held for this generation of the instance's record, or None."""

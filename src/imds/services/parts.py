@@ -60,7 +60,7 @@ def _network_data(value: Any) -> list[Problem]:
                 problems.append(Problem(path, "must be an object"))
     for path, link in items["links"]:
         problems += _link(path, link)
-    link_ids = {link.get("id") for _, link in items["links"]}
+    link_ids = {link["id"] for _, link in items["links"] if isinstance(link.get("id"), str)}  # a list id is unhashable
     for path, network in items["networks"]:
         problems += _strings(path, network, "link", "type")
         if isinstance(network.get("link"), str) and network["link"] not in link_ids:

@@ -19,8 +19,9 @@ from collections.abc import Awaitable, Callable, Sequence
 from imds import log
 from imds.errors import Conflict, InvalidInput, RecordNotFound, StoreUnavailable
 from imds.metrics import Metrics
-from imds.models import METADATA, USERDATA, Instance, MetadataWrite, Network, UserdataWrite, WriteResult
+from imds.models import METADATA, USERDATA, AuditEvent, Instance, MetadataWrite, Network, UserdataWrite, WriteResult
 from imds.services.addresses import display
+from imds.services.audit import delete_event, write_event
 from imds.services.catalog import Catalog
 from imds.services.proxytrust import inside_trusted
 from imds.services.wire import document_timestamp
@@ -72,6 +73,8 @@ class Records:
             if forgotten:
                 await tx.forget_instance(instance_id)
             await tx.mark_changed([instance_id])
+            await tx.append_audit(delete_event(subject=subject, instance_id=instance_id, kind=kind,
+                                               addresses_removed=forgotten))
         await self._catalog.written(tx.journal)
         self._metrics.deletions.inc()
         _log.info("record.deleted", kind=kind, instance_id=instance_id, subject=subject, addresses_removed=forgotten)
@@ -99,6 +102,8 @@ class Records:
                 reason = await stale(tx)
                 if reason is not None:
                     result = WriteResult(instance_id, applied=False, reason=reason)
+                    await tx.append_audit(write_event(subject=subject, instance_id=instance_id, kind=kind,
+                                                      reason=reason))
                 else:
                     await put(tx)
                     moved, dropped = await tx.replace_addresses(instance_id, addresses)
@@ -106,6 +111,8 @@ class Records:
                     warnings = tuple(inside_trusted(addresses, self._trusted))
                     result = WriteResult(instance_id, applied=True, addresses=addresses, moved=moved, dropped=dropped,
                                          warnings=warnings)
+                    await tx.append_audit(write_event(subject=subject, instance_id=instance_id, kind=kind,
+                                                      addresses=addresses, moved=moved, dropped=dropped))
         except StoreUnavailable:
             errors = self._metrics.metadata_store_errors if kind == METADATA else self._metrics.userdata_store_errors
             errors.inc()
@@ -128,6 +135,64 @@ class Records:
         if result.warnings:
             _log.warning("record.inside_trusted_proxy", instance_id=instance_id, problems=list(result.warnings))
         return result
+
+    # --- many upserts in one transaction (imds import) ---------------------------------------
+
+    async def put_many(
+        self, items: Sequence[tuple[MetadataWrite | None, UserdataWrite | None]], *, subject: str
+    ) -> list[WriteResult]:
+        """Apply each (metadata, userdata) pair by the rules above, all in one transaction.
+
+        Per item: a stale metadata write changes nothing for that item (``applied=False``,
+        addresses included); otherwise the given parts are replaced and the address list
+        (taken from the metadata write, else the userdata write) becomes the whole truth.
+        Items apply in order (a later item sees an earlier one's write). The store's batch
+        forms keep this to a few statements per batch; one log line for the batch.
+        """
+        results: list[WriteResult | None] = []
+        applied: list[tuple[int, MetadataWrite | None, UserdataWrite | None]] = []
+        events: list[AuditEvent] = []
+        async with self._store.write() as tx:
+            documents = await tx.metadata_of_many([m.id for m, _ in items if m is not None])
+            for metadata, userdata in items:
+                first = metadata or userdata
+                if first is None:
+                    continue
+                reason = None if metadata is None else _staleness(documents.get(metadata.id), metadata.metadata)
+                if reason is not None:
+                    results.append(WriteResult(first.id, applied=False, reason=reason))
+                    events.append(write_event(subject=subject, instance_id=first.id, kind=METADATA, reason=reason))
+                    continue
+                if metadata is not None:
+                    documents[metadata.id] = metadata.metadata
+                applied.append((len(results), metadata, userdata))
+                results.append(None)
+            await tx.put_records(
+                [(m.id, m.metadata) for _, m, _ in applied if m is not None],
+                [(u.id, u.userdata) for _, _, u in applied if u is not None],
+            )
+            lists = [(first.id, first.addresses) for _, m, u in applied if (first := m or u) is not None]
+            changes = await tx.replace_addresses_many(lists)
+            changed: list[str] = []
+            for (index, m, u), (instance_id, addresses), (moved, dropped) in zip(applied, lists, changes, strict=True):
+                changed += [instance_id, *moved.values()]
+                results[index] = WriteResult(instance_id, applied=True, addresses=tuple(addresses), moved=moved,
+                                             dropped=dropped)
+                # One entry per record written, as two single writes would make (the second moves nothing).
+                kinds = [kind for kind, part in ((METADATA, m), (USERDATA, u)) if part is not None]
+                events += [
+                    write_event(subject=subject, instance_id=instance_id, kind=kind, addresses=addresses,
+                                moved=moved if n == 0 else None, dropped=dropped if n == 0 else ())
+                    for n, kind in enumerate(kinds)
+                ]
+            await tx.mark_changed(changed)
+            await tx.append_audit_many(events)
+        await self._catalog.written(tx.journal)
+        self._metrics.metadata_inserts.inc(sum(m is not None for _, m, _ in applied))
+        self._metrics.userdata_inserts.inc(sum(u is not None for _, _, u in applied))
+        _log.info("records.written", subject=subject, items=len(items), applied=len(applied),
+                  stale=len(results) - len(applied))
+        return [result for result in results if result is not None]
 
     # --- the OpenStack password: written by the instance once, cleared by an admin ---------
 
@@ -156,6 +221,7 @@ class Records:
             if not await tx.remove_password(instance_id):
                 raise RecordNotFound(PASSWORD, instance_id)
             await tx.mark_changed([instance_id])
+            await tx.append_audit(delete_event(subject=subject, instance_id=instance_id, kind=PASSWORD))
         await self._catalog.written(tx.journal)
         _log.info("password.cleared", instance_id=instance_id, subject=subject)
 

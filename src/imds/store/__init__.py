@@ -8,14 +8,14 @@ from imds.store.memory import MemoryStore
 __all__ = ["MemoryStore", "Store", "WriteTx", "open_store"]
 
 
-def open_store(url: str) -> Store:
+def open_store(url: str, *, connect_timeout: float = 5.0, statement_timeout: float = 5.0) -> Store:
     """A store for ``memory://``, ``sqlite:///PATH`` or ``postgresql://...``.
 
     SQL stores must already be migrated (``imds db upgrade``, or ``imds serve`` with
-    ``--migrate``).
+    ``--migrate``). The timeouts bound every wait on the database (see ``sql.engine``).
     """
     if url.startswith("memory://"):
         return MemoryStore()
     from imds.store.sql.store import SqlStore  # noqa: PLC0415 - SQLAlchemy loads only when a database is used
 
-    return SqlStore(url)
+    return SqlStore(url, connect_timeout=connect_timeout, statement_timeout=statement_timeout)

@@ -20,7 +20,7 @@ from collections.abc import Iterable, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Protocol, runtime_checkable
 
-from imds.models import Change, Instance, JsonObject, Network, OsRecord
+from imds.models import AuditEntry, AuditEvent, Change, Event, Instance, JsonObject, Network, OsRecord
 from imds.store.journal import Journal
 
 
@@ -92,6 +92,33 @@ class WriteTx(Protocol):
         """Delete the OS record; False when there was none."""
         ...
 
+    # Batch forms (imds import): one statement per step for many instances, same results
+    # as calling the single forms one after another.
+
+    async def metadata_of_many(self, instance_ids: Sequence[str]) -> dict[str, JsonObject]:
+        """The stored metadata documents of those instances that have one."""
+        ...
+
+    async def put_records(
+        self, metadata: Sequence[tuple[str, JsonObject]], userdata: Sequence[tuple[str, bytes]]
+    ) -> None:
+        """``put_metadata`` / ``put_userdata`` for each pair (the last pair for an id wins)."""
+        ...
+
+    async def replace_addresses_many(
+        self, lists: Sequence[tuple[str, Sequence[Network]]]
+    ) -> list[tuple[dict[Network, str], tuple[Network, ...]]]:
+        """``replace_addresses`` for each (instance, addresses) in order; each one's (moved, dropped)."""
+        ...
+
+    async def append_audit(self, event: AuditEvent) -> None:
+        """Record an admin change in the audit log, in this transaction."""
+        ...
+
+    async def append_audit_many(self, events: Sequence[AuditEvent]) -> None:
+        """``append_audit`` for each event, in order (one statement)."""
+        ...
+
 
 @runtime_checkable
 class Store(Protocol):
@@ -127,6 +154,37 @@ class Store(Protocol):
 
     async def ping(self) -> None:
         """Return when the store answers; raise StoreUnavailable otherwise."""
+        ...
+
+    # --- the instance<->host channel (events up, messages down); see imds.services.channel ---
+
+    async def append_event(
+        self, instance_id: str, state: str, code: int | None, message: str | None, *, retain: int
+    ) -> Event:
+        """Store one event; keep only the instance's newest ``retain``.
+
+        Cursors of one instance increase in commit order, also with concurrent writers.
+        """
+        ...
+
+    async def events_after(self, instance_id: str, after: int, limit: int) -> list[Event]:
+        """The instance's events with a cursor above ``after``, oldest first."""
+        ...
+
+    async def latest_event_cursor(self) -> int:
+        """The highest cursor of any event (0 when there is none); what a follower watches."""
+        ...
+
+    async def queue_message(self, instance_id: str, body: bytes, *, max_queued: int) -> int | None:
+        """Queue a message for the instance; its id, or None when ``max_queued`` are waiting."""
+        ...
+
+    async def take_message(self, instance_id: str) -> bytes | None:
+        """Remove and return the instance's oldest message in one transaction (exactly once), or None."""
+        ...
+
+    async def audit(self, instance_id: str | None, after: int, limit: int) -> list[AuditEntry]:
+        """Audit entries with ``seq > after`` (of one instance, or all), oldest first, at most ``limit``."""
         ...
 
     async def close(self) -> None:

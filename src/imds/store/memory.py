@@ -8,12 +8,24 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import itertools
 from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from imds.models import METADATA, USERDATA, Change, Instance, JsonObject, Network, OsRecord
+from imds.models import (
+    METADATA,
+    USERDATA,
+    AuditEntry,
+    AuditEvent,
+    Change,
+    Event,
+    Instance,
+    JsonObject,
+    Network,
+    OsRecord,
+)
 from imds.store.journal import ADDRESSES, FORGET, PUT, REMOVE, Journal, Op
 
 
@@ -32,6 +44,16 @@ class _State:
     rows: dict[str, _Row] = field(default_factory=dict)
     holders: dict[Network, str] = field(default_factory=dict)
     changes: list[Change] = field(default_factory=list)
+    audit: list[AuditEntry] = field(default_factory=list)
+
+
+@dataclass
+class _Channel:
+    """Events and messages; kept apart from ``_State`` so writes do not copy them."""
+
+    events: dict[str, list[Event]] = field(default_factory=dict)
+    messages: dict[str, list[tuple[int, bytes]]] = field(default_factory=dict)
+    cursor: int = 0
 
 
 class _MemoryTx:
@@ -132,6 +154,31 @@ class _MemoryTx:
         self.journal.ops.append(Op(REMOVE, instance_id, "os"))
         return True
 
+    async def metadata_of_many(self, instance_ids: Sequence[str]) -> dict[str, JsonObject]:
+        found = {instance_id: await self.metadata_of(instance_id) for instance_id in instance_ids}
+        return {instance_id: document for instance_id, document in found.items() if document is not None}
+
+    async def put_records(
+        self, metadata: Sequence[tuple[str, JsonObject]], userdata: Sequence[tuple[str, bytes]]
+    ) -> None:
+        for instance_id, document in metadata:
+            await self.put_metadata(instance_id, document)
+        for instance_id, data in userdata:
+            await self.put_userdata(instance_id, data)
+
+    async def replace_addresses_many(
+        self, lists: Sequence[tuple[str, Sequence[Network]]]
+    ) -> list[tuple[dict[Network, str], tuple[Network, ...]]]:
+        return [await self.replace_addresses(instance_id, addresses) for instance_id, addresses in lists]
+
+    async def append_audit(self, event: AuditEvent) -> None:
+        seq = self._s.audit[-1].seq + 1 if self._s.audit else 1
+        self._s.audit.append(AuditEntry(seq, datetime.now(UTC), event))
+
+    async def append_audit_many(self, events: Sequence[AuditEvent]) -> None:
+        for event in events:
+            await self.append_audit(event)
+
 
 def _head(state: _State) -> int:
     return state.changes[-1].seq if state.changes else 0
@@ -143,12 +190,13 @@ class MemoryStore:
     def __init__(self) -> None:
         self._state = _State()
         self._lock = asyncio.Lock()
+        self._channel = _Channel()
 
     @asynccontextmanager
     async def write(self) -> AsyncIterator[_MemoryTx]:
         async with self._lock:
             s = self._state  # the feed's entries are immutable: copying the list is enough
-            staged = _State(copy.deepcopy(s.rows), dict(s.holders), list(s.changes))
+            staged = _State(copy.deepcopy(s.rows), dict(s.holders), list(s.changes), list(s.audit))
             tx = _MemoryTx(staged)
             yield tx
             self._state = staged
@@ -189,6 +237,40 @@ class MemoryStore:
 
     async def ping(self) -> None:
         return None
+
+    async def append_event(
+        self, instance_id: str, state: str, code: int | None, message: str | None, *, retain: int
+    ) -> Event:
+        channel = self._channel
+        channel.cursor += 1
+        event = Event(channel.cursor, instance_id, state, code, message, datetime.now(UTC))
+        kept = channel.events.setdefault(instance_id, [])
+        kept.append(event)
+        del kept[: max(0, len(kept) - retain)]
+        return event
+
+    async def events_after(self, instance_id: str, after: int, limit: int) -> list[Event]:
+        return [e for e in self._channel.events.get(instance_id, ()) if e.cursor > after][:limit]
+
+    async def latest_event_cursor(self) -> int:
+        return self._channel.cursor
+
+    async def queue_message(self, instance_id: str, body: bytes, *, max_queued: int) -> int | None:
+        channel = self._channel
+        queue = channel.messages.setdefault(instance_id, [])
+        if len(queue) >= max_queued:
+            return None
+        channel.cursor += 1
+        queue.append((channel.cursor, bytes(body)))
+        return channel.cursor
+
+    async def take_message(self, instance_id: str) -> bytes | None:
+        queue = self._channel.messages.get(instance_id)
+        return queue.pop(0)[1] if queue else None
+
+    async def audit(self, instance_id: str | None, after: int, limit: int) -> list[AuditEntry]:
+        chosen = (e for e in self._state.audit if e.seq > after and instance_id in {None, e.event.instance_id})
+        return list(itertools.islice(chosen, limit))
 
     async def close(self) -> None:
         return None

@@ -1,6 +1,7 @@
 """Credentials for upstream calls: none, a static bearer token, or OAuth2 client credentials.
 
-Client credentials: the token endpoint comes from the issuer's OIDC discovery document;
+Client credentials: the token endpoint comes from the issuer's OIDC discovery document
+(``imds.upstream.oidc.Discovery``, shared with the admin token verifier);
 the access token is cached until shortly before it expires and fetched anew when the
 upstream answers 401 (once per call).
 """
@@ -17,6 +18,7 @@ from urllib.parse import quote
 import httpx
 
 from imds.errors import UpstreamError
+from imds.upstream.oidc import Discovery
 
 _EARLY = 30.0  # renew this many seconds before the token's own expiry
 
@@ -74,14 +76,18 @@ class OAuth2ClientCredentials:
     """Access tokens from the issuer's token endpoint, cached until shortly before expiry."""
 
     def __init__(
-        self, http: httpx.AsyncClient, credentials: ClientCredentials, clock: Callable[[], float] = time.monotonic
+        self,
+        http: httpx.AsyncClient,
+        credentials: ClientCredentials,
+        clock: Callable[[], float] = time.monotonic,
+        discovery: Discovery | None = None,
     ) -> None:
         self._http = http
+        self._discovery = discovery or Discovery(http)
         self._credentials = credentials
         self._clock = clock
         self._token: str | None = None
         self._expires = 0.0
-        self._token_url: str | None = None
         self._lock = asyncio.Lock()
 
     async def headers(self) -> dict[str, str]:
@@ -94,7 +100,7 @@ class OAuth2ClientCredentials:
         self._token = None
 
     async def _fetch(self) -> None:
-        url = self._token_url or await self._discover()
+        url = await self._discovery.endpoint(self._credentials.issuer, "token_endpoint")
         form = {"grant_type": "client_credentials"}
         if self._credentials.scopes:
             form["scope"] = " ".join(self._credentials.scopes)
@@ -112,16 +118,6 @@ class OAuth2ClientCredentials:
         seconds = float(lifetime) if isinstance(lifetime, int | float) and lifetime > 0 else 300.0
         self._token = token
         self._expires = self._clock() + max(seconds - _EARLY, seconds / 2)
-
-    async def _discover(self) -> str:
-        url = self._credentials.issuer.rstrip("/") + "/.well-known/openid-configuration"
-        document = await self._json("GET", url)
-        endpoint = document.get("token_endpoint")
-        if not isinstance(endpoint, str) or not endpoint:
-            msg = f"OIDC discovery document {url} has no token_endpoint"
-            raise UpstreamError(msg)
-        self._token_url = endpoint
-        return endpoint
 
     async def _json(self, method: str, url: str, **kwargs: Any) -> dict[str, Any]:
         try:

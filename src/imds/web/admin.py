@@ -14,14 +14,13 @@ from starlette.responses import Response
 from imds.models import METADATA, USERDATA, WriteResult
 from imds.services import Services
 from imds.services.addresses import display
-from imds.services.auth import delete_scopes, read_scopes, require, upsert_scopes
+from imds.services.auth import delete_scopes, read_scopes, upsert_scopes
 from imds.services.render.json import encode, metadata_bytes
 from imds.services.wire import parse_body, parse_instance_id, parse_metadata_write, parse_userdata_write
+from imds.web.adminauth import ID_EXTRA, authorize
 from imds.web.body import read_limited
-from imds.web.errors import JSON
+from imds.web.errors import JSON, documented
 
-ID_PARAM = {"name": "instance_id", "in": "path", "required": True, "schema": {"type": "string", "format": "uuid"}}
-_ID_EXTRA: dict[str, Any] = {"parameters": [ID_PARAM]}
 _IP_LIST = {
     "type": "array",
     "items": {"type": "string", "description": "IPv4/IPv6 host address or CIDR"},
@@ -69,18 +68,6 @@ def _body(schema: dict[str, Any]) -> dict[str, Any]:
     return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
 
 
-def _bearer(request: Request) -> str | None:
-    scheme, _, token = request.headers.get("authorization", "").partition(" ")
-    return token.strip() or None if scheme.lower() == "bearer" else None
-
-
-async def authorize(services: Services, request: Request, needed: tuple[str, ...]) -> str:
-    """The caller's subject, if its bearer token holds one of ``needed``; else an AuthError."""
-    principal = await services.auth.authenticate(_bearer(request))
-    require(principal, needed)
-    return principal.subject
-
-
 def _write_response(result: WriteResult) -> Response:
     body: dict[str, Any] = {"id": result.instance_id, "applied": result.applied}
     if result.applied:
@@ -103,7 +90,7 @@ def _data_response(request: Request, body: bytes, media_type: str) -> Response:
 
 def admin_router(services: Services) -> APIRouter:
     """The admin routes, bound to ``services``."""
-    router = APIRouter(tags=["admin"])
+    router = APIRouter(tags=["admin"], responses=documented(400, 401, 403, 404, 413, 503))
     records = services.records
     limit = services.settings.max_body_bytes
 
@@ -123,16 +110,16 @@ def admin_router(services: Services) -> APIRouter:
         return _write_response(await records.put_userdata(write, subject=subject))
 
     # GET and HEAD are separate routes so each gets its own OpenAPI operation id.
-    @router.get("/device-metadata/{instance_id}", summary="Read metadata by instance id", openapi_extra=_ID_EXTRA)
-    @router.head("/device-metadata/{instance_id}", summary="Headers of the metadata read", openapi_extra=_ID_EXTRA)
+    @router.get("/device-metadata/{instance_id}", summary="Read metadata by instance id", openapi_extra=ID_EXTRA)
+    @router.head("/device-metadata/{instance_id}", summary="Headers of the metadata read", openapi_extra=ID_EXTRA)
     async def get_metadata(request: Request, instance_id: str) -> Response:
         await principal_for(request, read_scopes(METADATA))
         instance = await records.get(METADATA, parse_instance_id(instance_id))
         return _data_response(request, metadata_bytes(instance, services.templates), JSON)
 
     # GET and HEAD are separate routes so each gets its own OpenAPI operation id.
-    @router.get("/device-userdata/{instance_id}", summary="Read userdata by instance id", openapi_extra=_ID_EXTRA)
-    @router.head("/device-userdata/{instance_id}", summary="Headers of the userdata read", openapi_extra=_ID_EXTRA)
+    @router.get("/device-userdata/{instance_id}", summary="Read userdata by instance id", openapi_extra=ID_EXTRA)
+    @router.head("/device-userdata/{instance_id}", summary="Headers of the userdata read", openapi_extra=ID_EXTRA)
     async def get_userdata(request: Request, instance_id: str) -> Response:
         await principal_for(request, read_scopes(USERDATA))
         instance = await records.get(USERDATA, parse_instance_id(instance_id))

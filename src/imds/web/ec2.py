@@ -4,21 +4,25 @@ Errors answer with EC2's plain-text bodies (``404 - Not Found``), never JSON, ne
 IMDSv2: ``PUT /latest/api/token`` mints a token bound to the caller; a request that
 carries ``X-aws-ec2-metadata-token`` must carry a valid one for the same instance, and
 with ``--imdsv2 required`` every read must. A token PUT that came through a proxy
-(``X-Forwarded-For``) is refused, as AWS does.
+(``Forwarded``, ``X-Forwarded-*``, ``X-Real-IP``) is refused, as AWS does, unless a trusted
+proxy signed the instance id and sent only ``X-Forwarded-For`` naming the VM (rule in
+``imds.services.proxied``).
 """
 
 from __future__ import annotations
 
 import re
-from http import HTTPStatus
 
 from imds.errors import ImdsError, NotFound, RecordNotFound, Refused, Unauthenticated
 from imds.models import METADATA, USERDATA
 from imds.services import Services
+from imds.services.instance_auth import proxied
+from imds.services.proxied import may_mint_through
 from imds.services.render.ec2 import VERSIONS, version_root, versions_listing
 from imds.services.render.tree import body, resolve
 from imds.services.tokens import TOKEN_HEADER, TTL_HEADER, parse_ttl
 from imds.web.errors import status_for
+from imds.web.replies import plain
 from imds.web.routing import READ_METHODS, Handler, Locator, Reply, Scope, header
 
 _TOKEN_PATH = "api/token"  # noqa: S105 - a path, not a secret
@@ -26,11 +30,6 @@ _TTL = TTL_HEADER.encode()
 _NEEDS_METADATA = frozenset({"meta-data", "dynamic"})
 _COUNTED = frozenset({"meta-data", "user-data"})  # reads that count as hollow's metadata/userdata hits
 _VERSION_SHAPE = re.compile(r"^(?:\d{4}-\d{2}-\d{2}|1\.0|latest.*)$")
-
-
-def _plain(status: int) -> Reply:
-    text = f"{status} - {HTTPStatus(status).phrase}"
-    return Reply(status, text.encode())
 
 
 class Ec2Flavor:
@@ -58,7 +57,7 @@ class Ec2Flavor:
     def versions(self, scope: Scope) -> Reply:
         """``GET /``: the versions served, one per line."""
         if scope["method"] not in READ_METHODS:
-            return _plain(405)
+            return plain(405)
         return Reply(200, versions_listing().encode())
 
     def handle(self, scope: Scope) -> Reply:
@@ -67,18 +66,21 @@ class Ec2Flavor:
         subpath = rest[0] if rest else ""
         method = scope["method"]
         if version not in VERSIONS:
-            return _plain(404)
+            return plain(404)
         try:
             if method == "PUT" and version == "latest" and subpath.strip("/") == _TOKEN_PATH:
                 return self._mint(scope)
             if method not in READ_METHODS:
-                return _plain(405)
+                return plain(405)
             return self._read(scope, version, subpath)
         except ImdsError as exc:
-            return _plain(status_for(exc))
+            return plain(status_for(exc))
 
     def _mint(self, scope: Scope) -> Reply:
-        if header(scope, b"x-forwarded-for") is not None:
+        headers = scope["headers"]
+        forwarded = [v.decode("latin-1") for k, v in headers if k == b"x-forwarded-for"]
+        others = proxied(h for h in headers if h[0] != b"x-forwarded-for")  # Forwarded, X-Forwarded-*, X-Real-IP
+        if others or not may_mint_through(self._locator.claim(scope), forwarded):
             raise Refused("IMDSv2 tokens cannot be requested through a proxy")
         ttl = parse_ttl(header(scope, _TTL))
         entry = self._locator.entry(scope)

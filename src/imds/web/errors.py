@@ -17,11 +17,14 @@ from imds.errors import (
     AuthNotConfigured,
     Conflict,
     Forbidden,
+    HeadersTooLarge,
     ImdsError,
     InvalidInput,
     NotFound,
     PayloadTooLarge,
+    RateLimited,
     Refused,
+    RequestTimeout,
     StoreUnavailable,
     Unauthenticated,
     UpstreamError,
@@ -30,8 +33,11 @@ from imds.errors import (
 # First match wins, so subclasses come before their bases.
 STATUS: tuple[tuple[type[ImdsError], int], ...] = (
     (PayloadTooLarge, 413),
+    (HeadersTooLarge, 431),
+    (RequestTimeout, 408),
     (InvalidInput, 400),
     (NotFound, 404),
+    (RateLimited, 429),
     (Unauthenticated, 401),
     (AuthNotConfigured, 401),
     (Forbidden, 403),
@@ -43,6 +49,33 @@ STATUS: tuple[tuple[type[ImdsError], int], ...] = (
 )
 
 JSON = "application/json"
+
+_ERROR_SCHEMA = {
+    "type": "object",
+    "required": ["message"],
+    "properties": {
+        "message": {"type": "string"},
+        "errors": {"type": "array", "items": {"type": "object", "properties": {
+            "field": {"type": "string"}, "message": {"type": "string"}}}},
+    },
+}
+_MEANINGS = {
+    400: "Invalid request: errors[] names each offending field (and the flag of any limit).",
+    401: "Missing or invalid credentials.",
+    403: "The token holds none of the scopes the route needs.",
+    404: "No such record, or no such route.",
+    409: "The request conflicts with the configuration (e.g. a refresh without --lookup-url).",
+    413: "The body is larger than --max-body-bytes.",
+    502: "The upstream source of truth failed.",
+    503: "The database is unavailable.",
+}
+
+
+def documented(*statuses: int) -> dict[int | str, dict[str, object]]:
+    """OpenAPI ``responses`` for the error statuses a router's routes answer, with the error body schema."""
+    return {
+        status: {"description": _MEANINGS[status], "content": {JSON: {"schema": _ERROR_SCHEMA}}} for status in statuses
+    }
 
 
 def status_for(exc: ImdsError) -> int:
@@ -62,6 +95,8 @@ def error_parts(exc: ImdsError) -> tuple[int, bytes, list[tuple[bytes, bytes]]]:
     """(status, body, extra headers) for an imds error."""
     status = status_for(exc)
     headers = [(b"www-authenticate", b'Bearer realm="imds"')] if status == 401 else []
+    if isinstance(exc, RateLimited):
+        headers.append((b"retry-after", str(exc.retry_after).encode()))
     return status, error_body(exc.message, exc), headers
 
 

@@ -19,7 +19,7 @@ from imds.services.os_package import PackageFetcher
 from imds.services.os_records import OsRecords, active
 from imds.services.os_secrets import PackageAuth
 from imds.web.errors import status_for
-from imds.web.openstack import plain
+from imds.web.replies import plain
 from imds.web.routing import BINARY, JSON, READ_METHODS, Handler, Locator, Pending, Receive, Reply, Scope
 
 PREFIX = "ganeti"

@@ -21,11 +21,10 @@ from imds.services.os_records import OsRecords
 from imds.services.os_wire import parse_os_write
 from imds.services.render.json import encode
 from imds.services.wire import parse_instance_id, parse_json
-from imds.web.admin import ID_PARAM, authorize
+from imds.web.adminauth import ID_EXTRA, authorize
 from imds.web.body import read_limited
-from imds.web.errors import JSON
+from imds.web.errors import JSON, documented
 
-_ID_EXTRA: dict[str, Any] = {"parameters": [ID_PARAM]}
 _PARAMS = {
     "type": "object",
     "additionalProperties": {
@@ -63,7 +62,7 @@ def _os(services: Services) -> OsRecords:
 
 def ganeti_admin_router(services: Services) -> APIRouter:
     """The OS record and OS definition routes, bound to ``services``."""
-    router = APIRouter(tags=["ganeti"])
+    router = APIRouter(tags=["ganeti"], responses=documented(400, 401, 403, 404, 413, 503))
     records = _os(services)
     settings = services.settings
 
@@ -85,8 +84,8 @@ def ganeti_admin_router(services: Services) -> APIRouter:
 
     # GET and HEAD are separate routes so each gets its own OpenAPI operation id.
     @router.get("/device-os/{instance_id}", summary="Read the OS record (no private or secret value)",
-                openapi_extra=_ID_EXTRA)
-    @router.head("/device-os/{instance_id}", summary="Headers of the OS record read", openapi_extra=_ID_EXTRA)
+                openapi_extra=ID_EXTRA)
+    @router.head("/device-os/{instance_id}", summary="Headers of the OS record read", openapi_extra=ID_EXTRA)
     async def get_os(request: Request, instance_id: str) -> Response:
         await authorize(services, request, read_scopes(OS_KIND))
         body = encode(await records.view(parse_instance_id(instance_id)))

@@ -13,15 +13,20 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from imds import log
+from imds.errors import ImdsError, RateLimited
 from imds.services import Services
 from imds.services.lookup import LookupNeeded
+from imds.services.ratelimit import RateLimiter
+from imds.web.channel import ChannelFlavor
 from imds.web.ec2 import Ec2Flavor
-from imds.web.errors import error_body
+from imds.web.errors import error_body, error_parts
 from imds.web.ganeti import GanetiFlavor
+from imds.web.instance_guard import FlavorGuard
 from imds.web.json import JsonFlavor
 from imds.web.nocloud import NoCloudFlavor
 from imds.web.openstack import OpenStackFlavor
-from imds.web.routing import JSON, LOOKED_UP, Handler, Locator, Pending, Reply, Scope
+from imds.web.routing import ENTRY, JSON, LOOKED_UP, READ_METHODS, Handler, Locator, Pending, Reply, Scope
+from imds.web.watch import hold, parse_watch
 
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
@@ -30,6 +35,7 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 _log = log.get("instance")
 OPS_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
 _INTERNAL = Reply(500, error_body("internal error"), JSON)
+_LOADING = Reply(503, error_body("the instance catalog is still loading; see /readyz"), JSON, ((b"retry-after", b"1"),))
 
 
 def _group(path: str) -> str:
@@ -42,25 +48,42 @@ def _group(path: str) -> str:
     return "other"
 
 
+def _loading(_scope: Scope) -> Reply:
+    return _LOADING
+
+
 class InstanceFront:
     """Serves instance routes from memory; forwards every other request to ``admin``."""
 
     def __init__(self, services: Services, admin: ASGIApp) -> None:
         self.services = services
         self.admin = admin
-        locator = Locator(services.catalog, services.settings.trusted_proxies, services.metrics, services.lookup)
+        locator = Locator(
+            services.catalog, services.settings.trusted_proxies, services.metrics, services.lookup, services.signed
+        )
         json_flavor, ec2_flavor = JsonFlavor(services, locator), Ec2Flavor(services, locator)
         self._ec2 = ec2_flavor
         self._exact: dict[str, Handler] = {**json_flavor.routes(), **ec2_flavor.routes()}
         self._prefixes: dict[str, Handler] = {**ec2_flavor.prefixes()}
         self._prefixes.update(OpenStackFlavor(services, locator).prefixes())
         self._prefixes.update(NoCloudFlavor(services, locator).prefixes())
-        self.ganeti = GanetiFlavor(services, locator)  # the channel helper wires ganeti.channel["read"/"write"]
+        self.ganeti = GanetiFlavor(services, locator)
+        channel = ChannelFlavor(services, locator)  # /events, /phone-home, and /ganeti/<v>/read|write
+        self.ganeti.channel.update(read=channel.handle_read, write=channel.handle_write)
+        self._exact.update(channel.routes())
         self._prefixes.update(self.ganeti.prefixes())
+        self._watch_max = services.settings.watch_max_timeout
+        guard = FlavorGuard(services, locator)  # --instance-auth: the anti-SSRF policy per flavor
+        self._exact.update(guard.wrap("json", json_flavor.routes()))
+        for flavor in ("openstack", "nocloud", "ganeti"):
+            self._prefixes.update(guard.wrap(flavor, {flavor: self._prefixes[flavor]}))
         self._log_reads = services.settings.log_instance_reads
         metrics = services.metrics
         self._observe = metrics.latency.labels("instance").observe
         self._counters = {s: metrics.requests.labels("instance", str(s)) for s in (200, 400, 401, 403, 404, 405)}
+        settings = services.settings
+        self._limiter = RateLimiter(settings.rate_limit, settings.rate_burst) if settings.rate_limit > 0 else None
+        self._locator, self._behind_proxies = locator, bool(settings.trusted_proxies)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """ASGI entry point."""
@@ -77,17 +100,21 @@ class InstanceFront:
         if handler is None:
             await self._measured(scope, receive, send)
             return
+        if not self.services.catalog.loaded:  # answered, never left silent, until the catalog is in memory
+            handler = _loading
         await self._serve(scope, send, handler, receive)
 
     async def _serve(self, scope: Scope, send: Send, handler: Handler, receive: Receive) -> None:
         started = time.perf_counter()
         try:
             try:
-                reply = handler(scope)
+                reply = self._limited(scope) or handler(scope)
             except LookupNeeded as need:
                 reply = await self._after_lookup(scope, handler, need)
             if isinstance(reply, Pending) and reply.complete is not None:
                 reply = await reply.complete(receive)  # a write that needs the body (OpenStack password)
+            elif scope["query_string"]:  # change watch: parsed only when there is a query
+                reply = await self._watch(scope, handler, reply, receive)
         except Exception:  # noqa: BLE001 - an instance must get an answer, never a dropped connection
             _log.exception("instance.error", path=scope["path"])
             reply = _INTERNAL
@@ -96,6 +123,9 @@ class InstanceFront:
             (b"content-type", reply.content_type),
             (b"content-length", str(len(reply.body)).encode()),
         ]
+        entry = scope.get(ENTRY)
+        if entry is not None and reply.status == 200 and scope["method"] in READ_METHODS:
+            headers.append((b"etag", entry.etag))
         await send({"type": "http.response.start", "status": reply.status, "headers": headers})
         await send({"type": "http.response.body", "body": b"" if scope["method"] == "HEAD" else reply.body})
         counter = self._counters.get(reply.status)
@@ -104,6 +134,47 @@ class InstanceFront:
         if self._log_reads:
             client = scope.get("client")
             _log.info("instance.read", path=scope["path"], peer=client[0] if client else None, status=reply.status)
+
+    def _limited(self, scope: Scope) -> Reply | None:
+        """A 429 with Retry-After when the caller's address has used up its rate, else None."""
+        if self._limiter is None:
+            return None
+        client = scope.get("client")
+        key = client[0] if client else "-"
+        if self._behind_proxies:
+            try:
+                address = self._locator.address(scope)
+            except ImdsError:  # a bad X-Forwarded-For: the handler answers it (400); count it against the peer
+                address = None
+            key = str(address) if address is not None else key
+        wait = self._limiter.retry_after(key)
+        if not wait:
+            return None
+        status, body, headers = error_parts(RateLimited(wait))
+        return Reply(status, body, JSON, tuple(headers))
+
+    async def _run(self, scope: Scope, handler: Handler) -> Reply:
+        try:
+            return handler(scope)
+        except LookupNeeded as need:
+            return await self._after_lookup(scope, handler, need)
+
+    async def _watch(self, scope: Scope, handler: Handler, reply: Reply, receive: Receive) -> Reply:
+        """Hold the read while ``?wait_for_change=true`` asks for it (see ``imds.web.watch``)."""
+        try:
+            watch = parse_watch(scope["query_string"], self._watch_max)
+        except ImdsError as exc:
+            scope.pop(ENTRY, None)
+            status, body, headers = error_parts(exc)
+            return Reply(status, body, JSON, tuple(headers))
+        if watch is None or ENTRY not in scope:
+            return reply
+        waiting = self.services.metrics.watch_waiting
+        waiting.inc()
+        try:
+            return await hold(scope, reply, watch, lambda: self._run(scope, handler), receive)
+        finally:
+            waiting.dec()
 
     async def _after_lookup(self, scope: Scope, handler: Handler, need: LookupNeeded) -> Reply:
         """Fetch what the handler missed from upstream, then run it once more."""
@@ -116,19 +187,19 @@ class InstanceFront:
         started = time.perf_counter()
         group = _group(scope["path"])
         status = 500
-        started = False
+        answered = False
 
         async def send_and_note(message: MutableMapping[str, Any]) -> None:
-            nonlocal status, started
+            nonlocal status, answered
             if message["type"] == "http.response.start":
-                status, started = message["status"], True
+                status, answered = message["status"], True
             await send(message)
 
         try:
             await self.admin(scope, receive, send_and_note)
         except Exception:  # noqa: BLE001 - logged here once, with its traceback; the answer was a 500
             _log.exception("admin.error", method=scope.get("method"), path=scope["path"], group=group)
-            if not started:
+            if not answered:
                 await send({"type": "http.response.start", "status": 500, "headers": [(b"content-type", JSON)]})
                 await send({"type": "http.response.body", "body": error_body("internal error")})
         finally:

@@ -9,17 +9,10 @@ from imds.models import METADATA, USERDATA, Instance
 from imds.services import Services
 from imds.services.render.json import metadata_bytes, userdata_bytes
 from imds.web.errors import error_body, error_parts
-from imds.web.routing import BINARY, JSON, READ_METHODS, TEXT, Handler, Locator, Reply, Scope
+from imds.web.replies import userdata_type
+from imds.web.routing import JSON, READ_METHODS, Handler, Locator, Reply, Scope
 
 _NOT_ALLOWED = Reply(405, error_body("method not allowed"), JSON, ((b"allow", b"GET, HEAD"),))
-
-
-def _userdata_type(instance: Instance) -> bytes:
-    try:
-        userdata_bytes(instance).decode()
-    except UnicodeDecodeError:
-        return BINARY
-    return TEXT
 
 
 class JsonFlavor:
@@ -45,7 +38,7 @@ class JsonFlavor:
 
     def userdata(self, scope: Scope) -> Reply:
         """The caller's userdata, byte for byte."""
-        return self._serve(scope, USERDATA, userdata_bytes, _userdata_type)
+        return self._serve(scope, USERDATA, userdata_bytes, userdata_type)
 
     def _serve(
         self, scope: Scope, kind: str, build: Callable[[Instance], bytes], content_type: Callable[[Instance], bytes]

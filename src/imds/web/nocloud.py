@@ -11,12 +11,12 @@ from __future__ import annotations
 import contextlib
 
 from imds.errors import ImdsError, NotFound, RecordNotFound
-from imds.models import METADATA, USERDATA, Instance
+from imds.models import METADATA, USERDATA
 from imds.services import Services
 from imds.services.render.nocloud import USER_DATA, nocloud_tree
 from imds.services.render.tree import body, resolve
 from imds.web.errors import status_for
-from imds.web.openstack import plain, text_or_binary
+from imds.web.replies import plain, userdata_type
 from imds.web.routing import READ_METHODS, Handler, Locator, Reply, Scope
 
 PREFIX = "nocloud"
@@ -55,9 +55,6 @@ class NoCloudFlavor:
             return plain(status_for(exc))
         self._metrics.count_read(kind, hit=True)
         if kind == USERDATA:
-            return Reply(200, body(node), entry.render("nocloud/user-data:type", _userdata_type))
+            return Reply(200, body(node), entry.render("nocloud/user-data:type", userdata_type))
         return Reply(200, body(node))
 
-
-def _userdata_type(instance: Instance) -> bytes:
-    return text_or_binary(instance.userdata or b"")

@@ -10,10 +10,9 @@ Errors are plain text (``404 - Not Found``), never JSON, never 500.
 from __future__ import annotations
 
 import os
-from http import HTTPStatus
 
 from imds.errors import Conflict, ImdsError, InvalidInput, NotFound, RecordNotFound
-from imds.models import METADATA, USERDATA, Instance
+from imds.models import METADATA, USERDATA
 from imds.services import Services
 from imds.services.render.openstack import (
     GRIZZLY,
@@ -28,65 +27,19 @@ from imds.services.render.openstack import (
 )
 from imds.services.render.tree import body, resolve
 from imds.services.upsert import PASSWORD_MAX_BYTES
-from imds.web.errors import status_for
+from imds.web.replies import declared_over, plain, plain_error, read_body, userdata_type
 from imds.web.routing import (
-    BINARY,
     JSON,
     READ_METHODS,
-    TEXT,
     Handler,
     Locator,
     Pending,
     Receive,
     Reply,
     Scope,
-    header,
 )
 
 PREFIX = "openstack"
-
-
-def plain(status: int) -> Reply:
-    """A plain-text error reply, EC2/Nova style: ``404 - Not Found``."""
-    return Reply(status, f"{status} - {HTTPStatus(status).phrase}".encode())
-
-
-def plain_error(exc: ImdsError) -> Reply:
-    """A plain-text error reply; a 400 or 409 also says why (``400 - Bad Request: body: …``)."""
-    status = status_for(exc)
-    if isinstance(exc, InvalidInput):
-        reason = "; ".join(f"{problem.field}: {problem.message}" for problem in exc.problems)
-    elif isinstance(exc, Conflict):
-        reason = exc.message
-    else:
-        return plain(status)
-    return Reply(status, f"{status} - {HTTPStatus(status).phrase}: {reason}".encode())
-
-
-def text_or_binary(data: bytes) -> bytes:
-    """The content type for userdata: text when it is UTF-8, else octet-stream."""
-    try:
-        data.decode()
-    except UnicodeDecodeError:
-        return BINARY
-    return TEXT
-
-
-async def read_body(receive: Receive, limit: int) -> bytes:
-    """The request body, or InvalidInput as soon as it is over ``limit`` bytes."""
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] != "http.request":
-            raise InvalidInput.one("body", "the client went away before sending the whole body")
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            raise InvalidInput.one("body", f"a password is at most {limit} bytes")
-        chunks.append(chunk)
-        if not message.get("more_body", False):
-            return b"".join(chunks)
 
 
 class OpenStackFlavor:
@@ -137,15 +90,14 @@ class OpenStackFlavor:
         if rest.endswith(".json"):
             return Reply(200, body(node), JSON)
         if kind == USERDATA:
-            return Reply(200, body(node), entry.render("openstack/user_data:type", _userdata_type))
+            return Reply(200, body(node), entry.render("openstack/user_data:type", userdata_type))
         return Reply(200, body(node))
 
     def _post_password(self, scope: Scope) -> Reply:
         instance = self._locator.entry(scope).instance
         if instance.password is not None:  # the store checks again, inside the write
             raise Conflict(f"instance {instance.id} already has a password")
-        declared = header(scope, b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > PASSWORD_MAX_BYTES:
+        if declared_over(scope, PASSWORD_MAX_BYTES):
             raise InvalidInput.one("body", f"a password is at most {PASSWORD_MAX_BYTES} bytes")
         records, instance_id = self._records, instance.id
 
@@ -158,6 +110,3 @@ class OpenStackFlavor:
 
         return Pending(complete=complete)
 
-
-def _userdata_type(instance: Instance) -> bytes:
-    return text_or_binary(instance.userdata or b"")

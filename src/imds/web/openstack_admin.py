@@ -9,34 +9,30 @@ posted, so it may post a new one; 404 when it has none.
 
 from __future__ import annotations
 
-import asyncio
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request
 from starlette.responses import Response
 
-from imds.configdrive import CONFIG_2, FORMATS, MEDIA_TYPE, image
-from imds.errors import InvalidInput
 from imds.models import METADATA
 from imds.services import Services
 from imds.services.auth import delete_scopes, read_scopes
+from imds.services.drives import CONFIG_2, MEDIA_TYPE, build_drive, drive_format
 from imds.services.render.json import encode
 from imds.services.upsert import PASSWORD
 from imds.services.wire import parse_instance_id
-from imds.web.admin import ID_PARAM, authorize
-from imds.web.errors import JSON
-
-_ID_EXTRA = {"parameters": [ID_PARAM]}
+from imds.web.adminauth import ID_EXTRA, authorize
+from imds.web.errors import JSON, documented
 
 
 def openstack_admin_router(services: Services) -> APIRouter:
     """The config drive and password routes, bound to ``services``."""
-    router = APIRouter(tags=["admin"])
+    router = APIRouter(tags=["admin"], responses=documented(400, 401, 403, 404, 503))
     records = services.records
 
     @router.get(
         "/device-configdrive/{instance_id}", summary="Config drive ISO (config-2, or a NoCloud cidata seed)",
-        openapi_extra=_ID_EXTRA, response_class=Response,
+        openapi_extra=ID_EXTRA, response_class=Response,
     )
     async def get_configdrive(
         request: Request,
@@ -44,13 +40,10 @@ def openstack_admin_router(services: Services) -> APIRouter:
         fmt: Annotated[str, Query(alias="format", description="config-2 or nocloud")] = CONFIG_2,
     ) -> Response:
         await authorize(services, request, read_scopes(METADATA))
-        kind = next((known for known in FORMATS if known == fmt), None)
-        if kind is None:
-            raise InvalidInput.one("format", f"must be one of {', '.join(FORMATS)}")
-        instance = await records.get(METADATA, parse_instance_id(instance_id))
-        data = await asyncio.to_thread(image, instance, kind)  # pycdlib is CPU work: keep the loop free
-        disposition = f'attachment; filename="{instance.id}-{kind}.iso"'
-        return Response(data, media_type=MEDIA_TYPE, headers={"content-disposition": disposition})
+        kind = drive_format(fmt)
+        drive = await build_drive(records, parse_instance_id(instance_id), kind)
+        disposition = f'attachment; filename="{drive.filename}"'
+        return Response(drive.data, media_type=MEDIA_TYPE, headers={"content-disposition": disposition})
 
     @router.delete("/device-password/{instance_id}", summary="Clear the password the instance posted")
     async def delete_password(request: Request, instance_id: str) -> Response:

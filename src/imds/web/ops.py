@@ -15,11 +15,11 @@ from fastapi import APIRouter, Request
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.responses import Response
 
-from imds.errors import StoreUnavailable
 from imds.services import Services
 from imds.services.auth import ops_scopes
+from imds.services.readiness import readiness
 from imds.services.render.json import encode
-from imds.web.admin import authorize
+from imds.web.adminauth import authorize
 from imds.web.errors import JSON
 
 
@@ -33,14 +33,10 @@ def ops_router(services: Services, openapi: Callable[[], dict[str, Any]]) -> API
 
     @router.get("/readyz")
     async def readyz() -> Response:
-        catalog = services.catalog
-        problems = [] if catalog.loaded else ["instance index not loaded"]
-        try:
-            await services.store.ping()
-        except StoreUnavailable as exc:
-            problems.append(exc.message)
-        body = {"status": "not ready" if problems else "ready", "instances": len(catalog), "problems": problems}
-        return Response(encode(body), status_code=503 if problems else 200, media_type=JSON)
+        state = await readiness(services.catalog, services.store)
+        headers = None if state.ready else {"retry-after": "1"}
+        return Response(encode(state.document()), status_code=200 if state.ready else 503, media_type=JSON,
+                        headers=headers)
 
     @router.get("/openapi.json")
     async def openapi_json(request: Request) -> Response:

@@ -17,13 +17,13 @@ from imds.services.auth import upsert_scopes
 from imds.services.lookup import Lookup
 from imds.services.render.json import metadata_bytes
 from imds.services.wire import parse_instance_id
-from imds.web.admin import ID_PARAM, authorize
-from imds.web.errors import JSON
+from imds.web.adminauth import ID_EXTRA, authorize
+from imds.web.errors import JSON, documented
 
 
 def refresh_router(services: Services) -> APIRouter:
     """The refresh routes, bound to ``services``."""
-    router = APIRouter(tags=["admin"])
+    router = APIRouter(tags=["admin"], responses=documented(400, 401, 403, 404, 409, 502, 503))
 
     def lookup() -> Lookup:
         if services.lookup is None:
@@ -31,14 +31,14 @@ def refresh_router(services: Services) -> APIRouter:
         return services.lookup
 
     @router.post("/device-metadata/refresh/{instance_id}", summary="Fetch metadata from upstream now and store it",
-                 openapi_extra={"parameters": [ID_PARAM]})
+                 openapi_extra=ID_EXTRA)
     async def refresh_metadata(request: Request, instance_id: str) -> Response:
         subject = await authorize(services, request, upsert_scopes(METADATA))
         instance = await lookup().refresh(METADATA, parse_instance_id(instance_id), subject=subject)
         return Response(metadata_bytes(instance, services.templates), media_type=JSON)
 
     @router.post("/device-userdata/refresh/{instance_id}", summary="Fetch userdata from upstream now and store it",
-                 openapi_extra={"parameters": [ID_PARAM]})
+                 openapi_extra=ID_EXTRA)
     async def refresh_userdata(request: Request, instance_id: str) -> Response:
         subject = await authorize(services, request, upsert_scopes(USERDATA))
         instance = await lookup().refresh(USERDATA, parse_instance_id(instance_id), subject=subject)

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from imds import configdrive
 from imds.configdrive.iso import _mangle, iso_bytes
-from imds.configdrive.layout import config_drive, nested, nocloud_seed
 from imds.errors import RecordNotFound
 from imds.models import Instance
+from imds.services import drives
+from imds.services.render.drive import config_drive, layout, nested, nocloud_seed
 from imds.services.render.ec2 import aws_meta_data, hollow_meta_data
 from imds.services.render.openstack import VERSIONS, version_dir
 from imds.services.render.tree import Dir
@@ -82,8 +82,8 @@ def test_nocloud_seed_files():
 @pytest.mark.parametrize(("fmt", "label"), [("config-2", "config-2"), ("nocloud", "cidata")])
 def test_images_read_back_identically_through_rock_ridge_and_joliet(fmt, label):
     """The image's label is config-2 / cidata, and its Rock Ridge and Joliet trees both hold exactly the layout."""
-    files = configdrive.layout(seeded(), fmt)
-    data = configdrive.image(seeded(), fmt)
+    files = layout(seeded(), fmt)
+    data = drives.image(seeded(), fmt)
     assert volume_label(data) == label
     for names in ("rr", "joliet"):
         back = read_iso(data, names=names)

@@ -183,3 +183,13 @@ def test_absent_parts_are_fine_and_present_ones_are_checked():
 def test_parts_include_the_device_checks():
     """check_parts reports device problems under metadata.devices."""
     assert fields(check_parts({"devices": [{"type": "nic"}]})) == ["metadata.devices[0].bus", "metadata.devices[0].mac"]
+
+
+def test_a_link_id_that_is_no_string_is_a_problem_not_a_crash():
+    """links[].id = [] was unhashable (TypeError, a 500); now it is named, and a network naming it finds no link."""
+    problems = check_parts({"network_data": {"links": [{"id": [], "type": "phy"}],
+                                             "networks": [{"link": "eth0", "type": "ipv4"}]}})
+    assert problems == [
+        Problem("metadata.network_data.links[0].id", "is required (a string)"),
+        Problem("metadata.network_data.networks[0].link", "names no link: 'eth0' is not a links[].id"),
+    ]

@@ -17,6 +17,7 @@ from helpers import make_settings
 from imds.errors import Unauthenticated, UpstreamError
 from imds.models import Principal
 from imds.services.oidc import LEEWAY_SECONDS, MAX_AGE_SECONDS, REFETCH_INTERVAL_SECONDS, OidcVerifier
+from imds.upstream.oidc import Discovery
 from imds.web.errors import status_for
 from oidc_server import (
     AUDIENCE,
@@ -65,7 +66,7 @@ async def make_verifier(
         values["oidc_issuer"] = issuer.issuer
     values.update(settings)
     async with httpx.AsyncClient(timeout=30.0, verify=_TLS) as http:
-        yield OidcVerifier(make_settings(**values), http, clock=clock or Clock())
+        yield OidcVerifier(make_settings(**values), Discovery(http), clock=clock or Clock())
 
 
 async def refused(verifier: OidcVerifier, token: str | None) -> str:
@@ -191,7 +192,12 @@ async def test_clock_skew_within_leeway_is_tolerated(issuer):
 
 # -- refused tokens ----------------------------------------------------------------
 
-_NOW = int(time.time())
+class FromNow(int):
+    """A time claim given as seconds from when the test runs (PyJWT checks against the real clock)."""
+
+
+def _at_run_time(claims: dict[str, object]) -> dict[str, object]:
+    return {k: int(time.time()) + v if isinstance(v, FromNow) else v for k, v in claims.items()}
 
 
 @pytest.mark.anyio
@@ -200,15 +206,15 @@ _NOW = int(time.time())
     ({"aud": None}, "token lacks the aud claim"),
     ({"iss": "https://evil.example/realms/test"}, "token issuer does not match"),
     ({"iss": None}, "token lacks the iss claim"),
-    ({"exp": _NOW - 120}, "token has expired"),
+    ({"exp": FromNow(-120)}, "token has expired"),
     ({"exp": None}, "token lacks the exp claim"),
-    ({"nbf": _NOW + 600}, "token is not yet valid"),
-    ({"iat": _NOW + 600}, "token is not yet valid"),
+    ({"nbf": FromNow(600)}, "token is not yet valid"),
+    ({"iat": FromNow(600)}, "token is not yet valid"),
 ], ids=["wrong-aud", "no-aud", "wrong-iss", "no-iss", "expired", "no-exp", "nbf-future", "iat-future"])
 async def test_invalid_claims_are_refused(issuer, claims, reason):
     """Wrong audience or issuer, expiry, not-yet-valid and missing required claims are 401s with a reason."""
     async with make_verifier(issuer) as verifier:
-        assert await refused(verifier, issuer.token(**claims)) == reason
+        assert await refused(verifier, issuer.token(**_at_run_time(claims))) == reason
 
 
 @pytest.mark.anyio

@@ -30,8 +30,14 @@ def is_sqlite(url: str) -> bool:
     return make_url(url).get_backend_name() == "sqlite"
 
 
-def create_engine(url: str) -> AsyncEngine:
+def create_engine(url: str, *, connect_timeout: float = 5.0, statement_timeout: float = 5.0) -> AsyncEngine:
     """An async engine. SQLite gets WAL, foreign keys, full fsync and BEGIN IMMEDIATE.
+
+    Nothing waits on the database without a bound: PostgreSQL connections time out after
+    ``connect_timeout`` (asyncpg's ``timeout``, and the pool checkout), every statement
+    after ``statement_timeout`` (asyncpg's ``command_timeout`` on the client, so a frozen
+    server cannot hold it, and ``statement_timeout`` on the server); SQLite waits for its
+    write lock at most ``statement_timeout`` (the busy timeout).
 
     BEGIN IMMEDIATE takes SQLite's write lock when a transaction starts rather than at
     its first write, so two writers never both read and then fail to upgrade their lock.
@@ -41,19 +47,27 @@ def create_engine(url: str) -> AsyncEngine:
     full = async_url(url)
     if not is_sqlite(full):
         # The session name lets operators (and tests) find one process's connections.
-        settings = {"application_name": application_name()}
-        return create_async_engine(full, pool_pre_ping=True, connect_args={"server_settings": settings})
+        server_settings = {
+            "application_name": application_name(),
+            "statement_timeout": str(max(1, int(statement_timeout * 1000))),
+        }
+        return create_async_engine(
+            full, pool_pre_ping=True, pool_timeout=connect_timeout,
+            connect_args={"timeout": connect_timeout, "command_timeout": statement_timeout,
+                          "server_settings": server_settings},
+        )
     database = make_url(full).database
     if database and database != ":memory:":
         Path(database).parent.mkdir(parents=True, exist_ok=True)
-    engine = create_async_engine(full, connect_args={"timeout": 30})
+    engine = create_async_engine(full, connect_args={"timeout": statement_timeout})
+    busy = f"busy_timeout={max(1, int(statement_timeout * 1000))}"
 
     @event.listens_for(engine.sync_engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:
         # Let SQLAlchemy's "begin" event, not the driver, open transactions.
         dbapi_connection.isolation_level = None
         cursor = dbapi_connection.cursor()
-        for pragma in ("journal_mode=WAL", "foreign_keys=ON", "synchronous=FULL", "busy_timeout=30000"):
+        for pragma in ("journal_mode=WAL", "foreign_keys=ON", "synchronous=FULL", busy):
             cursor.execute(f"PRAGMA {pragma}")
         cursor.close()
 

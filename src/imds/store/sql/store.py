@@ -6,10 +6,9 @@ Rows become ``imds.models`` values here; SQLAlchemy errors become ``StoreUnavail
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import copy
 import ipaddress
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from typing import Any, TypeVar
@@ -18,19 +17,34 @@ import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import SQLAlchemyError
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncTransaction
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from imds.errors import StoreUnavailable
-from imds.models import METADATA, USERDATA, Change, Instance, JsonObject, Network, OsRecord
+from imds.models import (
+    METADATA,
+    USERDATA,
+    AuditEntry,
+    AuditEvent,
+    Change,
+    Event,
+    Instance,
+    JsonObject,
+    Network,
+    OsRecord,
+)
 from imds.store.journal import ADDRESSES, FORGET, PUT, REMOVE, Journal, Op
 from imds.store.sql.diagnose import describe, is_not_migrated, not_migrated, sqlite_problem
 from imds.store.sql.engine import create_engine, is_sqlite
-from imds.store.sql.listen import CHANNEL, FeedListener
+from imds.store.sql.group import GroupCommit
+from imds.store.sql.listen import FeedListener
 from imds.store.sql.os_rows import os_document, os_record
 from imds.store.sql.tables import (
+    audit_log,
     changes,
     feed_head,
+    instance_events,
     instance_ip_addresses,
+    instance_messages,
     instance_metadata,
     instance_os,
     instance_passwords,
@@ -38,9 +52,15 @@ from imds.store.sql.tables import (
     instances,
 )
 
-_CHUNK = 500  # stays far below SQLite's bound-parameter limit
-_GROUP_MAX = 256  # write blocks per group commit, so one commit never waits on an endless queue
 _T = TypeVar("_T")
+_CHUNK = 500  # stays far below SQLite's bound-parameter limit
+_YIELD_EVERY = 2048  # address rows converted between two yields to the event loop
+
+
+def _stored_network(text: str) -> Network:
+    """A stored (normalised) address; the class is picked up front, so IPv6 rows skip a failed IPv4 parse."""
+    return ipaddress.IPv6Network(text) if ":" in text else ipaddress.IPv4Network(text)
+
 _RECORD_TABLES = {METADATA: instance_metadata}
 
 
@@ -55,9 +75,37 @@ def _utc(value: datetime | None) -> datetime | None:
     return value.replace(tzinfo=UTC)
 
 
-def _chunks(items: Sequence[str]) -> Iterable[Sequence[str]]:
+def _chunks(items: Sequence[_T]) -> Iterable[Sequence[_T]]:
     for start in range(0, len(items), _CHUNK):
         yield items[start : start + _CHUNK]
+
+
+def _replay_address_lists(
+    before: dict[str, str], lists: Sequence[tuple[str, Sequence[Network]]]
+) -> tuple[dict[str, str], list[tuple[dict[Network, str], tuple[Network, ...]]]]:
+    """``replace_addresses`` applied in order in memory: the final holders, and each call's (moved, dropped)."""
+    owners = dict(before)
+    holding: dict[str, set[str]] = {}
+    for address, holder in owners.items():
+        holding.setdefault(holder, set()).add(address)
+    results: list[tuple[dict[Network, str], tuple[Network, ...]]] = []
+    for instance_id, addresses in lists:
+        wanted = {str(a): a for a in addresses}
+        mine = holding.setdefault(instance_id, set())
+        dropped = sorted(a for a in mine if a not in wanted)
+        for address in dropped:
+            del owners[address]
+            mine.discard(address)
+        moved: dict[Network, str] = {}
+        for address, network in wanted.items():
+            previous = owners.get(address)
+            if previous is not None and previous != instance_id:
+                moved[network] = previous
+                holding[previous].discard(address)
+            owners[address] = instance_id
+            mine.add(address)
+        results.append((moved, tuple(ipaddress.ip_network(a) for a in dropped)))
+    return owners, results
 
 
 class _SqlTx:
@@ -65,21 +113,23 @@ class _SqlTx:
 
     Fewer statements than one per primitive: instance rows are created with an upsert
     and remembered, records are upserted in one statement, an address list is read in
-    one query, and change-feed rows are written by the group's commit in one insert.
+    one query, and change-feed and audit rows are written by the group's commit (one
+    insert each for the whole group).
     """
 
     def __init__(self, conn: AsyncConnection, seq: int) -> None:
-        self._conn = conn
+        self.conn = conn
         self.seq = seq
         self.journal = Journal(start=seq, end=seq)
         self.feed_rows: list[dict[str, Any]] = []
+        self.audit_rows: list[dict[str, Any]] = []
         self._known: set[str] = set()  # instance rows known to exist in this transaction
         self._insert = pg_insert if conn.dialect.name == "postgresql" else sqlite_insert
 
     async def _ensure_instance(self, instance_id: str) -> None:
         if instance_id in self._known:
             return
-        await self._conn.execute(self._insert(instances).values(id=instance_id).on_conflict_do_nothing())
+        await self.conn.execute(self._insert(instances).values(id=instance_id).on_conflict_do_nothing())
         self._known.add(instance_id)
 
     async def _put(self, table: sa.Table, instance_id: str, values: dict[str, Any]) -> datetime:
@@ -87,11 +137,11 @@ class _SqlTx:
         now = datetime.now(UTC)
         values = {**values, "updated_at": now}
         statement = self._insert(table).values(instance_id=instance_id, **values)
-        await self._conn.execute(statement.on_conflict_do_update(index_elements=[table.c.instance_id], set_=values))
+        await self.conn.execute(statement.on_conflict_do_update(index_elements=[table.c.instance_id], set_=values))
         return now
 
     async def metadata_of(self, instance_id: str) -> JsonObject | None:
-        row = await self._conn.execute(
+        row = await self.conn.execute(
             sa.select(instance_metadata.c.document).where(instance_metadata.c.instance_id == instance_id)
         )
         document: JsonObject | None = row.scalar_one_or_none()
@@ -101,7 +151,7 @@ class _SqlTx:
 
     async def has_record(self, kind: str, instance_id: str) -> bool:
         table = _record_table(kind)
-        row = await self._conn.execute(sa.select(table.c.instance_id).where(table.c.instance_id == instance_id))
+        row = await self.conn.execute(sa.select(table.c.instance_id).where(table.c.instance_id == instance_id))
         found = row.first() is not None
         if found:
             self._known.add(instance_id)
@@ -117,7 +167,7 @@ class _SqlTx:
 
     async def remove_record(self, kind: str, instance_id: str) -> bool:
         table = _record_table(kind)
-        result = await self._conn.execute(table.delete().where(table.c.instance_id == instance_id))
+        result = await self.conn.execute(table.delete().where(table.c.instance_id == instance_id))
         if result.rowcount:
             self.journal.ops.append(Op(REMOVE, instance_id, METADATA if table is instance_metadata else USERDATA))
         return bool(result.rowcount)
@@ -134,7 +184,7 @@ class _SqlTx:
         for number, chunk in enumerate(_chunks(list(wanted)) if wanted else [()]):
             mine = t.c.instance_id == instance_id if number == 0 else sa.false()
             query = sa.select(t.c.address, t.c.instance_id).where(mine | t.c.address.in_(chunk))
-            rows = await self._conn.execute(query)
+            rows = await self.conn.execute(query)
             for row in rows:
                 if row.instance_id == instance_id:
                     held.append(row.address)
@@ -142,25 +192,25 @@ class _SqlTx:
                     owners[row.address] = row.instance_id
         dropped = sorted(a for a in held if a not in wanted)
         if dropped:
-            await self._conn.execute(t.delete().where(t.c.address.in_(dropped)))
+            await self.conn.execute(t.delete().where(t.c.address.in_(dropped)))
         moved = {wanted[a]: owner for a, owner in owners.items() if owner != instance_id}
         if moved:
-            await self._conn.execute(
+            await self.conn.execute(
                 t.update().where(t.c.address.in_([str(a) for a in moved])).values(instance_id=instance_id)
             )
         new = [{"address": a, "instance_id": instance_id} for a in wanted if a not in owners]
-        if new:
-            await self._conn.execute(t.insert(), new)
+        for batch in _chunks(new):  # in batches: 60,000 rows' parameters built at once held the event loop
+            await self.conn.execute(t.insert(), batch)
         self.journal.ops.append(Op(ADDRESSES, instance_id, value=tuple(wanted.values()), moved=moved))
         return moved, tuple(ipaddress.ip_network(a) for a in dropped)
 
     async def forget_instance(self, instance_id: str) -> None:
-        await self._conn.execute(
+        await self.conn.execute(
             instance_ip_addresses.delete().where(instance_ip_addresses.c.instance_id == instance_id)
         )
         await self.remove_password(instance_id)  # the foreign key cascades too; this does not rely on it
         await self.remove_os(instance_id)
-        await self._conn.execute(instances.delete().where(instances.c.id == instance_id))
+        await self.conn.execute(instances.delete().where(instances.c.id == instance_id))
         self._known.discard(instance_id)
         self.journal.ops.append(Op(FORGET, instance_id))
 
@@ -174,10 +224,10 @@ class _SqlTx:
 
     async def put_password(self, instance_id: str, password: bytes) -> bool:
         t = instance_passwords
-        held = await self._conn.execute(sa.select(t.c.instance_id).where(t.c.instance_id == instance_id))
+        held = await self.conn.execute(sa.select(t.c.instance_id).where(t.c.instance_id == instance_id))
         if held.first() is not None:
             return False
-        await self._conn.execute(
+        await self.conn.execute(
             t.insert().values(instance_id=instance_id, password=password, updated_at=datetime.now(UTC))
         )
         self.journal.ops.append(Op(PUT, instance_id, "password", bytes(password)))
@@ -185,14 +235,14 @@ class _SqlTx:
 
     async def remove_password(self, instance_id: str) -> bool:
         t = instance_passwords
-        result = await self._conn.execute(t.delete().where(t.c.instance_id == instance_id))
+        result = await self.conn.execute(t.delete().where(t.c.instance_id == instance_id))
         if result.rowcount:
             self.journal.ops.append(Op(REMOVE, instance_id, "password"))
         return bool(result.rowcount)
 
     async def os_of(self, instance_id: str) -> OsRecord | None:
         t = instance_os
-        row = await self._conn.execute(sa.select(t.c.document).where(t.c.instance_id == instance_id))
+        row = await self.conn.execute(sa.select(t.c.document).where(t.c.instance_id == instance_id))
         document: JsonObject | None = row.scalar_one_or_none()
         return None if document is None else os_record(document)
 
@@ -203,177 +253,113 @@ class _SqlTx:
 
     async def remove_os(self, instance_id: str) -> bool:
         t = instance_os
-        result = await self._conn.execute(t.delete().where(t.c.instance_id == instance_id))
+        result = await self.conn.execute(t.delete().where(t.c.instance_id == instance_id))
         if result.rowcount:
             self.journal.ops.append(Op(REMOVE, instance_id, "os"))
         return bool(result.rowcount)
 
+    # --- batch forms (imds import): a few statements per batch instead of several per instance
 
-class _Batch:
-    """One open transaction that write blocks join one after another (group commit)."""
+    async def _ensure_instances(self, instance_ids: Iterable[str]) -> None:
+        ids = list(dict.fromkeys(instance_ids))
+        found: set[str] = set()
+        for chunk in _chunks(ids):
+            rows = await self.conn.execute(sa.select(instances.c.id).where(instances.c.id.in_(chunk)))
+            found.update(rows.scalars())
+        missing = [{"id": instance_id} for instance_id in ids if instance_id not in found]
+        if missing:
+            await self.conn.execute(instances.insert(), missing)
+        self._known.update(ids)
 
-    def __init__(self, conn: AsyncConnection, seq: int) -> None:
-        self.conn = conn
-        self.start = self.seq = seq
-        self.feed_rows: list[dict[str, Any]] = []
-        self.group: list[Journal] = []
-        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    async def metadata_of_many(self, instance_ids: Sequence[str]) -> dict[str, JsonObject]:
+        t = instance_metadata
+        documents: dict[str, JsonObject] = {}
+        for chunk in _chunks(list(dict.fromkeys(instance_ids))):
+            rows = await self.conn.execute(sa.select(t.c.instance_id, t.c.document).where(t.c.instance_id.in_(chunk)))
+            documents.update({row.instance_id: row.document for row in rows})
+        return documents
 
+    async def put_records(
+        self, metadata: Sequence[tuple[str, JsonObject]], userdata: Sequence[tuple[str, bytes]]
+    ) -> None:
+        await self._ensure_instances([i for i, _ in metadata] + [i for i, _ in userdata])
+        at = await self._put_many(instance_metadata, "document", dict(metadata))
+        self.journal.ops += [Op(PUT, i, METADATA, copy.deepcopy(document), at) for i, document in metadata]
+        at = await self._put_many(instance_userdata, "userdata", dict(userdata))
+        self.journal.ops += [Op(PUT, i, USERDATA, bytes(data), at) for i, data in userdata]
 
-class _GroupCommit:
-    """Commits the write blocks that wait at the same moment in one transaction.
+    async def _put_many(self, table: sa.Table, column: str, values: dict[str, Any]) -> datetime:
+        now = datetime.now(UTC)
+        if not values:
+            return now
+        held: set[str] = set()
+        for chunk in _chunks(list(values)):
+            rows = await self.conn.execute(sa.select(table.c.instance_id).where(table.c.instance_id.in_(chunk)))
+            held.update(rows.scalars())
+        updates = [{"key": i, column: v, "updated_at": now} for i, v in values.items() if i in held]
+        if updates:
+            statement = table.update().where(table.c.instance_id == sa.bindparam("key"))
+            await self.conn.execute(statement.values({column: sa.bindparam(column)}), updates)
+        inserts = [{"instance_id": i, column: v, "updated_at": now} for i, v in values.items() if i not in held]
+        if inserts:
+            await self.conn.execute(table.insert(), inserts)
+        return now
 
-    Blocks run one at a time (``_turn``). The first block of a batch opens the
-    transaction and locks the feed head; each later block runs inside a savepoint, so
-    one that raises is rolled back alone. When a block ends and nobody is waiting for a
-    turn (or the batch is full), it commits the batch: the feed rows in one insert, the
-    feed head, ``NOTIFY`` on PostgreSQL, one commit. Every block of the batch leaves
-    ``write()`` only after that commit, and raises StoreUnavailable if it failed.
-    """
+    async def replace_addresses_many(
+        self, lists: Sequence[tuple[str, Sequence[Network]]]
+    ) -> list[tuple[dict[Network, str], tuple[Network, ...]]]:
+        t = instance_ip_addresses
+        ids = list(dict.fromkeys(instance_id for instance_id, _ in lists))
+        await self._ensure_instances(ids)
+        before: dict[str, str] = {}  # address → holder, for every address this batch touches
+        for chunk in _chunks(ids):
+            rows = await self.conn.execute(sa.select(t.c.address, t.c.instance_id).where(t.c.instance_id.in_(chunk)))
+            before.update({row.address: row.instance_id for row in rows})
+        wanted_all = list(dict.fromkeys(str(a) for _, addresses in lists for a in addresses))
+        for chunk in _chunks(wanted_all):
+            rows = await self.conn.execute(sa.select(t.c.address, t.c.instance_id).where(t.c.address.in_(chunk)))
+            before.update({row.address: row.instance_id for row in rows})
+        owners, results = _replay_address_lists(before, lists)
+        gone = [a for a in before if a not in owners]
+        for chunk in _chunks(gone):
+            await self.conn.execute(t.delete().where(t.c.address.in_(chunk)))
+        moved = [{"key": a, "instance_id": owners[a]} for a in before if a in owners and owners[a] != before[a]]
+        if moved:
+            statement = t.update().where(t.c.address == sa.bindparam("key"))
+            await self.conn.execute(statement.values(instance_id=sa.bindparam("instance_id")), moved)
+        new = [{"address": a, "instance_id": holder} for a, holder in owners.items() if a not in before]
+        if new:
+            await self.conn.execute(t.insert(), new)
+        for (instance_id, addresses), (moved_from, _) in zip(lists, results, strict=True):
+            wanted = tuple({str(a): a for a in addresses}.values())
+            self.journal.ops.append(Op(ADDRESSES, instance_id, value=wanted, moved=moved_from))
+        return results
 
-    def __init__(self, engine: AsyncEngine, url: str, explain: Callable[[BaseException], str]) -> None:
-        self._engine = engine
-        self._postgres = not is_sqlite(url)
-        self._explain = explain
-        self._turn = asyncio.Lock()
-        self._waiting = 0
-        self._batch: _Batch | None = None
-        self._flushes: set[asyncio.Task[None]] = set()
+    async def append_audit(self, event: AuditEvent) -> None:
+        await self.append_audit_many([event])
 
-    @asynccontextmanager
-    async def member(self) -> AsyncIterator[_SqlTx]:
-        self._waiting += 1
-        try:
-            await self._turn.acquire()
-        except BaseException:
-            self._waiting -= 1
-            self._flush_soon()  # it may have been the member a batch was kept open for
-            raise
-        self._waiting -= 1
-        try:
-            batch = self._batch if self._batch is not None else await self._open()
-            tx = _SqlTx(batch.conn, batch.seq)
-            savepoint = await self._guard(batch.conn.begin_nested()) if batch.group else None
-            try:
-                yield tx
-            except (SQLAlchemyError, OSError) as exc:
-                await self._undo(batch, savepoint)
-                raise StoreUnavailable(f"database write failed: {self._explain(exc)}") from exc
-            except BaseException:
-                await self._undo(batch, savepoint)
-                raise
-            if savepoint is not None:
-                await self._guard(savepoint.commit(), batch)
-            batch.seq = tx.seq
-            batch.feed_rows += tx.feed_rows
-            tx.journal.group = batch.group
-            batch.group.append(tx.journal)
-            await self._settle()
-        finally:
-            self._turn.release()
-        await batch.done
-
-    async def _guard(self, step: Awaitable[_T], batch: _Batch | None = None) -> _T:
-        """Await a database step; on failure give up the open batch and raise StoreUnavailable."""
-        try:
-            return await step
-        except (SQLAlchemyError, OSError) as exc:
-            error = StoreUnavailable(f"database write failed: {self._explain(exc)}")
-            await self._abandon(batch or self._batch, error)
-            raise error from exc
-
-    async def _open(self) -> _Batch:
-        async def begin() -> _Batch:
-            conn = await self._engine.connect()
-            try:
-                await conn.begin()
-                head = await conn.execute(sa.select(feed_head.c.seq).where(feed_head.c.id == 1).with_for_update())
-                return _Batch(conn, int(head.scalar_one()))
-            except BaseException:
-                await conn.close()
-                raise
-
-        self._batch = await self._guard(begin())
-        return self._batch
-
-    async def _undo(self, batch: _Batch, savepoint: AsyncTransaction | None) -> None:
-        """Roll back one block (its savepoint, or the batch when it was the first); commit the rest if due."""
-        if savepoint is None:
-            await self._abandon(batch, None)
-            return
-        await self._guard(savepoint.rollback(), batch)
-        with contextlib.suppress(StoreUnavailable):  # the finished blocks hear of it through ``done``
-            await self._settle()
-
-    async def _settle(self) -> None:
-        """Commit the open batch unless another block is waiting to join it (and it has room)."""
-        batch = self._batch
-        if batch is not None and batch.group and (self._waiting == 0 or len(batch.group) >= _GROUP_MAX):
-            await self._commit(batch)
-
-    async def _commit(self, batch: _Batch) -> None:
-        async def finish() -> None:
-            if batch.feed_rows:
-                await batch.conn.execute(changes.insert(), batch.feed_rows)
-            if batch.seq != batch.start:
-                await batch.conn.execute(feed_head.update().where(feed_head.c.id == 1).values(seq=batch.seq))
-                if self._postgres:
-                    await batch.conn.execute(sa.select(sa.func.pg_notify(CHANNEL, str(batch.seq))))
-            await batch.conn.commit()
-
-        await self._guard(finish(), batch)
-        self._batch = None
-        await batch.conn.close()
-        batch.done.set_result(None)
-
-    async def _abandon(self, batch: _Batch | None, error: StoreUnavailable | None) -> None:
-        """Roll back and drop ``batch``; its finished blocks fail with ``error``."""
-        if batch is None:
-            return
-        if self._batch is batch:
-            self._batch = None
-        with contextlib.suppress(SQLAlchemyError, OSError):
-            await batch.conn.close()  # closing rolls back whatever is open
-        if batch.done.done():
-            return
-        if batch.group:
-            batch.done.set_exception(error or StoreUnavailable("database write failed"))
-            batch.done.exception()  # retrieved here: the committing block may be its only member
-        else:
-            batch.done.set_result(None)
-
-    def _flush_soon(self) -> None:
-        """Commit an open batch whose next member went away while waiting."""
-
-        async def flush() -> None:
-            async with self._turn:
-                with contextlib.suppress(StoreUnavailable):
-                    await self._settle()
-
-        task = asyncio.get_running_loop().create_task(flush())
-        self._flushes.add(task)
-        task.add_done_callback(self._flushes.discard)
-
-    async def close(self) -> None:
-        """Roll back a batch still open (its blocks fail) and end pending flushes."""
-        for task in list(self._flushes):
-            with contextlib.suppress(asyncio.CancelledError, StoreUnavailable):
-                await task
-        await self._abandon(self._batch, StoreUnavailable("the store was closed"))
+    async def append_audit_many(self, events: Sequence[AuditEvent]) -> None:
+        # Inserted by the group's commit, in this transaction, with the other blocks' rows.
+        now = datetime.now(UTC)
+        self.audit_rows += [
+            {"at": now, "subject": e.subject, "instance_id": e.instance_id, "action": e.action, "kind": e.kind,
+             "applied": e.applied, "detail": e.detail}
+            for e in events
+        ]
 
 
 class SqlStore:
     """Store over an SQLAlchemy async engine. The database must be migrated."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, connect_timeout: float = 5.0, statement_timeout: float = 5.0) -> None:
         self._url = url
         if (problem := sqlite_problem(url)) is not None:
             raise StoreUnavailable(f"cannot open the database: {problem}")
         try:
-            self._engine = create_engine(url)
+            self._engine = create_engine(url, connect_timeout=connect_timeout, statement_timeout=statement_timeout)
         except OSError as exc:  # the SQLite file's directory cannot be created
             raise StoreUnavailable(f"cannot open the database: {describe(url, exc)}") from exc
-        self._group = _GroupCommit(self._engine, url, self._explain)
+        self._group = GroupCommit(self._engine, url, self._explain, _SqlTx)
         self._listener = FeedListener(url) if not is_sqlite(url) else None
 
     @asynccontextmanager
@@ -424,10 +410,13 @@ class SqlStore:
                 sa.select(instance_userdata).where(where(instance_userdata.c.instance_id, chunk))
             ):
                 parts[row.instance_id].update(userdata=bytes(row.userdata), userdata_updated_at=_utc(row.updated_at))
-            for row in await conn.execute(
+            rows = await conn.execute(
                 sa.select(instance_ip_addresses).where(where(instance_ip_addresses.c.instance_id, chunk))
-            ):
-                parts[row.instance_id]["addresses"].append(ipaddress.ip_network(row.address))
+            )
+            for count, row in enumerate(rows, 1):
+                parts[row.instance_id]["addresses"].append(_stored_network(row.address))
+                if count % _YIELD_EVERY == 0:
+                    await asyncio.sleep(0)  # one instance with 60,000 addresses must not hold the event loop
             for row in await conn.execute(
                 sa.select(instance_passwords).where(where(instance_passwords.c.instance_id, chunk))
             ):
@@ -467,8 +456,93 @@ class SqlStore:
         async with self._read() as conn:
             await conn.execute(sa.select(feed_head.c.seq).where(feed_head.c.id == 1))
 
+    async def audit(self, instance_id: str | None, after: int, limit: int) -> list[AuditEntry]:
+        t = audit_log
+        query = sa.select(t).where(t.c.seq > after).order_by(t.c.seq).limit(limit)
+        if instance_id is not None:
+            query = query.where(t.c.instance_id == instance_id)
+        async with self._read() as conn:
+            rows = await conn.execute(query)
+            return [
+                AuditEntry(int(r.seq), _utc(r.at) or r.at, AuditEvent(
+                    r.subject, r.instance_id, r.action, r.kind, bool(r.applied), r.detail))
+                for r in rows
+            ]
+
     async def close(self) -> None:
         if self._listener is not None:
             await self._listener.close()
         await self._group.close()
         await self._engine.dispose()
+
+    # --- the instance<->host channel ------------------------------------------------------
+
+    @asynccontextmanager
+    async def _channel_tx(self) -> AsyncIterator[AsyncConnection]:
+        """A channel write (events, messages): one all-or-nothing block of a group commit.
+
+        Blocks are serialised (in this process by the group, across processes by the
+        feed-head lock every group holds), so an instance's event cursors are allocated
+        and committed in one order; the caller hears back only after the commit.
+        """
+        async with self._group.member() as tx:
+            yield tx.conn
+
+    async def append_event(
+        self, instance_id: str, state: str, code: int | None, message: str | None, *, retain: int
+    ) -> Event:
+        t = instance_events
+        now = datetime.now(UTC)
+        async with self._channel_tx() as conn:
+            inserted = await conn.execute(
+                t.insert().values(instance_id=instance_id, state=state, code=code, message=message, created_at=now)
+            )
+            cursor = int(inserted.inserted_primary_key[0])  # type: ignore[index]
+            oldest_kept = (
+                sa.select(t.c.cursor).where(t.c.instance_id == instance_id)
+                .order_by(t.c.cursor.desc()).offset(retain - 1).limit(1).scalar_subquery()
+            )
+            await conn.execute(t.delete().where(t.c.instance_id == instance_id, t.c.cursor < oldest_kept))
+        return Event(cursor, instance_id, state, code, message, now)
+
+    async def events_after(self, instance_id: str, after: int, limit: int) -> list[Event]:
+        t = instance_events
+        async with self._read() as conn:
+            rows = await conn.execute(
+                sa.select(t).where(t.c.instance_id == instance_id, t.c.cursor > after).order_by(t.c.cursor).limit(limit)
+            )
+            return [
+                Event(int(r.cursor), r.instance_id, r.state, r.code, r.message, _utc(r.created_at) or datetime.now(UTC))
+                for r in rows
+            ]
+
+    async def latest_event_cursor(self) -> int:
+        async with self._read() as conn:
+            found = (await conn.execute(sa.select(sa.func.max(instance_events.c.cursor)))).scalar_one_or_none()
+            return int(found or 0)
+
+    async def queue_message(self, instance_id: str, body: bytes, *, max_queued: int) -> int | None:
+        t = instance_messages
+        async with self._channel_tx() as conn:
+            count = sa.select(sa.func.count()).where(t.c.instance_id == instance_id)
+            waiting = (await conn.execute(count)).scalar_one()
+            if waiting >= max_queued:
+                return None
+            inserted = await conn.execute(
+                t.insert().values(instance_id=instance_id, body=body, created_at=datetime.now(UTC))
+            )
+            return int(inserted.inserted_primary_key[0])  # type: ignore[index]
+
+    async def take_message(self, instance_id: str) -> bytes | None:
+        t = instance_messages
+        async with self._channel_tx() as conn:
+            # SKIP LOCKED: a concurrent reader takes the next message instead of waiting for this one.
+            oldest = await conn.execute(
+                sa.select(t.c.id, t.c.body).where(t.c.instance_id == instance_id)
+                .order_by(t.c.id).limit(1).with_for_update(skip_locked=True)
+            )
+            row = oldest.first()
+            if row is None:
+                return None
+            deleted = await conn.execute(t.delete().where(t.c.id == row.id))
+            return bytes(row.body) if deleted.rowcount == 1 else None

@@ -88,3 +88,42 @@ instance_os = sa.Table(
     sa.Column("document", sa.JSON(none_as_null=True), nullable=False),
     sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
 )
+
+# The instance<->host channel (revision 0004). No foreign keys: an event posted while an
+# admin deletes the instance must not fail, and the host may read events of a gone instance.
+_CURSOR = sa.BigInteger().with_variant(sa.Integer(), "sqlite")  # SQLite autoincrements INTEGER keys only
+
+instance_events = sa.Table(
+    "instance_events",
+    metadata_obj,
+    sa.Column("cursor", _CURSOR, primary_key=True, autoincrement=True),
+    sa.Column("instance_id", _ID, nullable=False, index=True),
+    sa.Column("state", sa.String(64), nullable=False),
+    sa.Column("code", sa.Integer, nullable=True),
+    sa.Column("message", sa.Text, nullable=True),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+)
+
+instance_messages = sa.Table(
+    "instance_messages",
+    metadata_obj,
+    sa.Column("id", _CURSOR, primary_key=True, autoincrement=True),
+    sa.Column("instance_id", _ID, nullable=False, index=True),
+    sa.Column("body", sa.LargeBinary, nullable=False),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+)
+
+# The audit log (revision 0005): one row per admin write or delete, written in its transaction.
+# ``detail`` holds facts only (moved and dropped addresses, counts, OS type): never a value.
+audit_log = sa.Table(
+    "audit_log",
+    metadata_obj,
+    sa.Column("seq", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), primary_key=True, autoincrement=True),
+    sa.Column("at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("subject", sa.String(255), nullable=False),
+    sa.Column("instance_id", _ID, nullable=False, index=True),
+    sa.Column("action", sa.String(16), nullable=False),
+    sa.Column("kind", sa.String(16), nullable=False),
+    sa.Column("applied", sa.Boolean, nullable=False),
+    sa.Column("detail", sa.JSON(none_as_null=True), nullable=False),
+)

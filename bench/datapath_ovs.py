@@ -1,0 +1,185 @@
+"""Added latency of each host datapath against direct access, same run: imds proxy, OVS + haproxy.
+
+Starts ``imds serve --demo`` (in-memory, the demo instance bound to 127.0.0.1), a private
+userspace Open vSwitch (the test harness in ``tests/ovs_harness.py``), one VM network
+namespace plugged into the integration bridge, and ``imds agent`` in front of the server.
+Then wrk loads the same document two ways for the same duration and connection count:
+
+- direct: from the host to ``imds serve`` on 127.0.0.1;
+- via ``imds proxy --map``: from the host to the proxy on 127.0.0.2 (caller 127.0.0.1 mapped
+  to the demo instance), which signs the id and forwards over its keep-alive pool;
+- via OVS: from inside the VM to ``http://169.254.169.254/metadata`` (br-int rewrite, patch,
+  br-meta, tap-meta, haproxy, and back through the learned rules).
+
+The VM is plugged as the demo instance and haproxy signs that id; ``imds serve`` trusts
+127.0.0.1 as a proxy with the same secret, so the VM is identified by the signed header
+(signature checked on every request) and both paths answer with the same bytes (checked
+first). Prints requests/s and latency percentiles with the via/direct ratios and writes them
+to ``bench/results-datapath.md``. Run on demand (never in CI), as root::
+
+    .venv/bin/python bench/datapath_ovs.py --duration 10 --connections 8
+
+Every process is stopped by PID and every namespace/bridge removed; only loopback and the
+VM namespace are targeted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+
+from ovs_harness import AgentProcess, Vm, ovs_daemons, sh, vms, wait_for  # noqa: E402 - after the path above
+
+IMDS = Path(sys.executable).with_name("imds")
+RESULTS = ROOT / "bench" / "results-datapath.md"
+DEMO_ID = "cc40301c-4038-4011-af55-6eae3ba60246"  # src/imds/demo/metadata.json
+
+
+def _free_port() -> int:
+    import socket  # noqa: PLC0415 - only here
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _wrk(prefix: list[str], url: str, duration: int, connections: int) -> dict[str, float]:
+    out = subprocess.run(
+        [*prefix, "wrk", "-t1", f"-c{connections}", f"-d{duration}s", "--latency", url],
+        capture_output=True, text=True, check=True, timeout=duration + 60,
+    ).stdout
+    rate = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
+    result = {"rps": rate}
+    for pct in ("50", "99"):
+        match = re.search(rf"\s{pct}%\s+([\d.]+)(us|ms|s)", out)
+        value, unit = float(match.group(1)), match.group(2)  # type: ignore[union-attr]
+        result[f"p{pct}_ms"] = value / 1000 if unit == "us" else value * 1000 if unit == "s" else value
+    errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    result["non_2xx"] = float(errors.group(1)) if errors else 0.0
+    return result
+
+
+def main() -> None:
+    """Run both measurements and print/write the ratios."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
+    parser.add_argument("--duration", type=int, default=10)
+    parser.add_argument("--connections", type=int, default=8)
+    args = parser.parse_args()
+
+    work = Path(tempfile.mkdtemp(prefix="imds-bench-"))
+    secret = work / "secret"
+    secret.write_bytes(b"bench-secret")
+    port = _free_port()
+    serve = subprocess.Popen(
+        [str(IMDS), "serve", "--demo", "--db", "memory://", "--listen", f"127.0.0.1:{port}",
+         "--trusted-proxy", "127.0.0.1/32", "--proxy-shared-secret-file", str(secret)],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    direct_url = f"http://127.0.0.1:{port}/metadata"
+    try:
+        wait_for("imds serve", lambda: _ok(direct_url))
+        direct_body = urllib.request.urlopen(direct_url, timeout=5).read()
+        with ovs_daemons(work) as ovs:
+            t = ovs.tag
+            bridge, meta_bridge, tap, netns = f"bi{t}", f"bm{t}", f"tm{t}", f"imdsmeta{t}"
+            ovs.add_bridge(bridge)
+            agent = AgentProcess(ovs, [
+                "--ovsdb", f"unix:{ovs.db_sock}", "--integration-bridge", bridge, "--metadata-bridge", meta_bridge,
+                "--meta-port", tap, "--meta-netns", netns, "--upstream", f"http://127.0.0.1:{port}",
+                "--shared-secret-file", str(secret), "--state-dir", str(work / "state"),
+            ], work / "agent.log")
+            vm = Vm(ovs, bridge, f"vbench{t}", DEMO_ID, "02:00:00:00:be:01", "10.9.0.5/24")
+            try:
+                with vms(vm):
+                    agent.start()
+                    wait_for("the VM served", lambda: vm.get("http://169.254.169.254/metadata", timeout=3)[0] == 200,
+                             timeout=60)
+                    status, body = vm.get("http://169.254.169.254/metadata")
+                    if (status, body.encode()) != (200, direct_body):
+                        sys.exit("the two paths answer different bytes; not comparable")
+                    results = {
+                        "direct (host → imds serve)": _wrk([], direct_url, args.duration, args.connections),
+                    }
+                    with _proxy(work, port, secret) as proxy_url:
+                        results["via imds proxy --map (loopback)"] = _wrk([], proxy_url, args.duration,
+                                                                          args.connections)
+                    results["via OVS flows + haproxy (VM → 169.254.169.254)"] = _wrk(
+                        ["ip", "netns", "exec", vm.name], "http://169.254.169.254/metadata",
+                        args.duration, args.connections)
+            finally:
+                agent.stop()
+                ovs.vsctl("--if-exists", "del-br", meta_bridge, check=False)
+                ovs.vsctl("--if-exists", "del-br", bridge, check=False)
+                sh("ip", "netns", "del", netns, check=False)
+    finally:
+        serve.terminate()
+        serve.wait(timeout=10)
+        shutil.rmtree(work, ignore_errors=True)
+    _report(results, args)
+
+
+def _ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=1) as answer:  # noqa: S310 - loopback
+            return bool(answer.status == 200)
+    except OSError:
+        return False
+
+
+@contextmanager
+def _proxy(work: Path, upstream_port: int, secret: Path) -> Iterator[str]:
+    """``imds proxy --map`` on 127.0.0.2 mapping the caller 127.0.0.1 to the demo instance."""
+    mapping = work / "map"
+    mapping.write_text(f"127.0.0.1 {DEMO_ID}\n")
+    port = _free_port()
+    process = subprocess.Popen(
+        [str(IMDS), "proxy", "--listen", f"127.0.0.2:{port}", "--upstream", f"http://127.0.0.1:{upstream_port}",
+         "--shared-secret-file", str(secret), "--map", str(mapping)],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.2:{port}/metadata"
+    try:
+        wait_for("imds proxy", lambda: _ok(url))
+        yield url
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+
+
+def _report(results: dict[str, dict[str, float]], args: argparse.Namespace) -> None:
+    when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    lines = [
+        f"## {when}: GET /metadata, wrk -t1 -c{args.connections} -d{args.duration}s",
+        "",
+        "| path | req/s | p50 ms | p99 ms | non-2xx |",
+        "|---|---|---|---|---|",
+    ]
+    direct = next(iter(results.values()))
+    for name, row in results.items():
+        cells = f"{row['rps']:.0f} | {row['p50_ms']:.2f} | {row['p99_ms']:.2f} | {row['non_2xx']:.0f}"
+        lines.append(f"| {name} | {cells} |")
+    lines.append("")
+    for name, row in list(results.items())[1:]:
+        lines.append(f"- {name} / direct: throughput {row['rps'] / direct['rps']:.2f}, p50 latency "
+                     f"{row['p50_ms'] / direct['p50_ms']:.2f}x (+{row['p50_ms'] - direct['p50_ms']:.2f} ms)")
+    lines.append("")
+    text = "\n".join(lines)
+    print(text)
+    previous = RESULTS.read_text() if RESULTS.exists() else "# Datapath benchmark results\n\n"
+    RESULTS.write_text(previous + text + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,312 @@
+"""The host's one haproxy: config rendering (pure), validation, atomic swap and master-worker reload.
+
+One frontend listens on tap-meta's addresses (in the metadata namespace when there is one,
+through haproxy's ``namespace`` bind option). Each VM port is one ``acl`` on its Meta IPv4
+and IPv6 source address and one backend that sets the signed identity headers, replacing
+whatever the VM sent, and forwards to ``--upstream``. Anything else gets a 404 from haproxy
+itself. The signature is precomputed here (``imds.signing.sign``), so the shared secret is
+never written to disk; the file holds per-instance signatures and is kept mode 0600.
+
+Usage::
+
+    text = render(Frontend(...), [Backend(...)], upstream)
+    proxy = Haproxy(Path("/usr/sbin/haproxy"), state_dir)
+    proxy.apply(text)        # validates with `haproxy -c`, swaps the file, starts or reloads
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import re
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from imds.errors import ConfigError, HaproxyFailed
+
+_TOKEN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$")
+READY_TIMEOUT = 15.0
+STOP_TIMEOUT = 10.0
+
+
+def safe_token(value: str) -> bool:
+    """Whether ``value`` may appear in the config unquoted (ids and tenants from OVSDB are checked)."""
+    return bool(_TOKEN.match(value))
+
+
+@dataclass(frozen=True)
+class Upstream:
+    """Where haproxy forwards: ``imds serve``."""
+
+    host: str
+    port: int
+    tls: bool = False
+
+    @classmethod
+    def parse(cls, url: str) -> Upstream:
+        """``http(s)://HOST[:PORT]`` (no path); ConfigError naming ``--upstream`` otherwise."""
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ConfigError(f"--upstream: {url!r} is not an http:// or https:// URL")
+        if parts.path not in ("", "/") or parts.query:
+            raise ConfigError(f"--upstream: {url!r} must have no path (imds serve answers at its root)")
+        try:
+            port = parts.port or (443 if parts.scheme == "https" else 80)
+        except ValueError as exc:
+            raise ConfigError(f"--upstream: {url!r} has an invalid port") from exc
+        return cls(parts.hostname, port, parts.scheme == "https")
+
+    @property
+    def address(self) -> str:
+        """``HOST:PORT`` as haproxy's ``server`` line wants it (IPv6 in brackets)."""
+        try:
+            is_v6 = ipaddress.ip_address(self.host).version == 6
+        except ValueError:
+            is_v6 = False
+        return f"[{self.host}]:{self.port}" if is_v6 else f"{self.host}:{self.port}"
+
+
+@dataclass(frozen=True)
+class Frontend:
+    """Where haproxy listens: tap-meta's addresses (and its namespace, if any)."""
+
+    addresses: tuple[str, ...]
+    port: int = 80
+    namespace: str | None = None
+
+
+@dataclass(frozen=True)
+class Backend:
+    """One VM port: the source addresses it arrives from and the identity haproxy asserts for it."""
+
+    name: str  # the OVS port, for the reader of the file
+    sources: tuple[str, ...]
+    instance_id: str
+    signature: str
+    tenant: str | None = None
+
+
+def _bind(frontend: Frontend, address: str) -> str:
+    shown = f"[{address}]" if ":" in address else address
+    namespace = f" namespace {frontend.namespace}" if frontend.namespace else ""
+    return f"    bind {shown}:{frontend.port}{namespace}"
+
+
+def _backend(index: int, backend: Backend, upstream: Upstream) -> list[str]:
+    tls = " ssl verify required ca-file @system-ca sni str(" + upstream.host + ")" if upstream.tls else ""
+    tenant = (
+        f"    http-request set-header X-Tenant-ID {backend.tenant}"
+        if backend.tenant
+        else "    http-request del-header X-Tenant-ID"
+    )
+    return [
+        f"backend vm{index}",
+        f"    # port {backend.name}",
+        f"    http-request set-header X-Instance-ID {backend.instance_id}",
+        f"    http-request set-header X-Instance-ID-Signature {backend.signature}",
+        tenant,
+        "    http-request del-header X-Forwarded-For",
+        f"    server imds {upstream.address}{tls}",
+        "",
+    ]
+
+
+def render(frontend: Frontend, backends: Sequence[Backend], upstream: Upstream) -> str:
+    """The whole haproxy config; the same inputs always give the same text (backends sorted by name)."""
+    ordered = sorted(backends, key=lambda b: b.name)
+    lines = [
+        "# Written by imds agent: regenerated whenever the VM ports change. Do not edit.",
+        "global",
+        "    maxconn 4096",
+        "",
+        "defaults",
+        "    mode http",
+        "    timeout connect 5s",
+        "    timeout client 30s",
+        "    timeout server 30s",
+        "    timeout http-request 10s",
+        "    option idle-close-on-response",
+        "",
+        "frontend metadata",
+        *(_bind(frontend, address) for address in frontend.addresses),
+    ]
+    for index, backend in enumerate(ordered):
+        lines.append(f"    acl vm{index} src {' '.join(backend.sources)}")
+        lines.append(f"    use_backend vm{index} if vm{index}")
+    lines += [
+        "    default_backend unknown",
+        "",
+        "backend unknown",
+        (
+            "    http-request return status 404 content-type text/plain"
+            ' string "no instance is associated with this port\\n"'
+        ),
+        "",
+    ]
+    for index, backend in enumerate(ordered):
+        lines += _backend(index, backend, upstream)
+    return "\n".join(lines)
+
+
+class Haproxy:
+    """One haproxy master (``-W -S master.sock``) run as a child of the agent, config under ``state_dir``."""
+
+    def __init__(self, binary: str, state_dir: Path) -> None:
+        self.binary = binary
+        self.state_dir = state_dir.resolve()
+        self.config = self.state_dir / "haproxy.cfg"
+        self.socket = self.state_dir / "haproxy-master.sock"
+        self.log = self.state_dir / "haproxy.log"
+        self.process: subprocess.Popen[bytes] | None = None
+        self.current: str | None = None
+
+    def check(self, text: str) -> None:
+        """``haproxy -c`` on ``text``; HaproxyFailed with haproxy's own words when it refuses."""
+        candidate = self.state_dir / "haproxy.cfg.new"
+        _write_private(candidate, text)
+        try:
+            result = subprocess.run(  # noqa: S603 - the configured haproxy binary on our own file
+                [self.binary, "-c", "-q", "-f", str(candidate)], capture_output=True, text=True, timeout=30, check=False
+            )
+        except OSError as exc:
+            raise HaproxyFailed(f"cannot run {self.binary}: {exc.strerror}") from exc
+        if result.returncode != 0:
+            candidate.unlink(missing_ok=True)
+            raise HaproxyFailed(f"haproxy refused the rendered config: {(result.stderr or result.stdout).strip()}")
+
+    def apply(self, text: str) -> bool:
+        """Validate, swap in atomically and start or reload; False when ``text`` is what runs already."""
+        if text == self.current and self.running:
+            return False
+        self.check(text)
+        (self.state_dir / "haproxy.cfg.new").replace(self.config)
+        if self.running:
+            self.reload()
+        else:
+            self.start()
+        self.current = text
+        return True
+
+    @property
+    def running(self) -> bool:
+        """Whether the master process is alive."""
+        return self.process is not None and self.process.poll() is None
+
+    def start(self) -> None:
+        """Start the master and wait until it reports a worker; HaproxyFailed with its log otherwise."""
+        self._stop_leftover()
+        self.socket.unlink(missing_ok=True)
+        with self.log.open("ab") as sink:
+            self.process = subprocess.Popen(  # noqa: S603 - the configured haproxy binary
+                [self.binary, "-W", "-S", f"{self.socket},mode,600", "-f", str(self.config)],
+                stdin=subprocess.DEVNULL, stdout=sink, stderr=subprocess.STDOUT,
+            )
+        self._wait_worker(exclude=set())
+
+    def _stop_leftover(self) -> None:
+        """Stop a master a killed agent left behind (it still answers on our socket), by its PID."""
+        if not self.socket.exists():
+            return
+        try:
+            text = self.command("show proc")
+        except OSError:
+            return  # a stale socket file: nobody is listening
+        for line in text.splitlines():
+            fields = line.split()
+            if len(fields) >= 2 and fields[1] == "master" and fields[0].isdigit():
+                pid = int(fields[0])
+                os.kill(pid, signal.SIGTERM)
+                deadline = time.monotonic() + STOP_TIMEOUT
+                while _alive(pid) and time.monotonic() < deadline:
+                    time.sleep(0.05)
+
+    def workers(self) -> set[int]:
+        """PIDs of the current (not old) workers, from the master CLI's ``show proc``."""
+        text = self.command("show proc")
+        current: set[int] = set()
+        section = "master"
+        for line in text.splitlines():
+            if line.startswith("#"):  # "# workers", "# old workers", "# programs"
+                section = line.lstrip("#").strip()
+                continue
+            fields = line.split()
+            if section == "workers" and len(fields) >= 2 and fields[1] == "worker" and fields[0].isdigit():
+                current.add(int(fields[0]))
+        return current
+
+    def command(self, line: str) -> str:
+        """One command on the master CLI socket; its answer."""
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(5.0)
+            sock.connect(str(self.socket))
+            sock.sendall(line.encode() + b"\n")
+            sock.shutdown(socket.SHUT_WR)  # the master CLI answers and closes once the input ends
+            chunks = []
+            while chunk := sock.recv(65536):
+                chunks.append(chunk)
+        return b"".join(chunks).decode(errors="replace")
+
+    def reload(self) -> None:
+        """Master-worker reload: a new worker takes the listeners, the old one finishes its requests."""
+        before = self.workers()
+        try:
+            self.command("reload")
+        except OSError as exc:
+            raise HaproxyFailed(f"haproxy master socket {self.socket}: {exc.strerror}") from exc
+        self._wait_worker(exclude=before)
+
+    def _wait_worker(self, exclude: set[int]) -> None:
+        deadline = time.monotonic() + READY_TIMEOUT
+        while time.monotonic() < deadline:
+            if not self.running:
+                raise HaproxyFailed(f"haproxy exited: {self._tail()}")
+            try:
+                if self.workers() - exclude:
+                    return
+            except OSError:
+                pass  # the master socket is not there yet, or is being re-created by the reload
+            time.sleep(0.05)
+        raise HaproxyFailed(f"haproxy started no new worker within {READY_TIMEOUT}s: {self._tail()}")
+
+    def tail(self) -> str:
+        """The end of haproxy's own log."""
+        return self._tail()
+
+    def _tail(self) -> str:
+        return self.log.read_text(errors="replace")[-2000:].strip() if self.log.exists() else ""
+
+    def stop(self) -> None:
+        """Stop the master (and its workers) by PID."""
+        if self.process is None:
+            return
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=STOP_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=STOP_TIMEOUT)
+        self.process = None
+        self.current = None
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` still runs; an exited process waiting to be reaped by init counts as gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def _write_private(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` with mode 0600 from the start (it holds signatures)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(text)

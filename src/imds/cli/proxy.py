@@ -1,0 +1,84 @@
+"""``imds proxy``: the per-host proxy that signs the calling VM's identity for ``imds serve``."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import click
+
+from imds import log
+from imds.cli.options import settings_options
+from imds.cli.serve import bind
+from imds.cli.servers import run_uvicorn
+from imds.config import PROXY_OPTIONS, ProxySettings, load_proxy
+from imds.errors import ConfigError
+from imds.proxy.forward import ForwardPolicy, ProxyApp
+from imds.proxy.identify import Identifier
+from imds.proxy.mapfile import MapIdentifier
+from imds.signing import read_secret
+
+
+def identifier_for(settings: ProxySettings) -> Identifier:
+    """The identification mode the settings ask for (one branch per mode)."""
+    if settings.map_file is not None:
+        return MapIdentifier(settings.map_file, poll_interval=settings.map_poll_interval, reload_on_sighup=True)
+    if settings.inport and settings.ovsdb:
+        from imds.agent.ovsdb import Ovsdb  # noqa: PLC0415 - OVS modules load only in this mode
+        from imds.proxy.inport import InportIdentifier  # noqa: PLC0415
+
+        return InportIdentifier(Ovsdb(settings.ovsdb), settings.integration_bridge)
+    msg = "an identification mode is required: --map FILE, or --ovsdb unix:PATH --inport"
+    raise ConfigError(msg)
+
+
+def build(settings: ProxySettings) -> ProxyApp:
+    """The proxy app for ``settings``; the secret is read here, once, and never logged."""
+    secret = read_secret(settings.shared_secret_file, "--shared-secret-file")
+    policy = ForwardPolicy(
+        upstream=settings.upstream,
+        timeout=settings.timeout,
+        connect_timeout=settings.connect_timeout,
+        max_connections=settings.max_connections,
+        max_body_bytes=settings.max_body_bytes,
+    )
+    return ProxyApp(identifier_for(settings), secret, policy)
+
+
+def run(settings: ProxySettings) -> None:
+    """Bind every listen address and proxy until SIGINT/SIGTERM (SIGHUP reloads the map)."""
+    import uvicorn  # noqa: PLC0415 - the server stack loads only when serving
+
+    logger = log.get("proxy")
+    app = build(settings)
+    sockets = [bind(host, port) for host, port in settings.listen]
+    config = uvicorn.Config(
+        app,
+        lifespan="on",
+        log_config=None,
+        access_log=False,
+        proxy_headers=False,  # the socket peer is the identity; never rewrite it from headers
+        server_header=False,
+        date_header=False,  # the upstream's Date is passed through
+    )
+    for host, port in settings.listen:
+        logger.info("listening", address=f"[{host}]:{port}" if ":" in host else f"{host}:{port}",
+                    upstream=settings.upstream)
+    run_uvicorn(config, sockets, "imds proxy")
+
+
+@click.command()
+@settings_options(table=PROXY_OPTIONS)
+def proxy(**flags: Any) -> None:
+    """Per-host proxy: identify the calling VM, sign its id, forward to imds serve."""
+    try:
+        settings = load_proxy(flags)
+    except ConfigError as exc:
+        raise click.UsageError(exc.message) from exc
+    log.configure(settings.log_level)
+    # httpx narrates every forwarded request at INFO: that is an access log, which the proxy does not keep.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    try:
+        run(settings)
+    except ConfigError as exc:
+        raise click.ClickException(exc.message) from exc

@@ -1,0 +1,201 @@
+"""The proxy's ASGI app: identify the VM by its socket peer, sign, forward, stream back.
+
+Raw ASGI (no framework) on the hot path. For every request:
+
+- the socket peer (never a header) goes to the ``Identifier``; unknown → 404 with a body,
+  without contacting upstream;
+- every copy the VM sent of ``X-Instance-ID``, ``X-Instance-ID-Signature``, ``X-Tenant-ID``,
+  ``X-Forwarded-For``, ``Forwarded`` and ``X-Real-IP`` is dropped, with the hop-by-hop
+  headers, and the proxy's own are added (``X-Forwarded-For`` is the peer alone);
+- an IMDSv2 token PUT that carried ``X-Forwarded-For`` from the VM is refused (403) here,
+  as AWS refuses it: the VM's own header is about to be overwritten, so ``imds serve``
+  could no longer tell (the rule is in ``imds.services.proxied``);
+- the request (and its body, read whole up to ``max_body_bytes``) goes over a keep-alive
+  pool (``imds.proxy.upstream``); status, headers (minus hop-by-hop) and body stream back;
+- an upstream that cannot be reached or times out → 503 (504 is not used: instances
+  treat both alike, and 503 tells cloud-init to retry) with a JSON body.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable, MutableMapping
+from dataclasses import dataclass
+from typing import Any
+
+from imds import log
+from imds.proxy.identify import Identifier, Identity
+from imds.proxy.upstream import UpstreamFailed, UpstreamPool, UpstreamTimeout
+from imds.services.addresses import parse_host
+from imds.signing import INSTANCE_ID_HEADER, SIGNATURE_HEADER, TENANT_HEADER, sign
+
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+
+_log = log.get("proxy")
+HOP_BY_HOP = frozenset(
+    {b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"proxy-connection",
+     b"te", b"trailer", b"transfer-encoding", b"upgrade"}
+)
+# What only the proxy may say about who is calling: every client-sent copy is dropped.
+IDENTITY_HEADERS = frozenset(
+    {INSTANCE_ID_HEADER.encode(), SIGNATURE_HEADER.encode(), TENANT_HEADER.encode(),
+     b"x-forwarded-for", b"forwarded", b"x-real-ip"}
+)
+_DROPPED = HOP_BY_HOP | IDENTITY_HEADERS | {b"content-length", b"host", b"expect"}
+_TOKEN_PATH = "/latest/api/token"  # noqa: S105 - a path, not a secret
+JSON = b"application/json"
+
+
+@dataclass(frozen=True)
+class ForwardPolicy:
+    """Where to and how long: the upstream base URL and the per-request limits."""
+
+    upstream: str
+    timeout: float = 5.0
+    connect_timeout: float = 2.0
+    max_connections: int = 64
+    max_body_bytes: int = 64 * 1024
+
+
+class BodyTooLarge(Exception):
+    """The VM sent a body over ``max_body_bytes``."""
+
+
+def _reply(status: int, message: str) -> tuple[int, bytes]:
+    return status, json.dumps({"message": message}).encode()
+
+
+class ProxyApp:
+    """``imds proxy``'s ASGI app; ``lifespan`` starts the identifier and the upstream pool."""
+
+    def __init__(self, identifier: Identifier, secret: bytes, policy: ForwardPolicy) -> None:
+        self.identifier = identifier
+        self.policy = policy
+        self._secret = secret
+        self._signatures: dict[str, bytes] = {}
+        self._upstream = policy.upstream
+        self._pool = UpstreamPool(
+            policy.upstream, size=policy.max_connections, connect_timeout=policy.connect_timeout, timeout=policy.timeout
+        )
+
+    async def start(self) -> None:
+        """Start the identifier (the pool connects on demand)."""
+        await self.identifier.start()
+
+    async def stop(self) -> None:
+        """Close the idle upstream connections and stop the identifier."""
+        await self._pool.aclose()
+        await self.identifier.stop()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """ASGI entry point."""
+        if scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            return
+        client = scope.get("client")
+        peer = parse_host(client[0]) if client else None
+        identity = await self.identifier.identify(peer) if peer is not None else None
+        if identity is None:
+            _log.debug("proxy.unknown_peer", peer=str(peer) if peer else None, path=scope["path"])
+            await _answer(send, *_reply(404, f"no instance is associated with {peer or 'an unidentified caller'}"))
+            return
+        if scope["method"] == "PUT" and scope["path"] == _TOKEN_PATH and _has(scope, b"x-forwarded-for"):
+            await _answer(send, 403, b"403 - Forbidden", b"text/plain; charset=utf-8")
+            return
+        try:
+            body = await self._body(scope, receive)
+        except BodyTooLarge:
+            await _answer(send, *_reply(413, f"request body is larger than {self.policy.max_body_bytes} bytes"))
+            return
+        await self._forward(scope, send, identity, str(peer), body)
+
+    async def _forward(self, scope: Scope, send: Send, identity: Identity, peer: str, body: bytes | None) -> None:
+        target = scope.get("raw_path") or scope["path"].encode()
+        if scope.get("query_string"):
+            target += b"?" + scope["query_string"]
+        headers = self._headers(scope, identity, peer)
+        try:
+            response = await self._pool.request(scope["method"], target, headers, body)
+        except UpstreamTimeout as exc:
+            _log.warning("proxy.upstream_timeout", upstream=self._upstream, error=str(exc))
+            await _answer(send, *_reply(503, f"metadata service did not answer in time: {exc}"))
+            return
+        except UpstreamFailed as exc:
+            _log.warning("proxy.upstream_unavailable", upstream=self._upstream, error=str(exc))
+            await _answer(send, *_reply(503, "metadata service unavailable"))
+            return
+        try:
+            answer = [(k, v) for k, v in response.headers if k.lower() not in HOP_BY_HOP]
+            await send({"type": "http.response.start", "status": response.status, "headers": answer})
+            async for chunk in response.chunks():
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b""})
+        except UpstreamFailed as exc:
+            # Headers are out: all that is left is to cut the answer short.
+            _log.warning("proxy.upstream_broke", upstream=self._upstream, error=str(exc))
+        finally:
+            response.close()
+
+    def _headers(self, scope: Scope, identity: Identity, peer: str) -> list[tuple[bytes, bytes]]:
+        headers = [(k, v) for k, v in scope["headers"] if k not in _DROPPED]
+        instance_id = identity.instance_id
+        signature = self._signatures.get(instance_id)
+        if signature is None:
+            if len(self._signatures) > 65536:  # ids come from the identifier, but keep it bounded anyway
+                self._signatures.clear()
+            signature = self._signatures[instance_id] = sign(self._secret, instance_id).encode()
+        headers += [
+            (INSTANCE_ID_HEADER.encode(), instance_id.encode()),
+            (SIGNATURE_HEADER.encode(), signature),
+            (b"x-forwarded-for", peer.encode()),
+        ]
+        if identity.tenant_id:
+            headers.append((TENANT_HEADER.encode(), identity.tenant_id.encode()))
+        return headers
+
+    async def _body(self, scope: Scope, receive: Receive) -> bytes | None:
+        if not _has(scope, b"content-length") and not _has(scope, b"transfer-encoding"):
+            return None
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                break
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.policy.max_body_bytes:
+                raise BodyTooLarge
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        return b"".join(chunks)
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                try:
+                    await self.start()
+                except Exception as exc:  # noqa: BLE001 - reported to the server, which exits
+                    await send({"type": "lifespan.startup.failed", "message": str(exc)})
+                    return
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await self.stop()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+
+def _has(scope: Scope, name: bytes) -> bool:
+    return any(key == name for key, _ in scope["headers"])
+
+
+async def _answer(send: Send, status: int, body: bytes, content_type: bytes = JSON) -> None:
+    headers = [(b"content-type", content_type), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})

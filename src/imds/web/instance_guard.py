@@ -1,0 +1,61 @@
+"""Wraps the handlers of the flavors listed in ``--instance-auth`` with the anti-SSRF check.
+
+The check itself lives in ``imds.services.instance_auth``; this module reads the headers
+and answers a refusal in the flavor's own error style (JSON for the Equinix flavor, plain
+text ``401 - Unauthorized`` for the others).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from imds import log
+from imds.config import INSTANCE_AUTH_FLAVORS
+from imds.errors import ImdsError
+from imds.services import Services
+from imds.services.instance_auth import InstanceAuth
+from imds.web.errors import error_parts
+from imds.web.replies import plain
+from imds.web.routing import JSON, Handler, Locator, Reply, Scope, header
+
+_log = log.get("instance_auth")
+
+
+def _refusal(flavor: str, exc: ImdsError) -> Reply:
+    if flavor == "json":
+        status, body, headers = error_parts(exc)
+        return Reply(status, body, JSON, tuple(headers))
+    return plain(error_parts(exc)[0])
+
+
+class FlavorGuard:
+    """Applies ``--instance-auth`` to the handlers of the protected flavors."""
+
+    def __init__(self, services: Services, locator: Locator) -> None:
+        self._protected = services.settings.instance_auth
+        self._auth = InstanceAuth(services.tokens)
+        self._locator = locator
+        open_flavors = [f for f in INSTANCE_AUTH_FLAVORS if f not in self._protected]
+        if services.settings.imdsv2 == "required" and open_flavors:
+            # EC2 needs tokens, but these flavors serve the same userdata to a plain GET (what SSRF makes).
+            _log.warning("instance_auth.partial", imdsv2="required", open_flavors=open_flavors,
+                         hint="--instance-auth all (breaks cloud-init's OpenStack and NoCloud-Net datasources)")
+
+    def wrap(self, flavor: str, handlers: Mapping[str, Handler]) -> dict[str, Handler]:
+        """``handlers`` as they are, or guarded when ``flavor`` is protected."""
+        if flavor not in self._protected:
+            return dict(handlers)
+        return {key: self._guarded(flavor, handler) for key, handler in handlers.items()}
+
+    def _guarded(self, flavor: str, handler: Handler) -> Handler:
+        def guarded(scope: Scope) -> Reply:
+            try:
+                self._auth.check(
+                    lambda name: header(scope, name.encode()),
+                    lambda: self._locator.entry(scope, count=False).instance.id,
+                )
+            except ImdsError as exc:
+                return _refusal(flavor, exc)
+            return handler(scope)
+
+        return guarded

@@ -1,0 +1,73 @@
+"""Flow rendering: what each bridge gets, in both modes (checked for real in test_agent_ovs.py)."""
+
+from __future__ import annotations
+
+from imds.agent import flows
+from imds.agent.allocate import Pool
+
+POOL = Pool.parse("240.0.0.0/16", "fd00:a9fe::/64", "fa:16:ee:00:00:00")
+WIRING = flows.Wiring(int_patch=1, meta_patch=1, tap=2, vlan=998, gateway=POOL.gateway)
+PORTS = [flows.PortFlows(5, "02:00:00:00:00:0a", POOL.meta(2)), flows.PortFlows(7, "02:00:00:00:00:0b", POOL.meta(3))]
+
+
+def _egress(rules: list[str], ofport: int, proto: str = "tcp") -> str:
+    return next(r for r in rules if f"in_port={ofport}," in r and f",{proto}," in r and "dl_src" in r)
+
+
+def test_egress_matches_port_and_mac_and_rewrites_to_the_meta_address():
+    """The VM's port and MAC select the rule; source becomes its Meta IP/MAC, tagged toward br-meta."""
+    rule = _egress(flows.integration_flows(WIRING, PORTS), 5)
+    assert "dl_src=02:00:00:00:00:0a" in rule
+    assert "nw_dst=169.254.169.254,tp_dst=80" in rule
+    assert "set_field:240.0.0.2->ip_src" in rule
+    assert "set_field:fa:16:ee:00:00:02->eth_src" in rule
+    assert "set_field:240.0.0.1->ip_dst" in rule
+    assert "mod_vlan_vid:998,output:1" in rule
+    # The way back is learned, keyed on the Meta address, never configured from the VM's IP.
+    assert "learn(table=210" in rule
+    assert "NXM_OF_IP_DST[]=240.0.0.2" in rule
+    assert "NXM_OF_TCP_DST[]=NXM_OF_TCP_SRC[]" in rule
+
+
+def test_ipv6_rules_in_haproxy_mode_only():
+    """Haproxy mode answers NS for fe80::a9fe:a9fe and rewrites to the Meta IPv6; in-port mode has no IPv6."""
+    rules = flows.integration_flows(WIRING, PORTS)
+    assert "set_field:fd00:a9fe::2->ipv6_src" in _egress(rules, 5, "tcp6")
+    assert any("icmp_type=135,nd_target=fe80::a9fe:a9fe" in r for r in rules)
+    assert any(r.startswith("table=211") and "nd_tll" in r for r in rules)
+    inport = flows.integration_flows(flows.Wiring(1, 1, 2, 998, POOL.gateway, mode="inport"), PORTS)
+    assert not any("ipv6" in r or "icmp6" in r for r in inport)
+
+
+def test_inport_mode_encodes_the_ofport_as_source():
+    """In-port mode rewrites the source to 128.0.0.0 | ofport (Dragonflow's scheme)."""
+    wiring = flows.Wiring(1, 1, 2, 998, POOL.gateway, mode="inport")
+    rule = _egress(flows.integration_flows(wiring, PORTS), 7)
+    assert "load:0x80000000->NXM_OF_IP_SRC[],move:NXM_OF_IN_PORT[]->NXM_OF_IP_SRC[0..15]" in rule
+    assert "NXM_OF_IP_DST[]=128.0.0.7" in rule
+    meta = flows.metadata_flows(wiring, PORTS)
+    assert any("arp_tpa=128.0.0.7" in r for r in meta)
+    assert str(flows.inport_address(0x1234)) == "128.0.18.52"
+
+
+def test_metadata_bridge_answers_arp_for_each_meta_ip():
+    """br-meta answers haproxy's ARP/NS for each Meta address with that port's Meta MAC."""
+    rules = flows.metadata_flows(WIRING, PORTS)
+    arp = next(r for r in rules if "arp_tpa=240.0.0.3" in r)
+    assert "set_field:fa:16:ee:00:00:03->arp_sha" in arp
+    assert any("nd_target=fd00:a9fe::3" in r and "nd_tll" in r for r in rules)
+
+
+def test_bundle_replaces_every_agent_rule_atomically():
+    """The bundle first deletes every rule with the agent's cookie, then adds each rule with it."""
+    text = flows.bundle(["priority=1,actions=drop", "priority=2,actions=drop"])
+    lines = text.splitlines()
+    assert lines[0] == "delete cookie=0x494d445300000000/0xffffffff00000000"
+    assert lines[1:] == ["add cookie=0x494d445300000000,priority=1,actions=drop",
+                         "add cookie=0x494d445300000000,priority=2,actions=drop"]
+
+
+def test_rendering_is_stable():
+    """The same ports in any order render the same rules (so unchanged state is not re-applied)."""
+    assert flows.integration_flows(WIRING, PORTS) == flows.integration_flows(WIRING, list(reversed(PORTS)))
+    assert flows.metadata_flows(WIRING, PORTS) == flows.metadata_flows(WIRING, list(reversed(PORTS)))

@@ -1,0 +1,80 @@
+"""haproxy config rendering, checked by the real ``haproxy -c``."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from imds.agent.haproxy import Backend, Frontend, Haproxy, Upstream, render, safe_token
+from imds.errors import ConfigError, HaproxyFailed
+from imds.signing import sign
+
+UPSTREAM = Upstream.parse("http://127.0.0.1:8000")
+FRONT = Frontend(("240.0.0.1", "fd00:a9fe::1"))
+VM_A = Backend("tap-a", ("240.0.0.2", "fd00:a9fe::2"), "uuid-a", sign(b"s", "uuid-a"), "tenant-a")
+VM_B = Backend("tap-b", ("240.0.0.3", "fd00:a9fe::3"), "uuid-b", sign(b"s", "uuid-b"))
+
+
+@pytest.fixture
+def haproxy(tmp_path):
+    binary = shutil.which("haproxy", path="/usr/sbin:/usr/bin:/sbin")
+    if binary is None:
+        pytest.fail("haproxy is not installed: scripts/test installs it")
+    return Haproxy(binary, tmp_path)
+
+
+def test_rendered_config_passes_haproxy_check(haproxy):
+    """The config for two VMs (IPv4 + IPv6 listeners, tenant or not) is valid to haproxy itself."""
+    haproxy.check(render(FRONT, [VM_A, VM_B], UPSTREAM))
+
+
+def test_each_vm_has_an_acl_on_its_meta_addresses_and_signed_headers():
+    """One acl/use_backend per VM on its Meta IPs; its backend sets id, signature and tenant."""
+    text = render(FRONT, [VM_B, VM_A], UPSTREAM)
+    assert "    acl vm0 src 240.0.0.2 fd00:a9fe::2\n    use_backend vm0 if vm0" in text
+    assert "    acl vm1 src 240.0.0.3 fd00:a9fe::3\n    use_backend vm1 if vm1" in text
+    backend_a = text.split("backend vm0\n", 1)[1].split("\n\n", 1)[0]
+    assert "http-request set-header X-Instance-ID uuid-a" in backend_a
+    assert f"http-request set-header X-Instance-ID-Signature {sign(b's', 'uuid-a')}" in backend_a
+    assert "http-request set-header X-Tenant-ID tenant-a" in backend_a
+    assert "server imds 127.0.0.1:8000" in backend_a
+    backend_b = text.split("backend vm1\n", 1)[1]
+    assert "http-request del-header X-Tenant-ID" in backend_b
+    assert "default_backend unknown" in text
+    assert "http-request return status 404" in text
+
+
+def test_rendering_is_deterministic_and_secret_free():
+    """Same VMs in any order give the same text; the shared secret itself never appears."""
+    assert render(FRONT, [VM_A, VM_B], UPSTREAM) == render(FRONT, [VM_B, VM_A], UPSTREAM)
+    secret = "a-long-shared-secret"
+    text = render(FRONT, [Backend("t", ("240.0.0.2",), "u", sign(secret.encode(), "u"))], UPSTREAM)
+    assert secret not in text
+
+
+def test_namespace_and_ipv6_upstream(haproxy):
+    """Listeners can bind inside the metadata namespace; an IPv6 upstream is bracketed."""
+    text = render(Frontend(("240.0.0.1",), namespace="meta"), [VM_A], Upstream.parse("http://[::1]:8000"))
+    assert "bind 240.0.0.1:80 namespace meta" in text
+    assert "server imds [::1]:8000" in text
+
+
+def test_haproxy_refusal_is_reported(haproxy):
+    """A config haproxy rejects raises HaproxyFailed with haproxy's message."""
+    with pytest.raises(HaproxyFailed, match="refused"):
+        haproxy.check("frontend x\n    bind 240.0.0.1:80\n    use_backend nowhere\n")
+
+
+@pytest.mark.parametrize("url", ["ftp://x", "http://", "http://h:8000/path", "http://h:99999"])
+def test_bad_upstream_urls(url):
+    """--upstream must be an http(s) URL with a host, no path, a valid port."""
+    with pytest.raises(ConfigError, match="--upstream"):
+        Upstream.parse(url)
+
+
+def test_tokens_that_could_break_the_config_are_refused():
+    """Ids with spaces, quotes or newlines never reach the config."""
+    assert safe_token("6f1b1a2e-0d4c-4c1e-9a7e-3d2f1b0c9a8e")
+    for bad in ("a b", 'a"b', "a\nb", "", "-x", "a#b"):
+        assert not safe_token(bad)
