@@ -8,12 +8,14 @@ goes to a log file, the wait for health is bounded, and it is always stopped by 
 from __future__ import annotations
 
 import os
+import queue
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -150,6 +152,27 @@ def client_at(local_address: str | None = None) -> httpx.Client:
     """A client whose connections leave from ``local_address`` (a real source address on loopback)."""
     transport = httpx.HTTPTransport(local_address=local_address) if local_address else httpx.HTTPTransport()
     return httpx.Client(transport=transport, timeout=5.0, trust_env=False)
+
+
+def in_background(action: Callable[[], Any]) -> queue.Queue[Any]:
+    """Run ``action`` in a daemon thread; its result (or exception) lands in the returned queue."""
+    results: queue.Queue[Any] = queue.Queue()
+
+    def run() -> None:
+        try:
+            results.put(action())
+        except Exception as exc:  # noqa: BLE001 - handed to the test thread, which re-raises it
+            results.put(exc)
+
+    threading.Thread(target=run, daemon=True).start()
+    return results
+
+
+def metric(server: Server, name: str) -> float:
+    """The value of the unlabelled metric ``name`` on the server's /metrics."""
+    with client_at() as client:
+        text = client.get(f"{server.url}/metrics", headers=server.admin_headers).text
+    return next(float(line.split()[-1]) for line in text.splitlines() if line.startswith(f"{name} "))
 
 
 def run_imds(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import queue
 import subprocess
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -20,7 +19,7 @@ import httpx
 import pytest
 
 from factories import new_id
-from serve_process import ADMIN_TOKEN, IMDS, Server, clean_env, client_at, serving
+from serve_process import ADMIN_TOKEN, IMDS, Server, clean_env, client_at, in_background, metric, serving
 
 GUEST = "127.0.0.2"  # a second loopback address: the instance's source address
 BOUND = 15.0  # seconds a test waits for something that should happen about at once
@@ -30,20 +29,6 @@ def add_instance(server: Server, hostname: str = "guest", instance_id: str | Non
     instance_id = instance_id or new_id()
     server.post("/device-metadata", {"id": instance_id, "ipAddresses": [GUEST], "metadata": {"hostname": hostname}})
     return instance_id
-
-
-def in_thread(action: Callable[[], Any]) -> queue.Queue[Any]:
-    """Run ``action`` in a daemon thread; its result (or exception) lands in the returned queue."""
-    results: queue.Queue[Any] = queue.Queue()
-
-    def run() -> None:
-        try:
-            results.put(action())
-        except Exception as exc:  # noqa: BLE001 - handed to the test thread, which re-raises it
-            results.put(exc)
-
-    threading.Thread(target=run, daemon=True).start()
-    return results
 
 
 def result(results: queue.Queue[Any]) -> Any:
@@ -59,12 +44,6 @@ def post_event(server: Server, body: dict[str, Any]) -> int:
     assert answer.status_code == 200, answer.text
     cursor: int = answer.json()["cursor"]
     return cursor
-
-
-def metric(server: Server, name: str) -> float:
-    with client_at() as client:
-        text = client.get(f"{server.url}/metrics", headers=server.admin_headers).text
-    return next(float(line.split()[-1]) for line in text.splitlines() if line.startswith(f"{name} "))
 
 
 def wait_for(check: Callable[[], bool], what: str) -> None:
@@ -98,7 +77,7 @@ def test_the_event_stream_delivers_an_event_posted_after_it_opened(tmp_path):
                             break
             return seen
 
-        done = in_thread(stream_two)
+        done = in_background(stream_two)
         stored = arrived.get(timeout=BOUND)  # the stream is open: what comes next is live
         second = post_event(server, {"state": "installed", "code": 0, "message": "done"})
         live = arrived.get(timeout=BOUND)
@@ -118,7 +97,7 @@ def test_cli_follow_prints_events_as_json_lines(tmp_path):
         )
         try:
             assert process.stdout is not None
-            line = in_thread(process.stdout.readline)
+            line = in_background(process.stdout.readline)
             cursor = post_event(server, {"state": "progress", "code": 7, "message": "half way"})
             printed = json.loads(result(line))
             assert (printed["cursor"], printed["state"], printed["code"]) == (cursor, "progress", 7)
@@ -160,7 +139,7 @@ def test_a_held_request_returns_within_a_second_of_a_write_through_another_repli
                 )
                 return answer, time.monotonic()
 
-        results = in_thread(held)
+        results = in_background(held)
         wait_for(lambda: metric(replica_b, "imds_watch_waiting") == 1, "the read is held on replica B")
         written = time.monotonic()
         add_instance(replica_a, "after", instance_id)

@@ -1,26 +1,33 @@
 """The in-memory view of every instance that the instance-facing path reads.
 
 Loaded from a store snapshot at startup and kept coherent two ways: a write on this
-replica refreshes the instances it touched before it answers, and a follower polls the
-store's change feed for writes made by other replicas. A read never touches the store.
+replica applies what it wrote (the store's journal) before it answers, and a follower
+watches the store's change feed for writes made by other replicas (woken by PostgreSQL
+``NOTIFY``, or polling). A read never touches the store.
 
-Refreshes run one at a time and read the store inside that critical section, so a later
-refresh never applies older state than an earlier one.
+``position`` is the feed sequence up to which every change is applied. A write's journal
+is replayed only when it starts exactly at ``position`` (then the catalog equals the store
+at its end without a read); otherwise the catalog catches up from the feed instead.
+Updates run one at a time and read the store inside that critical section, so a later
+update never applies older state than an earlier one.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import gc
 from collections.abc import Callable, Iterable, Iterator
+from typing import cast
 
 from imds import log
 from imds.errors import StoreUnavailable
-from imds.models import Address, Instance, Network, OsRecord
+from imds.models import RECORD_KINDS, Address, Instance, Network, OsRecord
 from imds.services.addresses import AddressIndex
 from imds.services.entry import Entry, RenderCache
 from imds.store.interface import Store, StoredInstance, stored_form
+from imds.store.journal import ADDRESSES, FORGET, PUT, Journal, Op
 
 __all__ = ["Catalog", "Entry"]
 _log = log.get("catalog")
@@ -117,28 +124,99 @@ class Catalog:
             for instance_id in ids:
                 self._apply(instance_id, found.get(instance_id))
 
+    async def written(self, journal: Journal) -> None:
+        """Apply a committed write of this process (before its caller answers).
+
+        The blocks committed with it are replayed in commit order as far as they follow
+        on from ``position``; if this one does not, the catalog catches up from the feed.
+        """
+        async with self._lock:
+            for member in journal.group or [journal]:
+                if member.applied:
+                    continue
+                if member.start != self.position:
+                    break
+                self._replay(member.ops)
+                self.position = member.end
+                member.applied = True
+        if not journal.applied:
+            await self.catch_up()
+            journal.applied = True
+
     async def catch_up(self) -> int:
         """Apply change-feed entries written since the last position; returns how many."""
         applied = 0
         while True:
-            batch = await self._store.changes_since(self.position)
-            if not batch:
-                return applied
-            await self.refresh(change.instance_id for change in batch)
-            self.position = max(self.position, batch[-1].seq)
+            async with self._lock:
+                batch = await self._store.changes_since(self.position)
+                if not batch:
+                    return applied
+                ids = list(dict.fromkeys(change.instance_id for change in batch))
+                found = await self._store.get_many(ids)
+                for instance_id in ids:
+                    self._apply(instance_id, found.get(instance_id))
+                self.position = max(self.position, batch[-1].seq)
             applied += len(batch)
 
     async def follow(self) -> None:
-        """Poll the change feed until cancelled; a store outage only delays coherence."""
+        """Follow the change feed until cancelled; a store outage only delays coherence.
+
+        Wakes when the store says the feed may have moved (NOTIFY, a local commit) or
+        after the poll interval, whichever comes first.
+        """
         while True:
-            await asyncio.sleep(self._poll_interval)
-            with contextlib.suppress(StoreUnavailable):
-                await self.catch_up()
+            await self._store.changed(self._poll_interval)
+            # Cancelled (at shutdown) while catching up, the read still finishes first: a
+            # database call cut off midway leaves its connection to be reclaimed after the
+            # event loop may be gone. The wait is bounded by the statement timeout.
+            catching_up = asyncio.ensure_future(self._catch_up_quietly())
+            try:
+                await asyncio.shield(catching_up)
+            except asyncio.CancelledError:
+                await asyncio.wait([catching_up])
+                raise
+
+    async def _catch_up_quietly(self) -> None:
+        with contextlib.suppress(StoreUnavailable):
+            await self.catch_up()
 
     def _os_left(self, instance_id: str, old: OsRecord | None, new: OsRecord | None) -> None:
         gone = None if old is None else old.generation
         if gone is not None and self.on_os_gone is not None and (new is None or new.generation != gone):
             self.on_os_gone(instance_id, gone)
+
+    def _replay(self, ops: list[Op]) -> None:
+        """Carry out a journal's operations on the held instances (no store read)."""
+        work: dict[str, Instance | None] = {}
+
+        def current(instance_id: str) -> Instance | None:
+            if instance_id in work:
+                return work[instance_id]
+            entry = self._entries.get(instance_id)
+            return None if entry is None else entry.instance
+
+        for op in ops:
+            if op.kind == FORGET:
+                work[op.instance_id] = None
+                continue
+            instance = current(op.instance_id) or Instance(op.instance_id)
+            if op.kind == ADDRESSES:
+                for address, loser in (op.moved or {}).items():
+                    held = current(loser)
+                    if held is not None:
+                        kept = tuple(a for a in held.addresses if a != address)
+                        work[loser] = dataclasses.replace(held, addresses=kept)
+                addresses = cast("tuple[Network, ...]", op.value)
+                instance = dataclasses.replace(instance, addresses=tuple(sorted(set(addresses), key=str)))
+            else:
+                value = op.value if op.kind == PUT else None
+                changes: dict[str, object] = {op.field: value}
+                if op.field in RECORD_KINDS:
+                    changes[f"{op.field}_updated_at"] = op.at if op.kind == PUT else None
+                instance = dataclasses.replace(instance, **changes)  # type: ignore[arg-type]
+            work[op.instance_id] = instance
+        for instance_id, final in work.items():
+            self._apply(instance_id, final)
 
     def _apply(self, instance_id: str, instance: Instance | None) -> None:
         old = self._entries.get(instance_id)

@@ -32,6 +32,7 @@ from imds.services.os_definitions import OsDefinitions
 from imds.services.os_secrets import HELD, LOST, Held, PackageAuth, Secret, SecretVault
 from imds.services.os_wire import SECTIONS, OsWrite, ParamIn
 from imds.store.interface import Store
+from imds.store.journal import Journal
 
 _log = log.get("os")
 OS_RECORD = "os"
@@ -78,14 +79,14 @@ class OsRecords:
         record, held = self._split(write, generation)
         previous = self.vault.keep(write.id, held)  # before the commit, so no read sees the record without them
         try:
-            reason = await self._commit(write, record, subject)
+            reason, journal = await self._commit(write, record, subject)
         except BaseException:
             self.vault.restore(write.id, previous)
             raise
         if reason is not None:
             self.vault.restore(write.id, previous)
         else:
-            await self._catalog.refresh([write.id])
+            await self._catalog.written(journal)
         _log.info(
             "os.written", instance_id=write.id, subject=subject, applied=reason is None, reason=reason,
             os_type=write.os_type, mode=write.mode, communication=write.communication,
@@ -93,8 +94,11 @@ class OsRecords:
         )
         return OsWriteResult(write.id, applied=reason is None, reason=reason)
 
-    async def _commit(self, write: OsWrite, record: OsRecord, subject: str) -> str | None:
-        """Store the record in one transaction (with its audit entry); the reason it is stale, or None once stored."""
+    async def _commit(self, write: OsWrite, record: OsRecord, subject: str) -> tuple[str | None, Journal]:
+        """Store the record in one transaction (with its audit entry).
+
+        Returns the reason it is stale (None once stored) and what the write did.
+        """
         async with self._store.write() as tx:
             if not (await tx.has_record(METADATA, write.id) or await tx.has_record(USERDATA, write.id)):
                 raise _no_instance(write.id)
@@ -107,7 +111,7 @@ class OsRecords:
                      **{section: _counts(getattr(write, section)) for section in SECTIONS}}
             await tx.append_audit(write_event(subject=subject, instance_id=write.id, kind=OS_RECORD, reason=reason,
                                               facts=facts))
-        return reason
+        return reason, tx.journal
 
     async def view(self, instance_id: str) -> dict[str, Any]:
         """The admin's view: public values, ``<private>``, and per secret ``held``/``lost``."""
@@ -145,7 +149,7 @@ class OsRecords:
             await tx.mark_changed([instance_id])
             await tx.append_audit(delete_event(subject=subject, instance_id=instance_id, kind=OS_RECORD))
         self.vault.drop(instance_id)
-        await self._catalog.refresh([instance_id])
+        await self._catalog.written(tx.journal)
         _log.info("os.deleted", instance_id=instance_id, subject=subject)
 
     # --- instance side --------------------------------------------------------------------

@@ -8,8 +8,8 @@
 - Deleting one record type removes the addresses only when the other is absent too.
 - The OpenStack password is set once, by the instance itself (a second set is a
   Conflict), and cleared by an admin; it goes when the instance goes.
-- Each write is one store transaction; the catalog is refreshed before the caller hears
-  back, so the next instance read on this replica sees the write.
+- Each write is one all-or-nothing store block; the catalog applies what it wrote
+  before the caller hears back, so the next instance read on this replica sees the write.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from imds import log
 from imds.errors import Conflict, InvalidInput, RecordNotFound, StoreUnavailable
 from imds.metrics import Metrics
-from imds.models import METADATA, USERDATA, Instance, MetadataWrite, Network, UserdataWrite, WriteResult
+from imds.models import METADATA, USERDATA, AuditEvent, Instance, MetadataWrite, Network, UserdataWrite, WriteResult
 from imds.services.addresses import display
 from imds.services.audit import delete_event, write_event
 from imds.services.catalog import Catalog
@@ -75,7 +75,7 @@ class Records:
             await tx.mark_changed([instance_id])
             await tx.append_audit(delete_event(subject=subject, instance_id=instance_id, kind=kind,
                                                addresses_removed=forgotten))
-        await self._catalog.refresh([instance_id])
+        await self._catalog.written(tx.journal)
         self._metrics.deletions.inc()
         _log.info("record.deleted", kind=kind, instance_id=instance_id, subject=subject, addresses_removed=forgotten)
 
@@ -118,7 +118,7 @@ class Records:
             errors.inc()
             raise
         if result.applied:
-            await self._catalog.refresh([instance_id, *result.moved.values()])
+            await self._catalog.written(tx.journal)
             inserts = self._metrics.metadata_inserts if kind == METADATA else self._metrics.userdata_inserts
             inserts.inc()
         _log.info(
@@ -151,6 +151,7 @@ class Records:
         """
         results: list[WriteResult | None] = []
         applied: list[tuple[int, MetadataWrite | None, UserdataWrite | None]] = []
+        events: list[AuditEvent] = []
         async with self._store.write() as tx:
             documents = await tx.metadata_of_many([m.id for m, _ in items if m is not None])
             for metadata, userdata in items:
@@ -160,6 +161,7 @@ class Records:
                 reason = None if metadata is None else _staleness(documents.get(metadata.id), metadata.metadata)
                 if reason is not None:
                     results.append(WriteResult(first.id, applied=False, reason=reason))
+                    events.append(write_event(subject=subject, instance_id=first.id, kind=METADATA, reason=reason))
                     continue
                 if metadata is not None:
                     documents[metadata.id] = metadata.metadata
@@ -172,12 +174,20 @@ class Records:
             lists = [(first.id, first.addresses) for _, m, u in applied if (first := m or u) is not None]
             changes = await tx.replace_addresses_many(lists)
             changed: list[str] = []
-            for (index, _, _), (instance_id, addresses), (moved, dropped) in zip(applied, lists, changes, strict=True):
+            for (index, m, u), (instance_id, addresses), (moved, dropped) in zip(applied, lists, changes, strict=True):
                 changed += [instance_id, *moved.values()]
                 results[index] = WriteResult(instance_id, applied=True, addresses=tuple(addresses), moved=moved,
                                              dropped=dropped)
+                # One entry per record written, as two single writes would make (the second moves nothing).
+                kinds = [kind for kind, part in ((METADATA, m), (USERDATA, u)) if part is not None]
+                events += [
+                    write_event(subject=subject, instance_id=instance_id, kind=kind, addresses=addresses,
+                                moved=moved if n == 0 else None, dropped=dropped if n == 0 else ())
+                    for n, kind in enumerate(kinds)
+                ]
             await tx.mark_changed(changed)
-        await self._catalog.refresh(changed)
+            await tx.append_audit_many(events)
+        await self._catalog.written(tx.journal)
         self._metrics.metadata_inserts.inc(sum(m is not None for _, m, _ in applied))
         self._metrics.userdata_inserts.inc(sum(u is not None for _, _, u in applied))
         _log.info("records.written", subject=subject, items=len(items), applied=len(applied),
@@ -202,7 +212,7 @@ class Records:
             if not await tx.put_password(instance_id, password):
                 raise Conflict(f"instance {instance_id} already has a password; an admin must clear it first")
             await tx.mark_changed([instance_id])
-        await self._catalog.refresh([instance_id])
+        await self._catalog.written(tx.journal)
         _log.info("password.set", instance_id=instance_id, size=len(password))
 
     async def clear_password(self, instance_id: str, *, subject: str) -> None:
@@ -212,7 +222,7 @@ class Records:
                 raise RecordNotFound(PASSWORD, instance_id)
             await tx.mark_changed([instance_id])
             await tx.append_audit(delete_event(subject=subject, instance_id=instance_id, kind=PASSWORD))
-        await self._catalog.refresh([instance_id])
+        await self._catalog.written(tx.journal)
         _log.info("password.cleared", instance_id=instance_id, subject=subject)
 
 

@@ -3,10 +3,13 @@
 A store holds primitives only; the rules (full IP lists, last write wins, the staleness
 guard, delete semantics) live in ``imds.services.upsert`` and run inside ``write()``.
 
-Every ``write()`` block is one transaction: it is serialised against every other writer
+Every ``write()`` block is all-or-nothing: it is serialised against every other writer
 (across processes too), durable when the block exits, and leaves nothing behind if the
-block raises. Each block that changes an instance appends to the change feed, whose
-sequence numbers become visible in increasing order.
+block raises. A store may commit blocks that wait at the same moment together (group
+commit: one transaction, one fsync); a block that raises still leaves the others intact,
+and no block exits before its commit. Each block that changes an instance appends to the
+change feed, whose sequence numbers become visible in increasing order; ``tx.journal``
+says what the block did (see ``imds.store.journal``).
 
 All methods raise ``imds.errors.StoreUnavailable`` when the database fails.
 """
@@ -20,6 +23,7 @@ from datetime import datetime
 from typing import NamedTuple, Protocol, runtime_checkable
 
 from imds.models import AuditEntry, AuditEvent, Change, Event, Instance, JsonObject, Network, OsRecord
+from imds.store.journal import Journal
 
 
 class StoredInstance(NamedTuple):
@@ -52,6 +56,8 @@ def stored_form(instance: Instance) -> StoredInstance:
 @runtime_checkable
 class WriteTx(Protocol):
     """The operations available inside one write transaction."""
+
+    journal: Journal  # what this block did, complete once the block has exited
 
     async def metadata_of(self, instance_id: str) -> JsonObject | None:
         """The stored metadata document, or None when there is none."""
@@ -138,6 +144,10 @@ class WriteTx(Protocol):
         """Record an admin change in the audit log, in this transaction."""
         ...
 
+    async def append_audit_many(self, events: Sequence[AuditEvent]) -> None:
+        """``append_audit`` for each event, in order (one statement)."""
+        ...
+
 
 @runtime_checkable
 class Store(Protocol):
@@ -170,6 +180,14 @@ class Store(Protocol):
 
     async def changes_since(self, seq: int, limit: int = 1000) -> list[Change]:
         """Change-feed entries after ``seq``, oldest first."""
+        ...
+
+    async def changed(self, within: float) -> None:
+        """Return when the change feed may have advanced, or after ``within`` seconds.
+
+        PostgreSQL wakes on ``NOTIFY`` from any replica's commit; other stores simply wait
+        (followers then poll). Never raises.
+        """
         ...
 
     async def ping(self) -> None:

@@ -14,8 +14,20 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from imds.models import METADATA, AuditEntry, AuditEvent, Change, Event, Instance, JsonObject, Network, OsRecord
+from imds.models import (
+    METADATA,
+    USERDATA,
+    AuditEntry,
+    AuditEvent,
+    Change,
+    Event,
+    Instance,
+    JsonObject,
+    Network,
+    OsRecord,
+)
 from imds.store.interface import StoredInstance, stored_form
+from imds.store.journal import ADDRESSES, FORGET, PUT, REMOVE, Journal, Op
 
 
 @dataclass
@@ -48,6 +60,8 @@ class _Channel:
 class _MemoryTx:
     def __init__(self, state: _State) -> None:
         self._s = state
+        self.journal = Journal(start=_head(state), end=_head(state))
+        self.journal.group.append(self.journal)
 
     async def metadata_of(self, instance_id: str) -> JsonObject | None:
         row = self._s.rows.get(instance_id)
@@ -63,11 +77,13 @@ class _MemoryTx:
         row = self._s.rows.setdefault(instance_id, _Row())
         row.metadata = copy.deepcopy(document)
         row.metadata_updated_at = datetime.now(UTC)
+        self.journal.ops.append(Op(PUT, instance_id, METADATA, copy.deepcopy(document), row.metadata_updated_at))
 
     async def put_userdata(self, instance_id: str, userdata: bytes) -> None:
         row = self._s.rows.setdefault(instance_id, _Row())
         row.userdata = bytes(userdata)
         row.userdata_updated_at = datetime.now(UTC)
+        self.journal.ops.append(Op(PUT, instance_id, USERDATA, row.userdata, row.userdata_updated_at))
 
     async def remove_record(self, kind: str, instance_id: str) -> bool:
         if not await self.has_record(kind, instance_id):
@@ -77,6 +93,7 @@ class _MemoryTx:
             row.metadata, row.metadata_updated_at = None, None
         else:
             row.userdata, row.userdata_updated_at = None, None
+        self.journal.ops.append(Op(REMOVE, instance_id, kind))
         return True
 
     async def replace_addresses(
@@ -90,23 +107,28 @@ class _MemoryTx:
         moved = {a: holders[a] for a in addresses if holders.get(a, instance_id) != instance_id}
         for address in wanted:
             holders[address] = instance_id
+        self._s.rows.setdefault(instance_id, _Row())
+        self.journal.ops.append(Op(ADDRESSES, instance_id, value=tuple(addresses), moved=moved))
         return moved, dropped
 
     async def forget_instance(self, instance_id: str) -> None:
         self._s.rows.pop(instance_id, None)
         for address in [a for a, h in self._s.holders.items() if h == instance_id]:
             del self._s.holders[address]
+        self.journal.ops.append(Op(FORGET, instance_id))
 
     async def mark_changed(self, instance_ids: Iterable[str]) -> None:
         for instance_id in dict.fromkeys(instance_ids):
-            seq = self._s.changes[-1].seq + 1 if self._s.changes else 1
+            seq = _head(self._s) + 1
             self._s.changes.append(Change(seq, instance_id))
+            self.journal.end = seq
 
     async def put_password(self, instance_id: str, password: bytes) -> bool:
         row = self._s.rows[instance_id]
         if row.password is not None:
             return False
         row.password = bytes(password)
+        self.journal.ops.append(Op(PUT, instance_id, "password", row.password))
         return True
 
     async def remove_password(self, instance_id: str) -> bool:
@@ -114,6 +136,7 @@ class _MemoryTx:
         if row is None or row.password is None:
             return False
         row.password = None
+        self.journal.ops.append(Op(REMOVE, instance_id, "password"))
         return True
 
     async def os_of(self, instance_id: str) -> OsRecord | None:
@@ -122,12 +145,14 @@ class _MemoryTx:
 
     async def put_os(self, instance_id: str, record: OsRecord) -> None:
         self._s.rows[instance_id].os = record
+        self.journal.ops.append(Op(PUT, instance_id, "os", record))
 
     async def remove_os(self, instance_id: str) -> bool:
         row = self._s.rows.get(instance_id)
         if row is None or row.os is None:
             return False
         row.os = None
+        self.journal.ops.append(Op(REMOVE, instance_id, "os"))
         return True
 
     async def metadata_of_many(self, instance_ids: Sequence[str]) -> dict[str, JsonObject]:
@@ -151,6 +176,14 @@ class _MemoryTx:
         seq = self._s.audit[-1].seq + 1 if self._s.audit else 1
         self._s.audit.append(AuditEntry(seq, datetime.now(UTC), event))
 
+    async def append_audit_many(self, events: Sequence[AuditEvent]) -> None:
+        for event in events:
+            await self.append_audit(event)
+
+
+def _head(state: _State) -> int:
+    return state.changes[-1].seq if state.changes else 0
+
 
 class MemoryStore:
     """Dict-backed store; each write works on a copy that replaces the state on success."""
@@ -163,9 +196,15 @@ class MemoryStore:
     @asynccontextmanager
     async def write(self) -> AsyncIterator[_MemoryTx]:
         async with self._lock:
-            staged = copy.deepcopy(self._state)
-            yield _MemoryTx(staged)
+            s = self._state  # the feed's entries are immutable: copying the list is enough
+            staged = _State(copy.deepcopy(s.rows), dict(s.holders), list(s.changes), list(s.audit))
+            tx = _MemoryTx(staged)
+            yield tx
             self._state = staged
+
+    async def changed(self, within: float) -> None:
+        """Wait ``within`` seconds: this process's own writes are its only writes."""
+        await asyncio.sleep(within)
 
     def _instance(self, instance_id: str) -> Instance | None:
         row = self._state.rows.get(instance_id)
@@ -191,7 +230,7 @@ class MemoryStore:
         return {i: inst for i, inst in found.items() if inst is not None}
 
     async def snapshot(self) -> tuple[list[Instance], int]:
-        seq = self._state.changes[-1].seq if self._state.changes else 0
+        seq = _head(self._state)
         return list((await self.get_many(list(self._state.rows))).values()), seq
 
     async def snapshot_chunks(self, size: int) -> AsyncIterator[tuple[list[StoredInstance], int, int]]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,11 @@ def async_url(url: str) -> str:
     parsed = make_url(url)
     driver = _DRIVERS.get(parsed.drivername, parsed.drivername)
     return parsed.set(drivername=driver).render_as_string(hide_password=False)
+
+
+def application_name() -> str:
+    """The name this process's PostgreSQL sessions carry (``pg_stat_activity.application_name``)."""
+    return f"imds-{os.getpid()}"
 
 
 def is_sqlite(url: str) -> bool:
@@ -40,7 +46,11 @@ def create_engine(url: str, *, connect_timeout: float = 5.0, statement_timeout: 
     """
     full = async_url(url)
     if not is_sqlite(full):
-        server_settings = {"statement_timeout": str(max(1, int(statement_timeout * 1000)))}
+        # The session name lets operators (and tests) find one process's connections.
+        server_settings = {
+            "application_name": application_name(),
+            "statement_timeout": str(max(1, int(statement_timeout * 1000))),
+        }
         return create_async_engine(
             full, pool_pre_ping=True, pool_timeout=connect_timeout,
             connect_args={"timeout": connect_timeout, "command_timeout": statement_timeout,

@@ -6,7 +6,7 @@ Rows become ``imds.models`` values here; SQLAlchemy errors become ``StoreUnavail
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import copy
 import ipaddress
 from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
@@ -14,14 +14,30 @@ from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from imds.errors import StoreUnavailable
-from imds.models import METADATA, AuditEntry, AuditEvent, Change, Event, Instance, JsonObject, Network, OsRecord
+from imds.models import (
+    METADATA,
+    USERDATA,
+    AuditEntry,
+    AuditEvent,
+    Change,
+    Event,
+    Instance,
+    JsonObject,
+    Network,
+    OsRecord,
+)
 from imds.store.interface import StoredInstance
+from imds.store.journal import ADDRESSES, FORGET, PUT, REMOVE, Journal, Op
 from imds.store.sql.diagnose import describe, is_not_migrated, not_migrated, sqlite_problem
 from imds.store.sql.engine import create_engine, is_sqlite
+from imds.store.sql.group import GroupCommit
+from imds.store.sql.listen import FeedListener
 from imds.store.sql.os_rows import os_document, os_record
 from imds.store.sql.tables import (
     audit_log,
@@ -116,47 +132,67 @@ def _replay_address_lists(
 
 
 class _SqlTx:
-    """One write transaction; ``seq`` is the feed head, advanced by ``mark_changed``."""
+    """One write block inside a (possibly shared) transaction; ``seq`` is the feed head so far.
+
+    Fewer statements than one per primitive: instance rows are created with an upsert
+    and remembered, records are upserted in one statement, an address list is read in
+    one query, and change-feed and audit rows are written by the group's commit (one
+    insert each for the whole group).
+    """
 
     def __init__(self, conn: AsyncConnection, seq: int) -> None:
-        self._conn = conn
+        self.conn = conn
         self.seq = seq
+        self.journal = Journal(start=seq, end=seq)
+        self.feed_rows: list[dict[str, Any]] = []
+        self.audit_rows: list[dict[str, Any]] = []
+        self._known: set[str] = set()  # instance rows known to exist in this transaction
+        self._insert = pg_insert if conn.dialect.name == "postgresql" else sqlite_insert
 
     async def _ensure_instance(self, instance_id: str) -> None:
-        found = await self._conn.execute(sa.select(instances.c.id).where(instances.c.id == instance_id))
-        if found.first() is None:
-            await self._conn.execute(instances.insert().values(id=instance_id))
+        if instance_id in self._known:
+            return
+        await self.conn.execute(self._insert(instances).values(id=instance_id).on_conflict_do_nothing())
+        self._known.add(instance_id)
 
-    async def _put(self, table: sa.Table, instance_id: str, values: dict[str, Any]) -> None:
+    async def _put(self, table: sa.Table, instance_id: str, values: dict[str, Any]) -> datetime:
         await self._ensure_instance(instance_id)
-        values = {**values, "updated_at": datetime.now(UTC)}
-        updated = await self._conn.execute(
-            table.update().where(table.c.instance_id == instance_id).values(**values)
-        )
-        if updated.rowcount == 0:
-            await self._conn.execute(table.insert().values(instance_id=instance_id, **values))
+        now = datetime.now(UTC)
+        values = {**values, "updated_at": now}
+        statement = self._insert(table).values(instance_id=instance_id, **values)
+        await self.conn.execute(statement.on_conflict_do_update(index_elements=[table.c.instance_id], set_=values))
+        return now
 
     async def metadata_of(self, instance_id: str) -> JsonObject | None:
-        row = await self._conn.execute(
+        row = await self.conn.execute(
             sa.select(instance_metadata.c.document).where(instance_metadata.c.instance_id == instance_id)
         )
         document: JsonObject | None = row.scalar_one_or_none()
+        if document is not None:
+            self._known.add(instance_id)
         return document
 
     async def has_record(self, kind: str, instance_id: str) -> bool:
         table = _record_table(kind)
-        row = await self._conn.execute(sa.select(table.c.instance_id).where(table.c.instance_id == instance_id))
-        return row.first() is not None
+        row = await self.conn.execute(sa.select(table.c.instance_id).where(table.c.instance_id == instance_id))
+        found = row.first() is not None
+        if found:
+            self._known.add(instance_id)
+        return found
 
     async def put_metadata(self, instance_id: str, document: JsonObject) -> None:
-        await self._put(instance_metadata, instance_id, {"document": document})
+        at = await self._put(instance_metadata, instance_id, {"document": document})
+        self.journal.ops.append(Op(PUT, instance_id, METADATA, copy.deepcopy(document), at))
 
     async def put_userdata(self, instance_id: str, userdata: bytes) -> None:
-        await self._put(instance_userdata, instance_id, {"userdata": userdata})
+        at = await self._put(instance_userdata, instance_id, {"userdata": userdata})
+        self.journal.ops.append(Op(PUT, instance_id, USERDATA, bytes(userdata), at))
 
     async def remove_record(self, kind: str, instance_id: str) -> bool:
         table = _record_table(kind)
-        result = await self._conn.execute(table.delete().where(table.c.instance_id == instance_id))
+        result = await self.conn.execute(table.delete().where(table.c.instance_id == instance_id))
+        if result.rowcount:
+            self.journal.ops.append(Op(REMOVE, instance_id, METADATA if table is instance_metadata else USERDATA))
         return bool(result.rowcount)
 
     async def replace_addresses(
@@ -165,67 +201,84 @@ class _SqlTx:
         await self._ensure_instance(instance_id)
         t = instance_ip_addresses
         wanted = {str(a): a for a in addresses}
-        held = await self._conn.execute(sa.select(t.c.address).where(t.c.instance_id == instance_id))
-        dropped = sorted(row.address for row in held if row.address not in wanted)
-        if dropped:
-            await self._conn.execute(t.delete().where(t.c.address.in_(dropped)))
+        held: list[str] = []
         owners: dict[str, str] = {}
-        for chunk in _chunks(list(wanted)):
-            rows = await self._conn.execute(sa.select(t.c.address, t.c.instance_id).where(t.c.address.in_(chunk)))
-            owners.update({row.address: row.instance_id for row in rows})
+        # One query finds both this instance's addresses and the holders of the wanted ones.
+        for number, chunk in enumerate(_chunks(list(wanted)) if wanted else [()]):
+            mine = t.c.instance_id == instance_id if number == 0 else sa.false()
+            query = sa.select(t.c.address, t.c.instance_id).where(mine | t.c.address.in_(chunk))
+            rows = await self.conn.execute(query)
+            for row in rows:
+                if row.instance_id == instance_id:
+                    held.append(row.address)
+                if row.address in wanted:
+                    owners[row.address] = row.instance_id
+        dropped = sorted(a for a in held if a not in wanted)
+        if dropped:
+            await self.conn.execute(t.delete().where(t.c.address.in_(dropped)))
         moved = {wanted[a]: owner for a, owner in owners.items() if owner != instance_id}
         if moved:
-            await self._conn.execute(
+            await self.conn.execute(
                 t.update().where(t.c.address.in_([str(a) for a in moved])).values(instance_id=instance_id)
             )
         new = [{"address": a, "instance_id": instance_id} for a in wanted if a not in owners]
         for batch in _chunks(new):  # in batches: 60,000 rows' parameters built at once held the event loop
-            await self._conn.execute(t.insert(), batch)
+            await self.conn.execute(t.insert(), batch)
+        self.journal.ops.append(Op(ADDRESSES, instance_id, value=tuple(wanted.values()), moved=moved))
         return moved, tuple(ipaddress.ip_network(a) for a in dropped)
 
     async def forget_instance(self, instance_id: str) -> None:
-        await self._conn.execute(
+        await self.conn.execute(
             instance_ip_addresses.delete().where(instance_ip_addresses.c.instance_id == instance_id)
         )
         await self.remove_password(instance_id)  # the foreign key cascades too; this does not rely on it
         await self.remove_os(instance_id)
-        await self._conn.execute(instances.delete().where(instances.c.id == instance_id))
+        await self.conn.execute(instances.delete().where(instances.c.id == instance_id))
+        self._known.discard(instance_id)
+        self.journal.ops.append(Op(FORGET, instance_id))
 
     async def mark_changed(self, instance_ids: Iterable[str]) -> None:
-        rows = []
+        # The rows are inserted when the group commits (one insert), so a block that
+        # raises later leaves none behind.
         for instance_id in dict.fromkeys(instance_ids):
             self.seq += 1
-            rows.append({"seq": self.seq, "instance_id": instance_id})
-        if rows:
-            await self._conn.execute(changes.insert(), rows)
+            self.feed_rows.append({"seq": self.seq, "instance_id": instance_id})
+        self.journal.end = self.seq
 
     async def put_password(self, instance_id: str, password: bytes) -> bool:
         t = instance_passwords
-        held = await self._conn.execute(sa.select(t.c.instance_id).where(t.c.instance_id == instance_id))
+        held = await self.conn.execute(sa.select(t.c.instance_id).where(t.c.instance_id == instance_id))
         if held.first() is not None:
             return False
-        await self._conn.execute(
+        await self.conn.execute(
             t.insert().values(instance_id=instance_id, password=password, updated_at=datetime.now(UTC))
         )
+        self.journal.ops.append(Op(PUT, instance_id, "password", bytes(password)))
         return True
 
     async def remove_password(self, instance_id: str) -> bool:
         t = instance_passwords
-        result = await self._conn.execute(t.delete().where(t.c.instance_id == instance_id))
+        result = await self.conn.execute(t.delete().where(t.c.instance_id == instance_id))
+        if result.rowcount:
+            self.journal.ops.append(Op(REMOVE, instance_id, "password"))
         return bool(result.rowcount)
 
     async def os_of(self, instance_id: str) -> OsRecord | None:
         t = instance_os
-        row = await self._conn.execute(sa.select(t.c.document).where(t.c.instance_id == instance_id))
+        row = await self.conn.execute(sa.select(t.c.document).where(t.c.instance_id == instance_id))
         document: JsonObject | None = row.scalar_one_or_none()
         return None if document is None else os_record(document)
 
     async def put_os(self, instance_id: str, record: OsRecord) -> None:
-        await self._put(instance_os, instance_id, {"document": os_document(record)})
+        document = os_document(record)
+        await self._put(instance_os, instance_id, {"document": document})
+        self.journal.ops.append(Op(PUT, instance_id, "os", os_record(copy.deepcopy(document))))
 
     async def remove_os(self, instance_id: str) -> bool:
         t = instance_os
-        result = await self._conn.execute(t.delete().where(t.c.instance_id == instance_id))
+        result = await self.conn.execute(t.delete().where(t.c.instance_id == instance_id))
+        if result.rowcount:
+            self.journal.ops.append(Op(REMOVE, instance_id, "os"))
         return bool(result.rowcount)
 
     # --- batch forms (imds import): a few statements per batch instead of several per instance
@@ -234,17 +287,18 @@ class _SqlTx:
         ids = list(dict.fromkeys(instance_ids))
         found: set[str] = set()
         for chunk in _chunks(ids):
-            rows = await self._conn.execute(sa.select(instances.c.id).where(instances.c.id.in_(chunk)))
+            rows = await self.conn.execute(sa.select(instances.c.id).where(instances.c.id.in_(chunk)))
             found.update(rows.scalars())
         missing = [{"id": instance_id} for instance_id in ids if instance_id not in found]
         if missing:
-            await self._conn.execute(instances.insert(), missing)
+            await self.conn.execute(instances.insert(), missing)
+        self._known.update(ids)
 
     async def metadata_of_many(self, instance_ids: Sequence[str]) -> dict[str, JsonObject]:
         t = instance_metadata
         documents: dict[str, JsonObject] = {}
         for chunk in _chunks(list(dict.fromkeys(instance_ids))):
-            rows = await self._conn.execute(sa.select(t.c.instance_id, t.c.document).where(t.c.instance_id.in_(chunk)))
+            rows = await self.conn.execute(sa.select(t.c.instance_id, t.c.document).where(t.c.instance_id.in_(chunk)))
             documents.update({row.instance_id: row.document for row in rows})
         return documents
 
@@ -252,24 +306,27 @@ class _SqlTx:
         self, metadata: Sequence[tuple[str, JsonObject]], userdata: Sequence[tuple[str, bytes]]
     ) -> None:
         await self._ensure_instances([i for i, _ in metadata] + [i for i, _ in userdata])
-        await self._put_many(instance_metadata, "document", dict(metadata))
-        await self._put_many(instance_userdata, "userdata", dict(userdata))
+        at = await self._put_many(instance_metadata, "document", dict(metadata))
+        self.journal.ops += [Op(PUT, i, METADATA, copy.deepcopy(document), at) for i, document in metadata]
+        at = await self._put_many(instance_userdata, "userdata", dict(userdata))
+        self.journal.ops += [Op(PUT, i, USERDATA, bytes(data), at) for i, data in userdata]
 
-    async def _put_many(self, table: sa.Table, column: str, values: dict[str, Any]) -> None:
-        if not values:
-            return
+    async def _put_many(self, table: sa.Table, column: str, values: dict[str, Any]) -> datetime:
         now = datetime.now(UTC)
+        if not values:
+            return now
         held: set[str] = set()
         for chunk in _chunks(list(values)):
-            rows = await self._conn.execute(sa.select(table.c.instance_id).where(table.c.instance_id.in_(chunk)))
+            rows = await self.conn.execute(sa.select(table.c.instance_id).where(table.c.instance_id.in_(chunk)))
             held.update(rows.scalars())
         updates = [{"key": i, column: v, "updated_at": now} for i, v in values.items() if i in held]
         if updates:
             statement = table.update().where(table.c.instance_id == sa.bindparam("key"))
-            await self._conn.execute(statement.values({column: sa.bindparam(column)}), updates)
+            await self.conn.execute(statement.values({column: sa.bindparam(column)}), updates)
         inserts = [{"instance_id": i, column: v, "updated_at": now} for i, v in values.items() if i not in held]
         if inserts:
-            await self._conn.execute(table.insert(), inserts)
+            await self.conn.execute(table.insert(), inserts)
+        return now
 
     async def replace_addresses_many(
         self, lists: Sequence[tuple[str, Sequence[Network]]]
@@ -279,30 +336,39 @@ class _SqlTx:
         await self._ensure_instances(ids)
         before: dict[str, str] = {}  # address → holder, for every address this batch touches
         for chunk in _chunks(ids):
-            rows = await self._conn.execute(sa.select(t.c.address, t.c.instance_id).where(t.c.instance_id.in_(chunk)))
+            rows = await self.conn.execute(sa.select(t.c.address, t.c.instance_id).where(t.c.instance_id.in_(chunk)))
             before.update({row.address: row.instance_id for row in rows})
         wanted_all = list(dict.fromkeys(str(a) for _, addresses in lists for a in addresses))
         for chunk in _chunks(wanted_all):
-            rows = await self._conn.execute(sa.select(t.c.address, t.c.instance_id).where(t.c.address.in_(chunk)))
+            rows = await self.conn.execute(sa.select(t.c.address, t.c.instance_id).where(t.c.address.in_(chunk)))
             before.update({row.address: row.instance_id for row in rows})
         owners, results = _replay_address_lists(before, lists)
         gone = [a for a in before if a not in owners]
         for chunk in _chunks(gone):
-            await self._conn.execute(t.delete().where(t.c.address.in_(chunk)))
+            await self.conn.execute(t.delete().where(t.c.address.in_(chunk)))
         moved = [{"key": a, "instance_id": owners[a]} for a in before if a in owners and owners[a] != before[a]]
         if moved:
             statement = t.update().where(t.c.address == sa.bindparam("key"))
-            await self._conn.execute(statement.values(instance_id=sa.bindparam("instance_id")), moved)
+            await self.conn.execute(statement.values(instance_id=sa.bindparam("instance_id")), moved)
         new = [{"address": a, "instance_id": holder} for a, holder in owners.items() if a not in before]
         if new:
-            await self._conn.execute(t.insert(), new)
+            await self.conn.execute(t.insert(), new)
+        for (instance_id, addresses), (moved_from, _) in zip(lists, results, strict=True):
+            wanted = tuple({str(a): a for a in addresses}.values())
+            self.journal.ops.append(Op(ADDRESSES, instance_id, value=wanted, moved=moved_from))
         return results
 
     async def append_audit(self, event: AuditEvent) -> None:
-        await self._conn.execute(audit_log.insert().values(
-            at=datetime.now(UTC), subject=event.subject, instance_id=event.instance_id, action=event.action,
-            kind=event.kind, applied=event.applied, detail=event.detail,
-        ))
+        await self.append_audit_many([event])
+
+    async def append_audit_many(self, events: Sequence[AuditEvent]) -> None:
+        # Inserted by the group's commit, in this transaction, with the other blocks' rows.
+        now = datetime.now(UTC)
+        self.audit_rows += [
+            {"at": now, "subject": e.subject, "instance_id": e.instance_id, "action": e.action, "kind": e.kind,
+             "applied": e.applied, "detail": e.detail}
+            for e in events
+        ]
 
 
 class SqlStore:
@@ -316,41 +382,29 @@ class SqlStore:
             self._engine = create_engine(url, connect_timeout=connect_timeout, statement_timeout=statement_timeout)
         except OSError as exc:  # the SQLite file's directory cannot be created
             raise StoreUnavailable(f"cannot open the database: {describe(url, exc)}") from exc
-        # One process has one SQLite writer at a time anyway; queueing here rather than
-        # in SQLite's busy handler keeps waits fair and short.
-        self._local_writer = asyncio.Lock() if is_sqlite(url) else None
-        self._postgres = self._local_writer is None
+        self._group = GroupCommit(self._engine, url, self._explain, _SqlTx)
+        self._listener = FeedListener(url) if not is_sqlite(url) else None
 
     @asynccontextmanager
     async def write(self) -> AsyncIterator[_SqlTx]:
-        if self._local_writer is None:
-            async with self._write_tx() as tx:
-                yield tx
-            return
-        async with self._local_writer, self._write_tx() as tx:
+        async with self._group.member() as tx:
             yield tx
 
-    @asynccontextmanager
-    async def _write_tx(self) -> AsyncIterator[_SqlTx]:
-        try:
-            async with self._engine.begin() as conn:
-                head = await conn.execute(
-                    sa.select(feed_head.c.seq).where(feed_head.c.id == 1).with_for_update()
-                )
-                start = head.scalar_one()
-                tx = _SqlTx(conn, start)
-                yield tx
-                if tx.seq != start:
-                    await conn.execute(feed_head.update().where(feed_head.c.id == 1).values(seq=tx.seq))
-        except (SQLAlchemyError, OSError) as exc:
-            raise StoreUnavailable(f"database write failed: {self._explain(exc)}") from exc
+    async def changed(self, within: float) -> None:
+        if self._listener is not None:
+            await self._listener.wait(within)
+            return
+        await asyncio.sleep(within)  # SQLite: poll (this process's own writes reach its catalog directly)
 
     @asynccontextmanager
     async def _read(self, *, snapshot: bool = False) -> AsyncIterator[AsyncConnection]:
-        """A read transaction; with ``snapshot`` every statement sees the same data (SQLite's always do)."""
+        """A read transaction; ``snapshot`` makes every statement see one moment (REPEATABLE READ).
+
+        SQLite's read transaction (WAL) already sees one moment from its first read on.
+        """
         options: dict[str, Any] = {"imds_read": True}
-        if snapshot and self._postgres:
-            options["isolation_level"] = "REPEATABLE READ"  # PostgreSQL: one snapshot for the whole transaction
+        if snapshot and not is_sqlite(self._url):
+            options.update(isolation_level="REPEATABLE READ", postgresql_readonly=True)
         try:
             async with self._engine.connect() as plain:
                 conn = await plain.execution_options(**options)
@@ -403,7 +457,7 @@ class SqlStore:
         ids = list(dict.fromkeys(instance_ids))
         if not ids:
             return {}
-        async with self._read() as conn:
+        async with self._read(snapshot=True) as conn:
             return await self._load(conn, ids)
 
     async def snapshot(self) -> tuple[list[Instance], int]:
@@ -474,34 +528,30 @@ class SqlStore:
             ]
 
     async def close(self) -> None:
+        if self._listener is not None:
+            await self._listener.close()
+        await self._group.close()
         await self._engine.dispose()
 
     # --- the instance<->host channel ------------------------------------------------------
 
     @asynccontextmanager
-    async def _instance_tx(self, instance_id: str | None) -> AsyncIterator[AsyncConnection]:
-        """A write transaction, serialised with every other one for ``instance_id`` unless None.
+    async def _channel_tx(self) -> AsyncIterator[AsyncConnection]:
+        """A channel write (events, messages): one all-or-nothing block of a group commit.
 
-        PostgreSQL: a transaction-scoped advisory lock on the id, so cursors of one instance
-        are allocated and committed in the same order. SQLite: BEGIN IMMEDIATE does it.
+        Blocks are serialised (in this process by the group, across processes by the
+        feed-head lock every group holds), so an instance's event cursors are allocated
+        and committed in one order; the caller hears back only after the commit.
         """
-        try:
-            async with contextlib.AsyncExitStack() as stack:
-                if self._local_writer is not None:
-                    await stack.enter_async_context(self._local_writer)
-                conn = await stack.enter_async_context(self._engine.begin())
-                if self._postgres and instance_id is not None:
-                    await conn.execute(sa.select(sa.func.pg_advisory_xact_lock(sa.func.hashtext(instance_id))))
-                yield conn
-        except SQLAlchemyError as exc:
-            raise StoreUnavailable(f"database write failed: {type(exc).__name__}") from exc
+        async with self._group.member() as tx:
+            yield tx.conn
 
     async def append_event(
         self, instance_id: str, state: str, code: int | None, message: str | None, *, retain: int
     ) -> Event:
         t = instance_events
         now = datetime.now(UTC)
-        async with self._instance_tx(instance_id) as conn:
+        async with self._channel_tx() as conn:
             inserted = await conn.execute(
                 t.insert().values(instance_id=instance_id, state=state, code=code, message=message, created_at=now)
             )
@@ -531,7 +581,7 @@ class SqlStore:
 
     async def queue_message(self, instance_id: str, body: bytes, *, max_queued: int) -> int | None:
         t = instance_messages
-        async with self._instance_tx(instance_id) as conn:
+        async with self._channel_tx() as conn:
             count = sa.select(sa.func.count()).where(t.c.instance_id == instance_id)
             waiting = (await conn.execute(count)).scalar_one()
             if waiting >= max_queued:
@@ -543,7 +593,7 @@ class SqlStore:
 
     async def take_message(self, instance_id: str) -> bytes | None:
         t = instance_messages
-        async with self._instance_tx(None) as conn:
+        async with self._channel_tx() as conn:
             # SKIP LOCKED: a concurrent reader takes the next message instead of waiting for this one.
             oldest = await conn.execute(
                 sa.select(t.c.id, t.c.body).where(t.c.instance_id == instance_id)

@@ -1,0 +1,189 @@
+"""Benchmark the admin write path and cross-replica visibility (run on demand, never in CI).
+
+For SQLite and PostgreSQL (started the way ``tests/postgres_server.py`` does) it starts two
+``imds serve`` processes on one database, then measures:
+
+* upserts/s through replica A with 1 and 16 concurrent writers (``POST /device-metadata``,
+  a new instance with 2 addresses each);
+* the time from A's 200 to the new value served by replica B (``GET /metadata`` from the
+  instance's own loopback address), p50/p99 over ``--samples`` writes.
+
+Appends one JSON line per figure to ``bench/results.jsonl`` and a Markdown table to
+``bench/results.md``, with the load average before and after (the figures mean little on a
+loaded machine)::
+
+    .venv/bin/python bench/write.py            # 2000 upserts per setting, 200 visibility samples
+    .venv/bin/python bench/write.py --quick    # 300 and 40: a smoke run in about a minute
+
+Targets (issue 12; reported, never asserted): ≥ 2,000 upserts/s on SQLite and ≥ 1,000/s on
+PostgreSQL with 16 writers; write → visible on the other replica p99 ≤ 100 ms on PostgreSQL.
+
+Only 127.x addresses are used; every process started is stopped by PID.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+
+from postgres_server import _execute, _Server  # noqa: E402 - the tests' helpers, found through sys.path
+from serve_process import ADMIN_TOKEN, serving  # noqa: E402
+
+HEADERS = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+
+
+def address(n: int) -> str:
+    """The n-th instance address (10.100.0.0 upwards)."""
+    return f"10.{100 + n // 65536 % 100}.{n // 256 % 256}.{n % 256}"
+
+
+async def upserts(url: str, writers: int, total: int, offset: int) -> float:
+    """Upserts/s with ``writers`` concurrent clients writing ``total`` new instances."""
+    numbers = iter(range(offset, offset + total))
+
+    async def writer() -> None:
+        async with httpx.AsyncClient(base_url=url, headers=HEADERS, timeout=60.0, trust_env=False) as client:
+            for n in numbers:
+                instance_id = str(uuid.uuid4())
+                body = {"id": instance_id, "ipAddresses": [address(2 * n), address(2 * n + 1)],
+                        "metadata": {"id": instance_id, "hostname": f"host-{n}", "tags": ["bench"] * 8}}
+                answer = await client.post("/device-metadata", json=body)
+                answer.raise_for_status()
+
+    started = time.monotonic()
+    await asyncio.gather(*(writer() for _ in range(writers)))
+    return total / (time.monotonic() - started)
+
+
+def visibility(a: str, b: str, samples: int) -> list[float]:
+    """Milliseconds from A's 200 to B serving the new value, per sample."""
+    guest = "127.0.95.3"
+    instance_id = str(uuid.uuid4())
+    reader = httpx.Client(transport=httpx.HTTPTransport(local_address=guest), timeout=5.0, trust_env=False)
+    times = []
+    with httpx.Client(headers=HEADERS, timeout=10.0, trust_env=False) as admin, reader:
+        for n in range(samples):
+            body = {"id": instance_id, "ipAddresses": [guest], "metadata": {"id": instance_id, "write": n}}
+            admin.post(f"{a}/device-metadata", json=body).raise_for_status()
+            acked = time.monotonic()
+            while True:
+                answer = reader.get(f"{b}/metadata")
+                if answer.status_code == 200 and answer.json().get("write") == n:
+                    break
+                if time.monotonic() - acked > 30:
+                    raise SystemExit(f"replica B never served write {n}")
+            times.append((time.monotonic() - acked) * 1000)
+    return times
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The q-quantile (nearest rank)."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def run(backend: str, db: str, tmp: Path, args: argparse.Namespace) -> list[dict[str, object]]:
+    """Both measures on one database shared by two replicas."""
+    # SQLite has no NOTIFY: followers poll (the default 1 s). PostgreSQL followers are woken
+    # by NOTIFY; the poll is only the fallback, so a long one shows what NOTIFY does alone.
+    poll = "1" if backend == "sqlite" else "30"
+    figures: list[dict[str, object]] = []
+    with serving(tmp, "--db", db, "--feed-poll-interval", poll) as a, \
+            serving(tmp, "--db", db, "--feed-poll-interval", poll) as b:
+        for offset, writers in enumerate((1, 16)):
+            rate = asyncio.run(upserts(a.url, writers, args.writes, offset * args.writes))
+            figures.append({"backend": backend, "measure": "upserts_per_s", "writers": writers, "value": round(rate)})
+        times = visibility(a.url, b.url, args.samples)
+        figures.extend({"backend": backend, "measure": f"visible_on_b_p{int(q * 100)}_ms",
+                        "value": round(percentile(times, q), 1)} for q in (0.5, 0.99))
+    return figures
+
+
+def load_average() -> str:
+    """The 1, 5 and 15 minute load averages."""
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+
+
+def measure(args: argparse.Namespace) -> list[dict[str, object]]:
+    """Every chosen backend, each on a fresh database."""
+    figures: list[dict[str, object]] = []
+    with tempfile.TemporaryDirectory(prefix="imds-bench-write-") as scratch:
+        tmp = Path(scratch)
+        if "sqlite" in args.backends:
+            figures += run("sqlite", f"sqlite:///{tmp / 'bench.db'}", tmp, args)
+        if "postgres" in args.backends:
+            server = _Server()
+            try:
+                pg = server.start()
+                _execute(pg, 'CREATE DATABASE "bench"')
+                figures += run("postgres", pg.url("bench"), tmp, args)
+            finally:
+                server.stop()
+    return figures
+
+
+def record(figures: list[dict[str, object]], context: dict[str, object], command: str) -> None:
+    """Append the figures to bench/results.jsonl and a table to bench/results.md; print both."""
+    with (ROOT / "bench" / "results.jsonl").open("a") as jsonl:
+        for f in figures:
+            jsonl.write(json.dumps({**context, **f}) + "\n")
+    lines = [
+        f"\n## write: {context['at']}\n",
+        (
+            f"{context['cores']} cores, Python {context['python']}, load average {context['load_before']} before / "
+            f"{context['load_after']} after (a shared machine). Command: `{command}`. Two `imds serve` replicas on "
+            "one database; upserts through A (`POST /device-metadata`, a new instance with 2 addresses each); "
+            "visibility = from A's 200 to B serving the new value.\n"
+        ),
+        "| backend | measure | writers | value | target |", "|---|---|---|---|---|",
+    ]
+    targets: dict[tuple[str, str, object], str] = {
+        ("sqlite", "upserts_per_s", 16): "≥ 2000",
+        ("postgres", "upserts_per_s", 16): "≥ 1000",
+        ("postgres", "visible_on_b_p99_ms", ""): "≤ 100",
+    }
+    for f in figures:
+        writers = f.get("writers", "")
+        target = targets.get((str(f["backend"]), str(f["measure"]), writers), "")
+        lines.append(f"| {f['backend']} | {f['measure']} | {writers} | {f['value']} | {target} |")
+    with (ROOT / "bench" / "results.md").open("a") as out:
+        out.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+def main() -> None:
+    """Run every backend and record the figures."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--writes", type=int, default=2000, help="upserts per writer setting (default 2000)")
+    parser.add_argument("--samples", type=int, default=200, help="writes timed to the second replica (default 200)")
+    parser.add_argument("--quick", action="store_true", help="a smoke run: 300 upserts per setting, 40 samples")
+    parser.add_argument("--backends", default="sqlite,postgres", help="comma-separated: sqlite, postgres")
+    args = parser.parse_args()
+    if args.quick:
+        args.writes, args.samples = 300, 40
+    context: dict[str, object] = {
+        "bench": "write", "at": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"), "cores": os.cpu_count(),
+        "python": platform.python_version(), "load_before": load_average(),
+    }
+    figures = measure(args)
+    context["load_after"] = load_average()
+    command = " ".join([".venv/bin/python bench/write.py", *sys.argv[1:]])
+    record(figures, context, command)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,205 @@
+"""Group commit: the write blocks that wait at the same moment share one transaction.
+
+``GroupCommit.member()`` hands each block a write context (``make_tx(conn, seq)``) inside
+the group's open transaction. One fsync (SQLite) or one commit round trip (PostgreSQL)
+then covers every block of the group, yet each block stays all-or-nothing (a savepoint)
+and leaves ``member()`` only after the commit that made it durable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any, Generic, Protocol, TypeVar
+
+import sqlalchemy as sa
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncTransaction
+
+from imds.errors import StoreUnavailable
+from imds.store.journal import Journal
+from imds.store.sql.engine import is_sqlite
+from imds.store.sql.listen import CHANNEL
+from imds.store.sql.tables import audit_log, changes, feed_head
+
+_T = TypeVar("_T")
+GROUP_MAX = 256  # write blocks per group commit, so one commit never waits on an endless queue
+
+
+class Block(Protocol):
+    """What a write context tells the group: the feed head it reached, its feed and audit rows, its journal.
+
+    Feed and audit rows are inserted by the group's commit (one statement each for the
+    whole group), so a block that raises simply leaves its rows unsent.
+    """
+
+    seq: int
+    feed_rows: list[dict[str, Any]]
+    audit_rows: list[dict[str, Any]]
+    journal: Journal
+
+
+_Tx = TypeVar("_Tx", bound=Block)
+
+
+class _Batch:
+    """One open transaction that write blocks join one after another (group commit)."""
+
+    def __init__(self, conn: AsyncConnection, seq: int) -> None:
+        self.conn = conn
+        self.start = self.seq = seq
+        self.feed_rows: list[dict[str, Any]] = []
+        self.audit_rows: list[dict[str, Any]] = []
+        self.group: list[Journal] = []
+        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+
+class GroupCommit(Generic[_Tx]):
+    """Commits the write blocks that wait at the same moment in one transaction.
+
+    Blocks run one at a time (``_turn``). The first block of a batch opens the
+    transaction and locks the feed head; each later block runs inside a savepoint, so
+    one that raises is rolled back alone. When a block ends and nobody is waiting for a
+    turn (or the batch is full), it commits the batch: the feed rows in one insert, the
+    audit rows in another, the feed head, ``NOTIFY`` on PostgreSQL, one commit. Every block of the batch leaves
+    ``write()`` only after that commit, and raises StoreUnavailable if it failed.
+    """
+
+    def __init__(
+        self, engine: AsyncEngine, url: str, explain: Callable[[BaseException], str],
+        make_tx: Callable[[AsyncConnection, int], _Tx],
+    ) -> None:
+        self._engine = engine
+        self._make_tx = make_tx
+        self._postgres = not is_sqlite(url)
+        self._explain = explain
+        self._turn = asyncio.Lock()
+        self._waiting = 0
+        self._batch: _Batch | None = None
+        self._flushes: set[asyncio.Task[None]] = set()
+
+    @asynccontextmanager
+    async def member(self) -> AsyncIterator[_Tx]:
+        self._waiting += 1
+        try:
+            await self._turn.acquire()
+        except BaseException:
+            self._waiting -= 1
+            self._flush_soon()  # it may have been the member a batch was kept open for
+            raise
+        self._waiting -= 1
+        try:
+            batch = self._batch if self._batch is not None else await self._open()
+            tx = self._make_tx(batch.conn, batch.seq)
+            savepoint = await self._guard(batch.conn.begin_nested()) if batch.group else None
+            try:
+                yield tx
+            except (SQLAlchemyError, OSError) as exc:
+                await self._undo(batch, savepoint)
+                raise StoreUnavailable(f"database write failed: {self._explain(exc)}") from exc
+            except BaseException:
+                await self._undo(batch, savepoint)
+                raise
+            if savepoint is not None:
+                await self._guard(savepoint.commit(), batch)
+            batch.seq = tx.seq
+            batch.feed_rows += tx.feed_rows
+            batch.audit_rows += tx.audit_rows
+            tx.journal.group = batch.group
+            batch.group.append(tx.journal)
+            await self._settle()
+        finally:
+            self._turn.release()
+        await batch.done
+
+    async def _guard(self, step: Awaitable[_T], batch: _Batch | None = None) -> _T:
+        """Await a database step; on failure give up the open batch and raise StoreUnavailable."""
+        try:
+            return await step
+        except (SQLAlchemyError, OSError) as exc:
+            error = StoreUnavailable(f"database write failed: {self._explain(exc)}")
+            await self._abandon(batch or self._batch, error)
+            raise error from exc
+
+    async def _open(self) -> _Batch:
+        async def begin() -> _Batch:
+            conn = await self._engine.connect()
+            try:
+                await conn.begin()
+                head = await conn.execute(sa.select(feed_head.c.seq).where(feed_head.c.id == 1).with_for_update())
+                return _Batch(conn, int(head.scalar_one()))
+            except BaseException:
+                await conn.close()
+                raise
+
+        self._batch = await self._guard(begin())
+        return self._batch
+
+    async def _undo(self, batch: _Batch, savepoint: AsyncTransaction | None) -> None:
+        """Roll back one block (its savepoint, or the batch when it was the first); commit the rest if due."""
+        if savepoint is None:
+            await self._abandon(batch, None)
+            return
+        await self._guard(savepoint.rollback(), batch)
+        with contextlib.suppress(StoreUnavailable):  # the finished blocks hear of it through ``done``
+            await self._settle()
+
+    async def _settle(self) -> None:
+        """Commit the open batch unless another block is waiting to join it (and it has room)."""
+        batch = self._batch
+        if batch is not None and batch.group and (self._waiting == 0 or len(batch.group) >= GROUP_MAX):
+            await self._commit(batch)
+
+    async def _commit(self, batch: _Batch) -> None:
+        async def finish() -> None:
+            if batch.feed_rows:
+                await batch.conn.execute(changes.insert(), batch.feed_rows)
+            if batch.audit_rows:
+                await batch.conn.execute(audit_log.insert(), batch.audit_rows)
+            if batch.seq != batch.start:
+                await batch.conn.execute(feed_head.update().where(feed_head.c.id == 1).values(seq=batch.seq))
+                if self._postgres:
+                    await batch.conn.execute(sa.select(sa.func.pg_notify(CHANNEL, str(batch.seq))))
+            await batch.conn.commit()
+
+        await self._guard(finish(), batch)
+        self._batch = None
+        await batch.conn.close()
+        batch.done.set_result(None)
+
+    async def _abandon(self, batch: _Batch | None, error: StoreUnavailable | None) -> None:
+        """Roll back and drop ``batch``; its finished blocks fail with ``error``."""
+        if batch is None:
+            return
+        if self._batch is batch:
+            self._batch = None
+        with contextlib.suppress(SQLAlchemyError, OSError):
+            await batch.conn.close()  # closing rolls back whatever is open
+        if batch.done.done():
+            return
+        if batch.group:
+            batch.done.set_exception(error or StoreUnavailable("database write failed"))
+            batch.done.exception()  # retrieved here: the committing block may be its only member
+        else:
+            batch.done.set_result(None)
+
+    def _flush_soon(self) -> None:
+        """Commit an open batch whose next member went away while waiting."""
+
+        async def flush() -> None:
+            async with self._turn:
+                with contextlib.suppress(StoreUnavailable):
+                    await self._settle()
+
+        task = asyncio.get_running_loop().create_task(flush())
+        self._flushes.add(task)
+        task.add_done_callback(self._flushes.discard)
+
+    async def close(self) -> None:
+        """Roll back a batch still open (its blocks fail) and end pending flushes."""
+        for task in list(self._flushes):
+            with contextlib.suppress(asyncio.CancelledError, StoreUnavailable):
+                await task
+        await self._abandon(self._batch, StoreUnavailable("the store was closed"))
