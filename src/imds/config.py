@@ -1012,6 +1012,9 @@ AGENT_OPTIONS: tuple[Option, ...] = (
            group="agent"),
     Option("log_level", "IMDS_AGENT_LOG_LEVEL", "str", "info",
            "Log level: debug, info, warning or error.", parse=_log_level, group="agent"),
+    Option("max_connections_per_source", "IMDS_AGENT_MAX_CONNECTIONS_PER_SOURCE", "int", 32,
+           "Open connections one VM port may hold to the metadata address (haproxy closes the rest at accept).",
+           group="agent"),
 )
 AGENT_MODES = ("haproxy", "inport")
 
@@ -1036,6 +1039,7 @@ class AgentSettings(Group):
     mode: str
     check_interval: float
     log_level: str
+    max_connections_per_source: int
 
 
 def load_agent(flags: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None) -> AgentSettings:
@@ -1047,7 +1051,7 @@ def load_agent(flags: Mapping[str, Any] | None = None, environ: Mapping[str, str
     if values["mode"] not in AGENT_MODES:
         raise ConfigError(f"--mode / IMDS_AGENT_MODE: {values['mode']!r} is not one of {', '.join(AGENT_MODES)}")
     _require(values, ("provider_vlan_id",), lambda vlan: 1 <= vlan <= 4094, "must be 1 to 4094", table)
-    _require(values, ("check_interval",), _positive, "must be positive", table)
+    _require(values, ("check_interval", "max_connections_per_source"), _positive, "must be positive", table)
     for name in ("meta_port", "integration_bridge", "metadata_bridge"):
         if not 0 < len(values[name]) <= 15:
             raise ConfigError(f"--{name.replace('_', '-')}: {values[name]!r} must be 1-15 characters (a Linux name)")

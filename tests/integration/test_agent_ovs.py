@@ -13,6 +13,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ from ovs_harness import AgentProcess, Ovs, Vm, echo_upstream, netns_exec, ovs_da
 SECRET = b"agent-test-shared-secret"
 METADATA = "http://169.254.169.254/metadata"
 METADATA6 = "http://[fe80::a9fe:a9fe%eth0]/metadata"
+PER_SOURCE = 4  # --max-connections-per-source for this module's agent
 UUID_A = "a0000000-0000-4000-8000-00000000000a"
 UUID_B = "b0000000-0000-4000-8000-00000000000b"
 UUID_C = "c0000000-0000-4000-8000-00000000000c"
@@ -81,7 +83,7 @@ def host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Host]:
         agent = AgentProcess(ovs, [
             "--ovsdb", f"unix:{ovs.db_sock}", "--integration-bridge", bridge, "--metadata-bridge", meta_bridge,
             "--meta-port", tap, "--meta-netns", netns, "--upstream", upstream, "--shared-secret-file", str(secret),
-            "--state-dir", str(state), "--check-interval", "0.5",
+            "--state-dir", str(state), "--check-interval", "0.5", "--max-connections-per-source", str(PER_SOURCE),
         ], root / "agent.log")
         try:
             with vms(*machines):
@@ -175,6 +177,45 @@ def test_spoofed_ip_alone_still_gets_own_identity(host):
     finally:
         netns_exec(spoofer.name, "ip", "addr", "del", "10.0.0.5/24", "dev", "eth0")
     assert victim.uuid != UUID_C
+
+
+# Run inside a VM's namespace: hold PER_SOURCE connections, try one more, then use a held one.
+_HOLD = """
+import socket, sys
+limit = int(sys.argv[1])
+request = b"GET /metadata HTTP/1.1\\r\\nHost: 169.254.169.254\\r\\nConnection: close\\r\\n\\r\\n"
+
+def answer(sock):
+    sock.settimeout(10)
+    data = b""
+    try:
+        sock.sendall(request)
+        while chunk := sock.recv(65536):
+            data += chunk
+    except OSError as exc:
+        return type(exc).__name__
+    return data.split(b"\\r\\n", 1)[0].decode() or "closed"
+
+held = [socket.create_connection(("169.254.169.254", 80), timeout=10) for _ in range(limit)]
+print("extra:", answer(socket.create_connection(("169.254.169.254", 80), timeout=10)), flush=True)
+print("held:", answer(held[0]), flush=True)
+"""
+
+
+def test_one_vm_cannot_hold_more_than_its_connections(host):
+    """VM A holding PER_SOURCE connections gets its next one closed at accept; B (same IP, other net) is served."""
+    vm, other = host.vms[UUID_A], host.vms[UUID_B]
+    host.wait_served(vm)
+    with subprocess.Popen(["ip", "netns", "exec", vm.name, sys.executable, "-c", _HOLD, str(PER_SOURCE)],
+                          stdout=subprocess.PIPE, text=True) as holder:
+        assert holder.stdout is not None
+        extra = holder.stdout.readline().strip()
+        assert extra in {"extra: closed", "extra: ConnectionResetError"}, extra
+        assert host.served(other)  # its own counter: same 10.0.0.5, another port
+        held = holder.stdout.readline().strip()
+        assert held == "held: HTTP/1.1 200 OK", held
+        assert holder.wait(timeout=30) == 0
+    host.wait_served(vm)  # its connections closed: served again
 
 
 def test_flows_carry_the_agent_cookie(host):

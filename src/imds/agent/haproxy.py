@@ -4,8 +4,11 @@ One frontend listens on tap-meta's addresses (in the metadata namespace when the
 through haproxy's ``namespace`` bind option). Each VM port is one ``acl`` on its Meta IPv4
 and IPv6 source address and one backend that sets the signed identity headers, replacing
 whatever the VM sent, and forwards to ``--upstream``. Anything else gets a 404 from haproxy
-itself. The signature is precomputed here (``imds.signing.sign``), so the shared secret is
-never written to disk; the file holds per-instance signatures and is kept mode 0600.
+itself. Each port may hold at most ``--max-connections-per-source`` open connections (one
+counter per port, over its Meta IPv4 and IPv6 alike, in a stick table; sources that are no
+port's share one counter); a connection over it is closed as soon as it is accepted. The
+signature is precomputed here (``imds.signing.sign``), so the shared secret is never
+written to disk; the file holds per-instance signatures and is kept mode 0600.
 
 Usage::
 
@@ -79,6 +82,7 @@ class Frontend:
     addresses: tuple[str, ...]
     port: int = 80
     namespace: str | None = None
+    max_connections_per_source: int = 32
 
 
 @dataclass(frozen=True)
@@ -117,6 +121,22 @@ def _backend(index: int, backend: Backend, upstream: Upstream) -> list[str]:
     ]
 
 
+def _per_source_cap(ports: int, limit: int) -> list[str]:
+    """Count open connections per VM port (the key is the port's acl, not an address) and close those over ``limit``.
+
+    The key is the port, so a VM counts the same over IPv4 and IPv6, and VMs that use the
+    same address on different networks never share a counter (their Meta IPs differ
+    anyway). A reload starts a new, empty table; connections held by the old worker are
+    not counted by the new one until they close.
+    """
+    return [
+        f"    stick-table type string len 16 size {ports + 1} expire 60s store conn_cur",
+        *(f"    tcp-request connection track-sc0 str(vm{index}) if vm{index}" for index in range(ports)),
+        "    tcp-request connection track-sc0 str(unknown)",  # the first track-sc0 that applies wins
+        f"    tcp-request connection reject if {{ sc0_conn_cur gt {limit} }}",
+    ]
+
+
 def render(frontend: Frontend, backends: Sequence[Backend], upstream: Upstream) -> str:
     """The whole haproxy config; the same inputs always give the same text (backends sorted by name)."""
     ordered = sorted(backends, key=lambda b: b.name)
@@ -136,9 +156,9 @@ def render(frontend: Frontend, backends: Sequence[Backend], upstream: Upstream) 
         "frontend metadata",
         *(_bind(frontend, address) for address in frontend.addresses),
     ]
-    for index, backend in enumerate(ordered):
-        lines.append(f"    acl vm{index} src {' '.join(backend.sources)}")
-        lines.append(f"    use_backend vm{index} if vm{index}")
+    lines += [f"    acl vm{index} src {' '.join(backend.sources)}" for index, backend in enumerate(ordered)]
+    lines += _per_source_cap(len(ordered), frontend.max_connections_per_source)
+    lines += [f"    use_backend vm{index} if vm{index}" for index in range(len(ordered))]
     lines += [
         "    default_backend unknown",
         "",

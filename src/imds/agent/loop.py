@@ -197,7 +197,8 @@ class Agent:
             backends.append(Backend(port.name, (str(item.meta.ip), str(item.meta.ip6)), port.vm_uuid,
                                     sign(self.secret, port.vm_uuid), tenant))
         gw = self.pool.gateway
-        frontend = Frontend((str(gw.ip), str(gw.ip6)), namespace=self.settings.meta_netns)
+        frontend = Frontend((str(gw.ip), str(gw.ip6)), namespace=self.settings.meta_netns,
+                            max_connections_per_source=self.settings.max_connections_per_source)
         if self.haproxy.apply(render(frontend, backends, self.upstream)):
             self.log.info("agent.haproxy_applied", backends=len(backends))
 

@@ -29,11 +29,22 @@ def test_rendered_config_passes_haproxy_check(haproxy):
     haproxy.check(render(FRONT, [VM_A, VM_B], UPSTREAM))
 
 
+def test_each_vm_port_has_its_own_connection_counter():
+    """A stick table keyed by the VM's acl (not its address); connections over the cap are rejected at accept."""
+    text = render(Frontend(("240.0.0.1",), max_connections_per_source=7), [VM_B, VM_A], UPSTREAM)
+    assert "    stick-table type string len 16 size 3 expire 60s store conn_cur\n" in text
+    assert "    tcp-request connection track-sc0 str(vm0) if vm0\n" in text
+    assert "    tcp-request connection track-sc0 str(vm1) if vm1\n" in text
+    assert "    tcp-request connection track-sc0 str(unknown)\n" in text
+    assert "    tcp-request connection reject if { sc0_conn_cur gt 7 }\n" in text
+    assert text.index("track-sc0 str(unknown)") > text.index("track-sc0 str(vm1)")  # the first that applies wins
+
+
 def test_each_vm_has_an_acl_on_its_meta_addresses_and_signed_headers():
     """One acl/use_backend per VM on its Meta IPs; its backend sets id, signature and tenant."""
     text = render(FRONT, [VM_B, VM_A], UPSTREAM)
-    assert "    acl vm0 src 240.0.0.2 fd00:a9fe::2\n    use_backend vm0 if vm0" in text
-    assert "    acl vm1 src 240.0.0.3 fd00:a9fe::3\n    use_backend vm1 if vm1" in text
+    assert "    acl vm0 src 240.0.0.2 fd00:a9fe::2\n    acl vm1 src 240.0.0.3 fd00:a9fe::3\n" in text
+    assert "    use_backend vm0 if vm0\n    use_backend vm1 if vm1\n" in text
     backend_a = text.split("backend vm0\n", 1)[1].split("\n\n", 1)[0]
     assert "http-request set-header X-Instance-ID uuid-a" in backend_a
     assert f"http-request set-header X-Instance-ID-Signature {sign(b's', 'uuid-a')}" in backend_a
