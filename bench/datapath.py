@@ -119,7 +119,7 @@ def main() -> int:
         serve = subprocess.Popen(
             [str(IMDS), "serve", "--demo", "--db", "memory://", "--listen", f"127.0.0.1:{port}",
              "--trusted-proxy", "127.0.0.1/32", "--proxy-shared-secret-file", str(secret),
-             "--rate-limit", "0"],  # one source at full speed: the per-caller limit would answer 429s
+             "--rate-limit", "0", "--max-requests-per-source", "0"],  # one source at full speed: no 429s
             env=env,
         )
         try:

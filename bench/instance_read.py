@@ -105,7 +105,7 @@ def start_imds(server: str, port: int, source: Path | None = None) -> subprocess
         env["PYTHONPATH"] = str(source)
         program = [sys.executable, "-m", "imds"]
     command = [*program, "serve", "--demo", "--db", "memory://", "--listen", f"127.0.0.1:{port}",
-               "--server", server, "--workers", "1", "--rate-limit", "0"]
+               "--server", server, "--workers", "1", "--rate-limit", "0", "--max-requests-per-source", "0"]
     return subprocess.Popen(command, env=env)
 
 
