@@ -913,6 +913,8 @@ PROXY_OPTIONS: tuple[Option, ...] = (
            "Keep-alive connections to the upstream, at most.", group="proxy"),
     Option("max_body_bytes", "IMDS_PROXY_MAX_BODY_BYTES", "int", 64 * 1024,
            "Largest request body a VM may send (then 413).", group="proxy"),
+    Option("max_requests_per_source", "IMDS_PROXY_MAX_REQUESTS_PER_SOURCE", "int", 32,
+           "Requests one VM address may have in flight at once (0: off; over: 429).", group="proxy"),
     Option("log_level", "IMDS_PROXY_LOG_LEVEL", "str", "info",
            "Log level: debug, info, warning or error.", parse=_log_level, group="proxy"),
 )
@@ -934,6 +936,7 @@ class ProxySettings(Group):
     connect_timeout: float
     max_connections: int
     max_body_bytes: int
+    max_requests_per_source: int
     log_level: str
 
 
@@ -970,7 +973,8 @@ def load_proxy(flags: Mapping[str, Any] | None = None, environ: Mapping[str, str
     table = {option.name: option for option in PROXY_OPTIONS}
     _require(values, ("timeout", "connect_timeout", "max_connections", "max_body_bytes"), _positive,
              "must be positive", table)
-    _require(values, ("map_poll_interval",), lambda s: s >= 0, "must be 0 (off) or positive", table)
+    _require(values, ("map_poll_interval", "max_requests_per_source"), lambda s: s >= 0,
+             "must be 0 (off) or positive", table)
     return _build(ProxySettings, values)
 
 

@@ -250,3 +250,43 @@ def poll(check: Any, timeout: float = 10.0) -> bool:
             return True
         time.sleep(0.05)
     return False
+
+
+def _until(check: Any, what: str, bound: float = 20.0) -> Any:
+    """Poll ``check()`` (bounded) until it returns something truthy; that value."""
+    deadline = time.monotonic() + bound
+    while time.monotonic() < deadline:
+        found = check()
+        if found:
+            return found
+        time.sleep(0.05)
+    pytest.fail(f"not within {bound}s: {what}")
+
+
+def test_one_vm_cannot_hold_more_than_its_requests(files: dict[str, Path], server: Server) -> None:
+    """Two unfinished posts fill VM A's share (--max-requests-per-source 2): its next request is refused.
+
+    The 429 names the flag; VM B is served meanwhile; A is served again once its connections close.
+    """
+    args = ("--upstream", server.url, "--shared-secret-file", str(files["secret"]), "--map", str(files["map"]),
+            "--max-requests-per-source", "2")
+    with proxying(files["base"], *args) as running:
+        host, port = running.url.removeprefix("http://").rsplit(":", 1)
+        held = []
+        for _ in range(2):  # a head that promises a body that never comes: in flight until the socket closes
+            sock = socket.create_connection((host, int(port)), timeout=10, source_address=(VM_A, 0))
+            sock.sendall(b"POST /events HTTP/1.1\r\nHost: imds\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: 10\r\n\r\n")
+            held.append(sock)
+        try:
+            refused = _until(lambda: (r := vm(VM_A, running, "GET", "/metadata")).status_code == 429 and r,
+                             "VM A's third request refused")
+            assert refused.headers["retry-after"] == "1"
+            assert "--max-requests-per-source 2" in refused.json()["message"]
+            assert vm(VM_B, running, "GET", "/metadata").json()["id"] == BETA
+        finally:
+            for sock in held:
+                sock.close()
+        served = _until(lambda: (r := vm(VM_A, running, "GET", "/metadata")).status_code == 200 and r,
+                        "VM A served again")
+        assert served.json()["id"] == ALPHA

@@ -41,6 +41,7 @@ def build(settings: ProxySettings) -> ProxyApp:
         connect_timeout=settings.connect_timeout,
         max_connections=settings.max_connections,
         max_body_bytes=settings.max_body_bytes,
+        max_requests_per_source=settings.max_requests_per_source,
     )
     return ProxyApp(identifier_for(settings), secret, policy)
 

@@ -27,6 +27,7 @@ from imds import log
 from imds.proxy.identify import Identifier, Identity
 from imds.proxy.upstream import UpstreamFailed, UpstreamPool, UpstreamTimeout
 from imds.services.addresses import parse_host
+from imds.services.ratelimit import InFlight
 from imds.signing import INSTANCE_ID_HEADER, SIGNATURE_HEADER, TENANT_HEADER, sign
 
 Scope = MutableMapping[str, Any]
@@ -57,6 +58,7 @@ class ForwardPolicy:
     connect_timeout: float = 2.0
     max_connections: int = 64
     max_body_bytes: int = 64 * 1024
+    max_requests_per_source: int = 32
 
 
 class BodyTooLarge(Exception):
@@ -76,6 +78,7 @@ class ProxyApp:
         self._secret = secret
         self._signatures: dict[str, bytes] = {}
         self._upstream = policy.upstream
+        self._in_flight = InFlight(policy.max_requests_per_source)
         self._pool = UpstreamPool(
             policy.upstream, size=policy.max_connections, connect_timeout=policy.connect_timeout, timeout=policy.timeout
         )
@@ -106,12 +109,21 @@ class ProxyApp:
         if scope["method"] == "PUT" and scope["path"] == _TOKEN_PATH and _has(scope, b"x-forwarded-for"):
             await _answer(send, 403, b"403 - Forbidden", b"text/plain; charset=utf-8")
             return
-        try:
-            body = await self._body(scope, receive)
-        except BodyTooLarge:
-            await _answer(send, *_reply(413, f"request body is larger than {self.policy.max_body_bytes} bytes"))
+        source = str(peer)
+        if not self._in_flight.enter(source):
+            limit = self._in_flight.limit
+            await _answer(send, *_reply(429, f"too many requests in flight from {source} (--max-requests-per-source "
+                                             f"{limit}): try again in 1 s"), retry_after=True)
             return
-        await self._forward(scope, send, identity, str(peer), body)
+        try:
+            try:
+                body = await self._body(scope, receive)
+            except BodyTooLarge:
+                await _answer(send, *_reply(413, f"request body is larger than {self.policy.max_body_bytes} bytes"))
+                return
+            await self._forward(scope, send, identity, source, body)
+        finally:  # every way out (answered, failed, client gone, cancelled) gives the slot back
+            self._in_flight.leave(source)
 
     async def _forward(self, scope: Scope, send: Send, identity: Identity, peer: str, body: bytes | None) -> None:
         target = scope.get("raw_path") or scope["path"].encode()
@@ -195,7 +207,11 @@ def _has(scope: Scope, name: bytes) -> bool:
     return any(key == name for key, _ in scope["headers"])
 
 
-async def _answer(send: Send, status: int, body: bytes, content_type: bytes = JSON) -> None:
+async def _answer(
+    send: Send, status: int, body: bytes, content_type: bytes = JSON, *, retry_after: bool = False
+) -> None:
     headers = [(b"content-type", content_type), (b"content-length", str(len(body)).encode())]
+    if retry_after:
+        headers.append((b"retry-after", b"1"))
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
