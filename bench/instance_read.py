@@ -117,12 +117,20 @@ def start_servers(servers: tuple[str, ...], ports: dict[str, int], baseline: Pat
     return started
 
 
+def _py_spy() -> str:
+    """The py-spy executable (PATH, or beside this Python); SystemExit saying how to get it."""
+    found = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    if not Path(found).exists():
+        sys.exit("--profile needs py-spy: .venv/bin/pip install py-spy")
+    return found
+
+
 def profile(pid: int, url: str, args: argparse.Namespace, name: str) -> Path:
     """py-spy record of ``pid`` while wrk loads ``url``; collapsed stacks plus a summary by function."""
     out_dir = args.output.parent / "profiles"
     out_dir.mkdir(exist_ok=True)
     raw = out_dir / f"read-{name}.collapsed.txt"
-    spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    spy = _py_spy()
     recorder = subprocess.Popen(
         [spy, "record", "--pid", str(pid), "--rate", "250", "--format", "raw", "--output", str(raw),
          "--duration", str(args.duration + 1), "--nonblocking"],
@@ -179,6 +187,17 @@ def load_all(
     return rows
 
 
+def _tools_present(*, profile: bool) -> bool:
+    """wrk, nginx (and py-spy for --profile) are installed; else say how to get them, before measuring."""
+    if profile:
+        _py_spy()
+    for tool in ("wrk", "nginx"):
+        if not shutil.which(tool) and not Path(f"/usr/sbin/{tool}").exists():
+            print(f"{tool} is not installed: apt-get install nginx-light wrk", file=sys.stderr)
+            return False
+    return True
+
+
 def main() -> int:
     """Run nginx and each imds server, load them on each path, print and record the ratios."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -195,12 +214,10 @@ def main() -> int:
                              "as server 'baseline': a before/after ratio from the same run")
     parser.add_argument("--output", type=Path, default=ROOT / "bench" / "results.md")
     args = parser.parse_args()
+    if not _tools_present(profile=args.profile):
+        return 2
     paths = tuple(args.path or PATHS)
     servers = tuple(args.server or ("granian", "uvicorn"))
-    for tool in ("wrk", "nginx"):
-        if not shutil.which(tool) and not Path(f"/usr/sbin/{tool}").exists():
-            print(f"{tool} is not installed: apt-get install nginx-light wrk", file=sys.stderr)
-            return 2
 
     load_before = Path("/proc/loadavg").read_text().split()[:3]
     rows: list[dict[str, object]] = []
