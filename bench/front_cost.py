@@ -65,7 +65,7 @@ async def _child(count: int) -> dict[str, dict[str, float]]:
     from imds.config import Settings  # noqa: PLC0415
     from imds.services.demo import load_demo  # noqa: PLC0415
 
-    app = build_app(Settings(db_url="memory://", rate_limit=0.0, admin_token="bench-token"))  # noqa: S106
+    app = build_app(Settings.of(db="memory://", rate_limit=0.0, admin_token="bench-token"))  # noqa: S106
     results: dict[str, dict[str, float]] = {}
     async with app.services.running():
         await load_demo(app.services.records)

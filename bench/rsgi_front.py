@@ -42,7 +42,8 @@ from imds.config import Settings
 from imds.services.demo import load_demo
 from imds.web.bounded import Bounded
 
-SETTINGS = Settings(db_url="memory://", rate_limit=0.0, admin_token="bench-token", demo=True)
+SETTINGS = Settings.of(db="memory://", rate_limit=0.0, max_requests_per_source=0, admin_token="bench-token",
+                       demo=True)
 asgi_app = Bounded(build_app(SETTINGS), SETTINGS)  # the lifespan loads the demo
 
 
