@@ -13,8 +13,8 @@ from imds.store import Store
 
 @contextmanager
 def counting(store: Store) -> Iterator[dict[str, int]]:
-    """Count SQL statements and commits on the store's engine while the block runs."""
-    engine = store._engine.sync_engine  # type: ignore[attr-defined]
+    """Count SQL statements and commits on the store's engines while the block runs."""
+    engines = store.engines  # type: ignore[attr-defined]
     counts = {"statements": 0, "commits": 0}
 
     def statement(*_args: Any) -> None:
@@ -23,10 +23,12 @@ def counting(store: Store) -> Iterator[dict[str, int]]:
     def commit(*_args: Any) -> None:
         counts["commits"] += 1
 
-    event.listen(engine, "before_cursor_execute", statement)
-    event.listen(engine, "commit", commit)
+    for engine in engines:
+        event.listen(engine, "before_cursor_execute", statement)
+        event.listen(engine, "commit", commit)
     try:
         yield counts
     finally:
-        event.remove(engine, "before_cursor_execute", statement)
-        event.remove(engine, "commit", commit)
+        for engine in engines:
+            event.remove(engine, "before_cursor_execute", statement)
+            event.remove(engine, "commit", commit)

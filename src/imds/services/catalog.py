@@ -127,18 +127,28 @@ class Catalog:
     async def written(self, journal: Journal) -> None:
         """Apply a committed write of this process (before its caller answers).
 
-        The blocks committed with it are replayed in commit order as far as they follow
-        on from ``position``; if this one does not, the catalog catches up from the feed.
+        The groups committed before it whose callers have not resumed yet are replayed
+        first (``Journal.before``), then its own, in commit order, as far as they follow
+        on from ``position``; if this one does not (another process wrote in between),
+        the catalog catches up from the feed.
         """
         async with self._lock:
-            for member in journal.group or [journal]:
-                if member.applied:
-                    continue
-                if member.start != self.position:
-                    break
-                self._replay(member.ops)
-                self.position = member.end
-                member.applied = True
+            chain: list[list[Journal]] = []
+            group: list[Journal] | None = journal.group or [journal]
+            while group is not None and not all(member.applied for member in group):
+                chain.append(group)
+                group = group[0].before
+            for group in reversed(chain):
+                for member in group:
+                    member.before = None  # applied below or never: the chain is not needed again
+                    if member.applied:
+                        continue
+                    if member.start == self.position:
+                        self._replay(member.ops)
+                        self.position = member.end
+                        member.applied = True
+                    elif member.end <= self.position:
+                        member.applied = True  # the catalog caught up past it from the feed
         if not journal.applied:
             await self.catch_up()
             journal.applied = True

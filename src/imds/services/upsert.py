@@ -10,11 +10,14 @@
   Conflict), and cleared by an admin; it goes when the instance goes.
 - Each write is one all-or-nothing store block; the catalog applies what it wrote
   before the caller hears back, so the next instance read on this replica sees the write.
+- Single upserts that arrive at the same moment share one block (``Coalescer``): a few
+  statements for the batch instead of several per write. Each still gets its own result.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 from imds import log
 from imds.errors import Conflict, InvalidInput, RecordNotFound, StoreUnavailable
@@ -23,13 +26,31 @@ from imds.models import METADATA, USERDATA, AuditEvent, Instance, MetadataWrite,
 from imds.services.addresses import display
 from imds.services.audit import delete_event, write_event
 from imds.services.catalog import Catalog
+from imds.services.coalesce import Coalescer
 from imds.services.proxytrust import inside_trusted
 from imds.services.wire import document_timestamp
-from imds.store.interface import Store, WriteTx
+from imds.store.interface import Store
 
 _log = log.get("records")
 PASSWORD = "password"  # noqa: S105 - a record name, not a secret
 PASSWORD_MAX_BYTES = 1020  # Nova's limit: four 255-character chunks of system metadata
+UPSERT_BATCH = 256  # concurrent single upserts carried out in one store block at most
+
+
+@dataclass(frozen=True)
+class _Upsert:
+    """One upsert: a metadata write, a userdata write or both (same id and addresses), and who asked."""
+
+    metadata: MetadataWrite | None
+    userdata: UserdataWrite | None
+    subject: str
+
+    @property
+    def first(self) -> MetadataWrite | UserdataWrite:
+        """The part that names the instance and its addresses (the metadata write, else the userdata one)."""
+        first = self.metadata or self.userdata
+        assert first is not None  # noqa: S101 - put_many drops empty pairs; single writes have one part
+        return first
 
 
 class Records:
@@ -40,28 +61,15 @@ class Records:
         self._catalog = catalog
         self._metrics = metrics
         self._trusted = tuple(trusted)  # trusted-proxy networks: binding an address inside one is warned about
+        self._upserts = Coalescer(self._upsert_batch, max_batch=UPSERT_BATCH)
 
     async def put_metadata(self, write: MetadataWrite, *, subject: str) -> WriteResult:
         """Replace the instance's metadata and address list, unless the write is stale."""
-
-        async def put(tx: WriteTx) -> None:
-            await tx.put_metadata(write.id, write.metadata)
-
-        async def stale(tx: WriteTx) -> str | None:
-            return _staleness(await tx.metadata_of(write.id), write.metadata)
-
-        return await self._put(METADATA, write.id, write.addresses, put=put, stale=stale, subject=subject)
+        return await self._put_one(METADATA, _Upsert(write, None, subject))
 
     async def put_userdata(self, write: UserdataWrite, *, subject: str) -> WriteResult:
         """Replace the instance's userdata and address list."""
-
-        async def put(tx: WriteTx) -> None:
-            await tx.put_userdata(write.id, write.userdata)
-
-        async def never_stale(_tx: WriteTx) -> str | None:
-            return None
-
-        return await self._put(USERDATA, write.id, write.addresses, put=put, stale=never_stale, subject=subject)
+        return await self._put_one(USERDATA, _Upsert(None, write, subject))
 
     async def delete(self, kind: str, instance_id: str, *, subject: str) -> None:
         """Delete one record type; raise RecordNotFound when it is absent."""
@@ -87,45 +95,22 @@ class Records:
             raise RecordNotFound(kind, instance_id)
         return instance
 
-    async def _put(  # noqa: PLR0913 - one private seam shared by both record types
-        self,
-        kind: str,
-        instance_id: str,
-        addresses: tuple[Network, ...],
-        *,
-        put: Callable[[WriteTx], Awaitable[None]],
-        stale: Callable[[WriteTx], Awaitable[str | None]],
-        subject: str,
-    ) -> WriteResult:
+    async def _put_one(self, kind: str, upsert: _Upsert) -> WriteResult:
+        """One upsert, carried out in a batch with those that arrive at the same moment."""
         try:
-            async with self._store.write() as tx:
-                reason = await stale(tx)
-                if reason is not None:
-                    result = WriteResult(instance_id, applied=False, reason=reason)
-                    await tx.append_audit(write_event(subject=subject, instance_id=instance_id, kind=kind,
-                                                      reason=reason))
-                else:
-                    await put(tx)
-                    moved, dropped = await tx.replace_addresses(instance_id, addresses)
-                    await tx.mark_changed([instance_id, *moved.values()])
-                    warnings = tuple(inside_trusted(addresses, self._trusted))
-                    result = WriteResult(instance_id, applied=True, addresses=addresses, moved=moved, dropped=dropped,
-                                         warnings=warnings)
-                    await tx.append_audit(write_event(subject=subject, instance_id=instance_id, kind=kind,
-                                                      addresses=addresses, moved=moved, dropped=dropped))
+            result = await self._upserts.submit(upsert)
         except StoreUnavailable:
             errors = self._metrics.metadata_store_errors if kind == METADATA else self._metrics.userdata_store_errors
             errors.inc()
             raise
         if result.applied:
-            await self._catalog.written(tx.journal)
             inserts = self._metrics.metadata_inserts if kind == METADATA else self._metrics.userdata_inserts
             inserts.inc()
         _log.info(
             "record.written",
             kind=kind,
-            instance_id=instance_id,
-            subject=subject,
+            instance_id=result.instance_id,
+            subject=upsert.subject,
             applied=result.applied,
             reason=result.reason,
             addresses=len(result.addresses),
@@ -133,7 +118,7 @@ class Records:
             dropped=[display(a) for a in result.dropped],
         )
         if result.warnings:
-            _log.warning("record.inside_trusted_proxy", instance_id=instance_id, problems=list(result.warnings))
+            _log.warning("record.inside_trusted_proxy", instance_id=result.instance_id, problems=list(result.warnings))
         return result
 
     # --- many upserts in one transaction (imds import) ---------------------------------------
@@ -149,49 +134,54 @@ class Records:
         Items apply in order (a later item sees an earlier one's write). The store's batch
         forms keep this to a few statements per batch; one log line for the batch.
         """
+        upserts = [_Upsert(m, u, subject) for m, u in items if m is not None or u is not None]
+        results = await self._upsert_batch(upserts)
+        applied = [u for u, r in zip(upserts, results, strict=True) if r.applied]
+        self._metrics.metadata_inserts.inc(sum(u.metadata is not None for u in applied))
+        self._metrics.userdata_inserts.inc(sum(u.userdata is not None for u in applied))
+        _log.info("records.written", subject=subject, items=len(items), applied=len(applied),
+                  stale=len(results) - len(applied))
+        return list(results)
+
+    async def _upsert_batch(self, upserts: Sequence[_Upsert]) -> list[WriteResult]:
+        """Carry out upserts in one store block, in order; one result each. The catalog has them on return."""
         results: list[WriteResult | None] = []
-        applied: list[tuple[int, MetadataWrite | None, UserdataWrite | None]] = []
+        applied: list[tuple[int, _Upsert, MetadataWrite | UserdataWrite]] = []
         events: list[AuditEvent] = []
         async with self._store.write() as tx:
-            documents = await tx.metadata_of_many([m.id for m, _ in items if m is not None])
-            for metadata, userdata in items:
-                first = metadata or userdata
-                if first is None:
-                    continue
-                reason = None if metadata is None else _staleness(documents.get(metadata.id), metadata.metadata)
+            documents = await tx.metadata_of_many([u.metadata.id for u in upserts if u.metadata is not None])
+            for upsert in upserts:
+                first = upsert.first
+                reason = None if upsert.metadata is None else _staleness(
+                    documents.get(first.id), upsert.metadata.metadata)
                 if reason is not None:
                     results.append(WriteResult(first.id, applied=False, reason=reason))
-                    events.append(write_event(subject=subject, instance_id=first.id, kind=METADATA, reason=reason))
+                    events.append(write_event(subject=upsert.subject, instance_id=first.id, kind=METADATA,
+                                              reason=reason))
                     continue
-                if metadata is not None:
-                    documents[metadata.id] = metadata.metadata
-                applied.append((len(results), metadata, userdata))
+                if upsert.metadata is not None:
+                    documents[first.id] = upsert.metadata.metadata
+                applied.append((len(results), upsert, first))
                 results.append(None)
             await tx.put_records(
-                [(m.id, m.metadata) for _, m, _ in applied if m is not None],
-                [(u.id, u.userdata) for _, _, u in applied if u is not None],
+                [(u.metadata.id, u.metadata.metadata) for _, u, _ in applied if u.metadata is not None],
+                [(u.userdata.id, u.userdata.userdata) for _, u, _ in applied if u.userdata is not None],
             )
-            lists = [(first.id, first.addresses) for _, m, u in applied if (first := m or u) is not None]
-            changes = await tx.replace_addresses_many(lists)
-            changed: list[str] = []
-            for (index, m, u), (instance_id, addresses), (moved, dropped) in zip(applied, lists, changes, strict=True):
-                changed += [instance_id, *moved.values()]
-                results[index] = WriteResult(instance_id, applied=True, addresses=tuple(addresses), moved=moved,
-                                             dropped=dropped)
+            changes = await tx.replace_addresses_many([(first.id, first.addresses) for _, _, first in applied])
+            for (index, upsert, first), (moved, dropped) in zip(applied, changes, strict=True):
+                await tx.mark_changed([first.id, *moved.values()])  # one feed block per write, in order
+                results[index] = WriteResult(first.id, applied=True, addresses=first.addresses, moved=moved,
+                                             dropped=dropped,
+                                             warnings=tuple(inside_trusted(first.addresses, self._trusted)))
                 # One entry per record written, as two single writes would make (the second moves nothing).
-                kinds = [kind for kind, part in ((METADATA, m), (USERDATA, u)) if part is not None]
+                kinds = [kind for kind, part in ((METADATA, upsert.metadata), (USERDATA, upsert.userdata)) if part]
                 events += [
-                    write_event(subject=subject, instance_id=instance_id, kind=kind, addresses=addresses,
+                    write_event(subject=upsert.subject, instance_id=first.id, kind=kind, addresses=first.addresses,
                                 moved=moved if n == 0 else None, dropped=dropped if n == 0 else ())
                     for n, kind in enumerate(kinds)
                 ]
-            await tx.mark_changed(changed)
             await tx.append_audit_many(events)
         await self._catalog.written(tx.journal)
-        self._metrics.metadata_inserts.inc(sum(m is not None for _, m, _ in applied))
-        self._metrics.userdata_inserts.inc(sum(u is not None for _, _, u in applied))
-        _log.info("records.written", subject=subject, items=len(items), applied=len(applied),
-                  stale=len(results) - len(applied))
         return [result for result in results if result is not None]
 
     # --- the OpenStack password: written by the instance once, cleared by an admin ---------

@@ -5,7 +5,10 @@ store carried them out (values as the store holds them, its own timestamps). Blo
 committed together (group commit) share one ordered ``group`` list. ``start`` is the
 change-feed position the block began from and ``end`` the position after it: a catalog
 that has applied everything up to ``start`` reaches exactly the store's state at ``end``
-by replaying ``ops``; otherwise it must catch up from the feed instead.
+by replaying ``ops``; otherwise it must catch up from the feed instead. ``before`` is the
+group this process committed just before, when this one follows on from it: a caller
+that hears of its commit first replays the earlier group too, rather than re-reading
+the store (their callers resume in any order).
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ class Journal:
     ops: list[Op] = field(default_factory=list)
     group: list[Journal] = field(default_factory=list)
     applied: bool = False  # set by the catalog that replayed it (or caught up past it)
+    before: list[Journal] | None = None  # the group committed just before, if this follows on from it
 
     def touched(self) -> list[str]:
         """Every instance id an operation of this block changed, first-seen order."""

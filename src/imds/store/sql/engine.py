@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
@@ -60,9 +61,27 @@ def create_engine(url: str, *, connect_timeout: float = 5.0, statement_timeout: 
     if database and database != ":memory:":
         Path(database).parent.mkdir(parents=True, exist_ok=True)
     engine = create_async_engine(full, connect_args={"timeout": statement_timeout})
+    _sqlite_session(engine.sync_engine, statement_timeout)
+    return engine
+
+
+def create_sqlite_write_engine(url: str, *, statement_timeout: float = 5.0) -> sa.Engine:
+    """A synchronous SQLite engine for the write path (see ``writeconn``), set up like ``create_engine``'s.
+
+    Its connections are opened and committed on the store's writer thread and run their
+    statements on the event loop's, one user at a time, hence ``check_same_thread=False``.
+    """
+    plain = make_url(url).set(drivername="sqlite+pysqlite")
+    engine = sa.create_engine(plain, connect_args={"timeout": statement_timeout, "check_same_thread": False})
+    _sqlite_session(engine, statement_timeout)
+    return engine
+
+
+def _sqlite_session(engine: sa.Engine, statement_timeout: float) -> None:
+    """WAL, foreign keys, full fsync and the busy timeout on every connection; BEGIN IMMEDIATE for writers."""
     busy = f"busy_timeout={max(1, int(statement_timeout * 1000))}"
 
-    @event.listens_for(engine.sync_engine, "connect")
+    @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:
         # Let SQLAlchemy's "begin" event, not the driver, open transactions.
         dbapi_connection.isolation_level = None
@@ -71,10 +90,8 @@ def create_engine(url: str, *, connect_timeout: float = 5.0, statement_timeout: 
             cursor.execute(f"PRAGMA {pragma}")
         cursor.close()
 
-    @event.listens_for(engine.sync_engine, "begin")
+    @event.listens_for(engine, "begin")
     def _on_begin(conn: Any) -> None:
         # Readers (marked with the imds_read execution option) take no write lock.
         read_only = conn.get_execution_options().get("imds_read", False)
         conn.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
-
-    return engine

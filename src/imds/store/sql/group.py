@@ -16,13 +16,12 @@ from typing import Any, Generic, Protocol, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.exc import SQLAlchemyError
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncTransaction
 
 from imds.errors import StoreUnavailable
 from imds.store.journal import Journal
-from imds.store.sql.engine import is_sqlite
 from imds.store.sql.listen import CHANNEL
 from imds.store.sql.tables import audit_log, changes, feed_head
+from imds.store.sql.writeconn import Savepoint, WriteConnection
 
 _T = TypeVar("_T")
 GROUP_MAX = 256  # write blocks per group commit, so one commit never waits on an endless queue
@@ -47,7 +46,7 @@ _Tx = TypeVar("_Tx", bound=Block)
 class _Batch:
     """One open transaction that write blocks join one after another (group commit)."""
 
-    def __init__(self, conn: AsyncConnection, seq: int) -> None:
+    def __init__(self, conn: WriteConnection, seq: int) -> None:
         self.conn = conn
         self.start = self.seq = seq
         self.feed_rows: list[dict[str, Any]] = []
@@ -68,16 +67,17 @@ class GroupCommit(Generic[_Tx]):
     """
 
     def __init__(
-        self, engine: AsyncEngine, url: str, explain: Callable[[BaseException], str],
-        make_tx: Callable[[AsyncConnection, int], _Tx],
+        self, connect: Callable[[], Awaitable[WriteConnection]], explain: Callable[[BaseException], str],
+        make_tx: Callable[[WriteConnection, int], _Tx], *, notify: bool,
     ) -> None:
-        self._engine = engine
+        self._connect = connect  # a connection in a new write transaction
         self._make_tx = make_tx
-        self._postgres = not is_sqlite(url)
+        self._postgres = notify
         self._explain = explain
         self._turn = asyncio.Lock()
         self._waiting = 0
         self._batch: _Batch | None = None
+        self._last: tuple[list[Journal], int] | None = None  # the group committed last, and its end
         self._flushes: set[asyncio.Task[None]] = set()
 
     @asynccontextmanager
@@ -125,9 +125,8 @@ class GroupCommit(Generic[_Tx]):
 
     async def _open(self) -> _Batch:
         async def begin() -> _Batch:
-            conn = await self._engine.connect()
+            conn = await self._connect()
             try:
-                await conn.begin()
                 head = await conn.execute(sa.select(feed_head.c.seq).where(feed_head.c.id == 1).with_for_update())
                 return _Batch(conn, int(head.scalar_one()))
             except BaseException:
@@ -137,7 +136,7 @@ class GroupCommit(Generic[_Tx]):
         self._batch = await self._guard(begin())
         return self._batch
 
-    async def _undo(self, batch: _Batch, savepoint: AsyncTransaction | None) -> None:
+    async def _undo(self, batch: _Batch, savepoint: Savepoint | None) -> None:
         """Roll back one block (its savepoint, or the batch when it was the first); commit the rest if due."""
         if savepoint is None:
             await self._abandon(batch, None)
@@ -165,6 +164,10 @@ class GroupCommit(Generic[_Tx]):
             await batch.conn.commit()
 
         await self._guard(finish(), batch)
+        if self._last is not None and self._last[1] == batch.start:
+            for journal in batch.group:
+                journal.before = self._last[0]
+        self._last = (batch.group, batch.seq)
         self._batch = None
         await batch.conn.close()
         batch.done.set_result(None)

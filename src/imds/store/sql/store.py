@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import functools
 import ipaddress
-from collections.abc import AsyncIterator, Iterable, Sequence
+import itertools
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from typing import Any, TypeVar
@@ -35,7 +38,7 @@ from imds.models import (
 from imds.store.interface import StoredInstance
 from imds.store.journal import ADDRESSES, FORGET, PUT, REMOVE, Journal, Op
 from imds.store.sql.diagnose import describe, is_not_migrated, not_migrated, sqlite_problem
-from imds.store.sql.engine import create_engine, is_sqlite
+from imds.store.sql.engine import create_engine, create_sqlite_write_engine, is_sqlite
 from imds.store.sql.group import GroupCommit
 from imds.store.sql.listen import FeedListener
 from imds.store.sql.os_rows import os_document, os_record
@@ -52,6 +55,7 @@ from imds.store.sql.tables import (
     instance_userdata,
     instances,
 )
+from imds.store.sql.writeconn import AsyncWrite, InlineWrite, WriteConnection
 
 _T = TypeVar("_T")
 _CHUNK = 500  # stays far below SQLite's bound-parameter limit
@@ -140,7 +144,7 @@ class _SqlTx:
     insert each for the whole group).
     """
 
-    def __init__(self, conn: AsyncConnection, seq: int) -> None:
+    def __init__(self, conn: WriteConnection, seq: int) -> None:
         self.conn = conn
         self.seq = seq
         self.journal = Journal(start=seq, end=seq)
@@ -284,14 +288,9 @@ class _SqlTx:
     # --- batch forms (imds import): a few statements per batch instead of several per instance
 
     async def _ensure_instances(self, instance_ids: Iterable[str]) -> None:
-        ids = list(dict.fromkeys(instance_ids))
-        found: set[str] = set()
-        for chunk in _chunks(ids):
-            rows = await self.conn.execute(sa.select(instances.c.id).where(instances.c.id.in_(chunk)))
-            found.update(rows.scalars())
-        missing = [{"id": instance_id} for instance_id in ids if instance_id not in found]
-        if missing:
-            await self.conn.execute(instances.insert(), missing)
+        ids = [i for i in dict.fromkeys(instance_ids) if i not in self._known]
+        if ids:  # one statement: the rows that exist already are left alone
+            await self.conn.execute(self._insert(instances).on_conflict_do_nothing(), [{"id": i} for i in ids])
         self._known.update(ids)
 
     async def metadata_of_many(self, instance_ids: Sequence[str]) -> dict[str, JsonObject]:
@@ -300,6 +299,7 @@ class _SqlTx:
         for chunk in _chunks(list(dict.fromkeys(instance_ids))):
             rows = await self.conn.execute(sa.select(t.c.instance_id, t.c.document).where(t.c.instance_id.in_(chunk)))
             documents.update({row.instance_id: row.document for row in rows})
+        self._known.update(documents)  # a metadata row means the instance row exists
         return documents
 
     async def put_records(
@@ -313,19 +313,15 @@ class _SqlTx:
 
     async def _put_many(self, table: sa.Table, column: str, values: dict[str, Any]) -> datetime:
         now = datetime.now(UTC)
-        if not values:
-            return now
-        held: set[str] = set()
-        for chunk in _chunks(list(values)):
-            rows = await self.conn.execute(sa.select(table.c.instance_id).where(table.c.instance_id.in_(chunk)))
-            held.update(rows.scalars())
-        updates = [{"key": i, column: v, "updated_at": now} for i, v in values.items() if i in held]
-        if updates:
-            statement = table.update().where(table.c.instance_id == sa.bindparam("key"))
-            await self.conn.execute(statement.values({column: sa.bindparam(column)}), updates)
-        inserts = [{"instance_id": i, column: v, "updated_at": now} for i, v in values.items() if i not in held]
-        if inserts:
-            await self.conn.execute(table.insert(), inserts)
+        if values:  # one upsert for the whole batch
+            statement = self._insert(table)
+            statement = statement.on_conflict_do_update(
+                index_elements=[table.c.instance_id],
+                set_={column: statement.excluded[column], "updated_at": statement.excluded.updated_at},
+            )
+            await self.conn.execute(
+                statement, [{"instance_id": i, column: v, "updated_at": now} for i, v in values.items()]
+            )
         return now
 
     async def replace_addresses_many(
@@ -335,12 +331,11 @@ class _SqlTx:
         ids = list(dict.fromkeys(instance_id for instance_id, _ in lists))
         await self._ensure_instances(ids)
         before: dict[str, str] = {}  # address → holder, for every address this batch touches
-        for chunk in _chunks(ids):
-            rows = await self.conn.execute(sa.select(t.c.address, t.c.instance_id).where(t.c.instance_id.in_(chunk)))
-            before.update({row.address: row.instance_id for row in rows})
         wanted_all = list(dict.fromkeys(str(a) for _, addresses in lists for a in addresses))
-        for chunk in _chunks(wanted_all):
-            rows = await self.conn.execute(sa.select(t.c.address, t.c.instance_id).where(t.c.address.in_(chunk)))
+        # One query per chunk finds both the batch's instances' addresses and the wanted ones' holders.
+        for id_chunk, address_chunk in itertools.zip_longest(_chunks(ids), _chunks(wanted_all), fillvalue=()):
+            rows = await self.conn.execute(sa.select(t.c.address, t.c.instance_id).where(
+                t.c.instance_id.in_(id_chunk) | t.c.address.in_(address_chunk)))
             before.update({row.address: row.instance_id for row in rows})
         owners, results = _replay_address_lists(before, lists)
         gone = [a for a in before if a not in owners]
@@ -382,8 +377,23 @@ class SqlStore:
             self._engine = create_engine(url, connect_timeout=connect_timeout, statement_timeout=statement_timeout)
         except OSError as exc:  # the SQLite file's directory cannot be created
             raise StoreUnavailable(f"cannot open the database: {describe(url, exc)}") from exc
-        self._group = GroupCommit(self._engine, url, self._explain, _SqlTx)
+        self._connect: Callable[[], Awaitable[WriteConnection]]
+        self._writer: ThreadPoolExecutor | None = None
+        self._write_engine: sa.Engine | None = None
+        if is_sqlite(url):
+            self._writer = ThreadPoolExecutor(1, thread_name_prefix="imds-sqlite-writer")
+            self._write_engine = create_sqlite_write_engine(url, statement_timeout=statement_timeout)
+            self._connect = functools.partial(InlineWrite.open, self._write_engine, self._writer)
+        else:
+            self._connect = functools.partial(AsyncWrite.open, self._engine)
+        self._group = GroupCommit(self._connect, self._explain, _SqlTx, notify=not is_sqlite(url))
         self._listener = FeedListener(url) if not is_sqlite(url) else None
+
+    @property
+    def engines(self) -> tuple[sa.Engine, ...]:
+        """Every (synchronous face of an) engine the store runs statements on: reads, and writes when separate."""
+        separate = () if self._write_engine is None else (self._write_engine,)
+        return (self._engine.sync_engine, *separate)
 
     @asynccontextmanager
     async def write(self) -> AsyncIterator[_SqlTx]:
@@ -532,11 +542,14 @@ class SqlStore:
             await self._listener.close()
         await self._group.close()
         await self._engine.dispose()
+        if self._writer is not None and self._write_engine is not None:
+            await asyncio.get_running_loop().run_in_executor(self._writer, self._write_engine.dispose)
+            self._writer.shutdown()
 
     # --- the instance<->host channel ------------------------------------------------------
 
     @asynccontextmanager
-    async def _channel_tx(self) -> AsyncIterator[AsyncConnection]:
+    async def _channel_tx(self) -> AsyncIterator[WriteConnection]:
         """A channel write (events, messages): one all-or-nothing block of a group commit.
 
         Blocks are serialised (in this process by the group, across processes by the
