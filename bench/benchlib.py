@@ -48,11 +48,16 @@ def stop(process: subprocess.Popen[bytes]) -> None:
 
 def run_wrk(  # noqa: PLR0913 - wrk's own knobs
     url: str, duration: int, connections: int, threads: int = 1, *, prefix: Sequence[str] = (),
-    timeout: float | None = None,
+    timeout: float | None = None, script: Sequence[str] = (),
 ) -> dict[str, float]:
-    """One wrk run (under ``prefix``, e.g. ``ip netns exec VM``): rps, requests, p50/p90/p99 in ms, non2xx."""
+    """One wrk run (under ``prefix``, e.g. ``ip netns exec VM``): rps, requests, p50/p90/p99 in ms, non2xx.
+
+    ``script``: a Lua script and its arguments (``wrk -s script.lua url -- args``).
+    """
+    lua = ["-s", script[0]] if script else []
+    extra = ["--", *script[1:]] if script else []
     out = subprocess.run(
-        [*prefix, "wrk", f"-t{threads}", f"-c{connections}", f"-d{duration}s", "--latency", url],
+        [*prefix, "wrk", f"-t{threads}", f"-c{connections}", f"-d{duration}s", "--latency", *lua, url, *extra],
         check=True, capture_output=True, text=True, timeout=timeout if timeout is not None else duration + 60,
     ).stdout
     result = {"rps": float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))}  # type: ignore[union-attr]

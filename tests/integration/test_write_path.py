@@ -18,7 +18,7 @@ import pytest
 from factories import new_id
 from imds.errors import Conflict, RecordNotFound, StoreUnavailable
 from imds.metrics import Metrics
-from imds.models import METADATA, USERDATA, Instance, MetadataWrite, Network, UserdataWrite
+from imds.models import METADATA, USERDATA, Instance, MetadataWrite, Network, UserdataWrite, WriteResult
 from imds.services.catalog import Catalog
 from imds.services.upsert import Records
 from imds.store import Store, open_store
@@ -96,6 +96,49 @@ async def test_concurrent_writes_share_commits(db_url: str) -> None:
             entry = catalog.get(instance_id)
             assert entry is not None
             assert entry.instance == stored[instance_id]
+    finally:
+        await store.close()
+
+
+async def test_upserts_released_together_are_one_block(db_url: str) -> None:
+    """32 single upserts released at once run as one batch: one commit, a batch's statements, 32 own results.
+
+    Each write still gets its own answer (its moves and drops), its own feed block and audit
+    row, and the catalog holds every write on return.
+    """
+    store = open_store(db_url)
+    catalog = Catalog(store)
+    records = Records(store, catalog, Metrics())
+    try:
+        await catalog.load()
+        ids = [new_id() for _ in range(32)]
+        await records.put_metadata(MetadataWrite(ids[0], (host(500),), {"n": -1}), subject="t")
+        gate = asyncio.Event()
+
+        async def one(n: int) -> WriteResult:
+            await gate.wait()
+            # Write 0 drops 500 and holds 501; write n > 0 holds 500 + n and 501 + n, taking 500 + n from write n - 1.
+            addresses = (host(500 + n), host(501 + n)) if n else (host(501),)
+            return await records.put_metadata(MetadataWrite(ids[n], addresses, {"n": n}), subject=f"s{n}")
+
+        tasks = [asyncio.create_task(one(n)) for n in range(32)]
+        await asyncio.sleep(0)
+        with counting(store) as counts:
+            gate.set()
+            results = await asyncio.gather(*tasks)
+        assert counts["commits"] == 1, counts
+        assert counts["statements"] <= 12, counts  # 32 writes: about 8 each one by one
+        assert results[0].dropped == (host(500),)
+        for n in range(1, 32):
+            assert (results[n].moved, results[n].dropped) == ({host(500 + n): ids[n - 1]}, ()), n
+        stored = await store.get_many(ids)
+        for n, instance_id in enumerate(ids):
+            entry = catalog.get(instance_id)
+            assert entry is not None
+            assert entry.instance == stored[instance_id]
+            assert stored[instance_id].metadata == {"n": n}
+        audit = await store.audit(None, 0, 100)
+        assert [entry.event.subject for entry in audit][-32:] == [f"s{n}" for n in range(32)]
     finally:
         await store.close()
 

@@ -333,7 +333,10 @@ class _SqlTx:
         before: dict[str, str] = {}  # address → holder, for every address this batch touches
         wanted_all = list(dict.fromkeys(str(a) for _, addresses in lists for a in addresses))
         # One query per chunk finds both the batch's instances' addresses and the wanted ones' holders.
-        for id_chunk, address_chunk in itertools.zip_longest(_chunks(ids), _chunks(wanted_all), fillvalue=()):
+        chunks = itertools.zip_longest(_chunks(ids), _chunks(wanted_all), fillvalue=())
+        for number, (id_chunk, address_chunk) in enumerate(chunks):
+            if number:
+                await asyncio.sleep(0)  # SQLite runs these on the event loop: let reads in between chunks
             rows = await self.conn.execute(sa.select(t.c.address, t.c.instance_id).where(
                 t.c.instance_id.in_(id_chunk) | t.c.address.in_(address_chunk)))
             before.update({row.address: row.instance_id for row in rows})
