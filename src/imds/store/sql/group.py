@@ -14,13 +14,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any, Generic, Protocol, TypeVar
 
-import sqlalchemy as sa
 from sqlalchemy.exc import SQLAlchemyError
 
 from imds.errors import StoreUnavailable
 from imds.store.journal import Journal
-from imds.store.sql.listen import CHANNEL
-from imds.store.sql.tables import audit_log, changes, feed_head
+from imds.store.sql import statements
 from imds.store.sql.writeconn import Savepoint, WriteConnection
 
 _T = TypeVar("_T")
@@ -127,7 +125,7 @@ class GroupCommit(Generic[_Tx]):
         async def begin() -> _Batch:
             conn = await self._connect()
             try:
-                head = await conn.execute(sa.select(feed_head.c.seq).where(feed_head.c.id == 1).with_for_update())
+                head = await conn.execute(statements.FEED_HEAD_LOCKED)
                 return _Batch(conn, int(head.scalar_one()))
             except BaseException:
                 await conn.close()
@@ -154,13 +152,13 @@ class GroupCommit(Generic[_Tx]):
     async def _commit(self, batch: _Batch) -> None:
         async def finish() -> None:
             if batch.feed_rows:
-                await batch.conn.execute(changes.insert(), batch.feed_rows)
+                await batch.conn.execute(statements.FEED_ROWS, batch.feed_rows)
             if batch.audit_rows:
-                await batch.conn.execute(audit_log.insert(), batch.audit_rows)
+                await batch.conn.execute(statements.AUDIT_ROWS, batch.audit_rows)
             if batch.seq != batch.start:
-                await batch.conn.execute(feed_head.update().where(feed_head.c.id == 1).values(seq=batch.seq))
+                await batch.conn.execute(statements.MOVE_HEAD, {"head": batch.seq})
                 if self._postgres:
-                    await batch.conn.execute(sa.select(sa.func.pg_notify(CHANNEL, str(batch.seq))))
+                    await batch.conn.execute(statements.NOTIFY, {"payload": str(batch.seq)})
             await batch.conn.commit()
 
         await self._guard(finish(), batch)

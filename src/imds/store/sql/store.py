@@ -37,6 +37,7 @@ from imds.models import (
 )
 from imds.store.interface import StoredInstance
 from imds.store.journal import ADDRESSES, FORGET, PUT, REMOVE, Journal, Op
+from imds.store.sql import statements
 from imds.store.sql.diagnose import describe, is_not_migrated, not_migrated, sqlite_problem
 from imds.store.sql.engine import create_engine, create_sqlite_write_engine, is_sqlite
 from imds.store.sql.group import GroupCommit
@@ -151,7 +152,8 @@ class _SqlTx:
         self.feed_rows: list[dict[str, Any]] = []
         self.audit_rows: list[dict[str, Any]] = []
         self._known: set[str] = set()  # instance rows known to exist in this transaction
-        self._insert = pg_insert if conn.dialect.name == "postgresql" else sqlite_insert
+        self._dialect = conn.dialect.name
+        self._insert = pg_insert if self._dialect == "postgresql" else sqlite_insert
 
     async def _ensure_instance(self, instance_id: str) -> None:
         if instance_id in self._known:
@@ -290,14 +292,13 @@ class _SqlTx:
     async def _ensure_instances(self, instance_ids: Iterable[str]) -> None:
         ids = [i for i in dict.fromkeys(instance_ids) if i not in self._known]
         if ids:  # one statement: the rows that exist already are left alone
-            await self.conn.execute(self._insert(instances).on_conflict_do_nothing(), [{"id": i} for i in ids])
+            await self.conn.execute(statements.ensure_instances(self._dialect), [{"id": i} for i in ids])
         self._known.update(ids)
 
     async def metadata_of_many(self, instance_ids: Sequence[str]) -> dict[str, JsonObject]:
-        t = instance_metadata
         documents: dict[str, JsonObject] = {}
         for chunk in _chunks(list(dict.fromkeys(instance_ids))):
-            rows = await self.conn.execute(sa.select(t.c.instance_id, t.c.document).where(t.c.instance_id.in_(chunk)))
+            rows = await self.conn.execute(statements.DOCUMENTS_OF, {"ids": list(chunk)})
             documents.update({row.instance_id: row.document for row in rows})
         self._known.update(documents)  # a metadata row means the instance row exists
         return documents
@@ -314,20 +315,13 @@ class _SqlTx:
     async def _put_many(self, table: sa.Table, column: str, values: dict[str, Any]) -> datetime:
         now = datetime.now(UTC)
         if values:  # one upsert for the whole batch
-            statement = self._insert(table)
-            statement = statement.on_conflict_do_update(
-                index_elements=[table.c.instance_id],
-                set_={column: statement.excluded[column], "updated_at": statement.excluded.updated_at},
-            )
-            await self.conn.execute(
-                statement, [{"instance_id": i, column: v, "updated_at": now} for i, v in values.items()]
-            )
+            await self.conn.execute(statements.upsert_record(self._dialect, table.name),
+                                    [{"instance_id": i, column: v, "updated_at": now} for i, v in values.items()])
         return now
 
     async def replace_addresses_many(
         self, lists: Sequence[tuple[str, Sequence[Network]]]
     ) -> list[tuple[dict[Network, str], tuple[Network, ...]]]:
-        t = instance_ip_addresses
         ids = list(dict.fromkeys(instance_id for instance_id, _ in lists))
         await self._ensure_instances(ids)
         before: dict[str, str] = {}  # address → holder, for every address this batch touches
@@ -337,20 +331,19 @@ class _SqlTx:
         for number, (id_chunk, address_chunk) in enumerate(chunks):
             if number:
                 await asyncio.sleep(0)  # SQLite runs these on the event loop: let reads in between chunks
-            rows = await self.conn.execute(sa.select(t.c.address, t.c.instance_id).where(
-                t.c.instance_id.in_(id_chunk) | t.c.address.in_(address_chunk)))
+            rows = await self.conn.execute(statements.ADDRESSES_TOUCHED,
+                                           {"ids": list(id_chunk), "addresses": list(address_chunk)})
             before.update({row.address: row.instance_id for row in rows})
         owners, results = _replay_address_lists(before, lists)
         gone = [a for a in before if a not in owners]
         for chunk in _chunks(gone):
-            await self.conn.execute(t.delete().where(t.c.address.in_(chunk)))
-        moved = [{"key": a, "instance_id": owners[a]} for a in before if a in owners and owners[a] != before[a]]
+            await self.conn.execute(statements.DROP_ADDRESSES, {"addresses": list(chunk)})
+        moved = [{"key": a, "holder": owners[a]} for a in before if a in owners and owners[a] != before[a]]
         if moved:
-            statement = t.update().where(t.c.address == sa.bindparam("key"))
-            await self.conn.execute(statement.values(instance_id=sa.bindparam("instance_id")), moved)
+            await self.conn.execute(statements.MOVE_ADDRESS, moved)
         new = [{"address": a, "instance_id": holder} for a, holder in owners.items() if a not in before]
         if new:
-            await self.conn.execute(t.insert(), new)
+            await self.conn.execute(statements.ADD_ADDRESSES, new)
         for (instance_id, addresses), (moved_from, _) in zip(lists, results, strict=True):
             wanted = tuple({str(a): a for a in addresses}.values())
             self.journal.ops.append(Op(ADDRESSES, instance_id, value=wanted, moved=moved_from))
