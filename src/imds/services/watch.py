@@ -15,6 +15,19 @@ from imds.models import Instance
 
 
 def instance_etag(instance: Instance) -> bytes:
-    """A strong ETag (quoted) for this version of ``instance``."""
-    canonical = json.dumps(dataclasses.asdict(instance), sort_keys=True, default=str, separators=(",", ":"))
+    """A strong ETag (quoted) for this version of ``instance``.
+
+    The same canonical text as ``json.dumps(dataclasses.asdict(instance), ...)`` without
+    ``asdict``'s deep copy of the document, which took two thirds of a first read's time:
+    the fields are taken as they are, and only nested dataclasses (the OS record) become dicts.
+    """
+    fields = {f.name: _plain(getattr(instance, f.name)) for f in dataclasses.fields(instance)}
+    canonical = json.dumps(fields, sort_keys=True, default=str, separators=(",", ":"))
     return b'"' + hashlib.sha256(canonical.encode()).hexdigest()[:32].encode() + b'"'
+
+
+def _plain(value: object) -> object:
+    """``value``, or a dict of it when it is a dataclass instance (as ``asdict`` makes)."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    return value
