@@ -9,18 +9,16 @@ Errors are plain text (``404 - Not Found``), never JSON, never 500.
 
 from __future__ import annotations
 
-import os
-
 from imds.errors import Conflict, ImdsError, InvalidInput, NotFound
 from imds.models import METADATA, USERDATA
 from imds.services import Services
 from imds.services.render.openstack import (
     GRIZZLY,
     PASSWORD,
-    SEED_BYTES,
     USER_DATA,
     VERSIONS,
     SeededJson,
+    SeedPool,
     since,
     version_dir,
     versions_listing,
@@ -48,6 +46,7 @@ class OpenStackFlavor:
     def __init__(self, services: Services, locator: Locator) -> None:
         self._records = services.records
         self._locator = locator
+        self._seeds = SeedPool()
 
     def prefixes(self) -> dict[str, Handler]:
         """First path segments this flavor answers."""
@@ -82,7 +81,7 @@ class OpenStackFlavor:
             raise NotFound(f"no {rest!r} under /openstack/{version}")
         self._locator.served(kind)
         if isinstance(node, SeededJson):
-            return Reply(200, node.with_seed(os.urandom(SEED_BYTES)), JSON)
+            return Reply(200, node.with_seed(self._seeds.take()), JSON)
         if rest.endswith(".json"):
             return Reply(200, body(node), JSON)
         if kind == USERDATA:

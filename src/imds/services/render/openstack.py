@@ -32,6 +32,7 @@ and whoever serves it splices a fresh ``random_seed`` in with ``with_seed``.
 from __future__ import annotations
 
 import base64
+import os
 from typing import Any
 
 from imds.models import Instance, JsonObject
@@ -54,6 +55,30 @@ VENDOR_DATA = "vendor_data.json"
 NETWORK_DATA = "network_data.json"
 VENDOR_DATA2 = "vendor_data2.json"
 SEED_BYTES = 512  # Nova's random_seed: 512 random bytes, base64
+SEED_POOL_BYTES = 64 << 10  # kernel randomness fetched at once for 128 seeds
+
+
+class SeedPool:
+    """Fresh ``random_seed`` bytes from the kernel, fetched 64 KiB at a time; no byte is handed out twice.
+
+    ``os.urandom`` gives the GIL up around its system call, and on a busy server getting
+    it back took half of a ``meta_data.json`` request (about 25 µs of 50). One call per 128
+    seeds keeps the bytes the same (the kernel's CSPRNG) and the hand-offs rare. Used from
+    the event loop's thread only.
+    """
+
+    def __init__(self, size: int = SEED_POOL_BYTES) -> None:
+        self._size = size
+        self._pool = b""
+        self._at = 0
+
+    def take(self, count: int = SEED_BYTES) -> bytes:
+        """``count`` random bytes never handed out before."""
+        if self._at + count > len(self._pool):
+            self._pool, self._at = os.urandom(max(self._size, count)), 0
+        seed = self._pool[self._at : self._at + count]
+        self._at += count
+        return seed
 
 
 class SeededJson(bytes):
