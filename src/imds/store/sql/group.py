@@ -156,9 +156,8 @@ class GroupCommit(Generic[_Tx]):
             if batch.audit_rows:
                 await batch.conn.execute(statements.AUDIT_ROWS, batch.audit_rows)
             if batch.seq != batch.start:
-                await batch.conn.execute(statements.MOVE_HEAD, {"head": batch.seq})
-                if self._postgres:
-                    await batch.conn.execute(statements.NOTIFY, {"payload": str(batch.seq)})
+                move = statements.MOVE_HEAD_AND_NOTIFY if self._postgres else statements.MOVE_HEAD
+                await batch.conn.execute(move, {"head": batch.seq})
             await batch.conn.commit()
 
         await self._guard(finish(), batch)

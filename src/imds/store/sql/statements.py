@@ -34,7 +34,9 @@ FEED_HEAD_LOCKED = sa.select(feed_head.c.seq).where(feed_head.c.id == 1).with_fo
 FEED_ROWS = changes.insert()
 AUDIT_ROWS = audit_log.insert()
 MOVE_HEAD = feed_head.update().where(feed_head.c.id == 1).values(seq=sa.bindparam("head"))
-NOTIFY = sa.select(sa.func.pg_notify(CHANNEL, sa.bindparam("payload")))
+# PostgreSQL: move the head and NOTIFY followers in one round trip (a data-modifying CTE).
+_moved = MOVE_HEAD.returning(feed_head.c.seq).cte("moved")
+MOVE_HEAD_AND_NOTIFY = sa.select(sa.func.pg_notify(CHANNEL, sa.cast(_moved.c.seq, sa.Text))).select_from(_moved)
 
 # The batch forms (``ids``, ``addresses``: lists).
 DOCUMENTS_OF = sa.select(_m.c.instance_id, _m.c.document).where(
