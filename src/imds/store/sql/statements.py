@@ -13,6 +13,7 @@ import functools
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
@@ -38,15 +39,37 @@ MOVE_HEAD = feed_head.update().where(feed_head.c.id == 1).values(seq=sa.bindpara
 _moved = MOVE_HEAD.returning(feed_head.c.seq).cte("moved")
 MOVE_HEAD_AND_NOTIFY = sa.select(sa.func.pg_notify(CHANNEL, sa.cast(_moved.c.seq, sa.Text))).select_from(_moved)
 
-# The batch forms (``ids``, ``addresses``: lists).
-DOCUMENTS_OF = sa.select(_m.c.instance_id, _m.c.document).where(
-    _m.c.instance_id.in_(sa.bindparam("ids", expanding=True))
-)
-ADDRESSES_TOUCHED = sa.select(_a.c.address, _a.c.instance_id).where(
-    _a.c.instance_id.in_(sa.bindparam("ids", expanding=True))
-    | _a.c.address.in_(sa.bindparam("addresses", expanding=True))
-)
-DROP_ADDRESSES = _a.delete().where(_a.c.address.in_(sa.bindparam("addresses", expanding=True)))
+# The batch forms (``ids``, ``addresses``: lists). PostgreSQL gets ``= ANY(array)``: one SQL text
+# whatever the list's length, so one prepared statement per connection instead of one per
+# length (an expanding ``IN`` renders ``$1, …, $n``; each new text cost a prepare round trip).
+
+
+def _among(column: sa.Column[str], name: str, dialect: str) -> sa.ColumnElement[bool]:
+    if dialect == "postgresql":
+        return column == sa.any_(sa.bindparam(name, type_=postgresql.ARRAY(sa.String)))
+    return column.in_(sa.bindparam(name, expanding=True))
+
+
+@functools.cache
+def documents_of(dialect: str) -> sa.Select[tuple[str, Any]]:
+    """The metadata documents of ``ids``."""
+    return sa.select(_m.c.instance_id, _m.c.document).where(_among(_m.c.instance_id, "ids", dialect))
+
+
+@functools.cache
+def addresses_touched(dialect: str) -> sa.Select[tuple[str, str]]:
+    """(address, holder) of every address held by one of ``ids`` or listed in ``addresses``."""
+    return sa.select(_a.c.address, _a.c.instance_id).where(
+        _among(_a.c.instance_id, "ids", dialect) | _among(_a.c.address, "addresses", dialect)
+    )
+
+
+@functools.cache
+def drop_addresses(dialect: str) -> sa.Delete:
+    """Delete the rows of ``addresses``."""
+    return _a.delete().where(_among(_a.c.address, "addresses", dialect))
+
+
 MOVE_ADDRESS = _a.update().where(_a.c.address == sa.bindparam("key")).values(instance_id=sa.bindparam("holder"))
 ADD_ADDRESSES = _a.insert()
 

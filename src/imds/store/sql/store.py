@@ -298,7 +298,7 @@ class _SqlTx:
     async def metadata_of_many(self, instance_ids: Sequence[str]) -> dict[str, JsonObject]:
         documents: dict[str, JsonObject] = {}
         for chunk in _chunks(list(dict.fromkeys(instance_ids))):
-            rows = await self.conn.execute(statements.DOCUMENTS_OF, {"ids": list(chunk)})
+            rows = await self.conn.execute(statements.documents_of(self._dialect), {"ids": list(chunk)})
             documents.update({row.instance_id: row.document for row in rows})
         self._known.update(documents)  # a metadata row means the instance row exists
         return documents
@@ -331,13 +331,13 @@ class _SqlTx:
         for number, (id_chunk, address_chunk) in enumerate(chunks):
             if number:
                 await asyncio.sleep(0)  # SQLite runs these on the event loop: let reads in between chunks
-            rows = await self.conn.execute(statements.ADDRESSES_TOUCHED,
+            rows = await self.conn.execute(statements.addresses_touched(self._dialect),
                                            {"ids": list(id_chunk), "addresses": list(address_chunk)})
             before.update({row.address: row.instance_id for row in rows})
         owners, results = _replay_address_lists(before, lists)
         gone = [a for a in before if a not in owners]
         for chunk in _chunks(gone):
-            await self.conn.execute(statements.DROP_ADDRESSES, {"addresses": list(chunk)})
+            await self.conn.execute(statements.drop_addresses(self._dialect), {"addresses": list(chunk)})
         moved = [{"key": a, "holder": owners[a]} for a in before if a in owners and owners[a] != before[a]]
         if moved:
             await self.conn.execute(statements.MOVE_ADDRESS, moved)
