@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import ipaddress
 import random
+from collections.abc import AsyncIterator
 
 import pytest
 
@@ -37,6 +38,18 @@ def db_url(request: pytest.FixtureRequest) -> str:
     return request.getfixturevalue("sqlite_url" if request.param == "sqlite" else "postgres_url")
 
 
+@contextlib.asynccontextmanager
+async def loaded_records(db_url: str) -> AsyncIterator[tuple[Store, Catalog, Records]]:
+    """A store on ``db_url``, its loaded catalog and the Records service over both; the store closed after."""
+    store = open_store(db_url)
+    catalog = Catalog(store)
+    try:
+        await catalog.load()
+        yield store, catalog, Records(store, catalog, Metrics())
+    finally:
+        await store.close()
+
+
 def host(n: int) -> Network:
     return ipaddress.ip_network(f"10.{60 + n // 65536}.{n // 256 % 256}.{n % 256}/32")
 
@@ -49,11 +62,7 @@ async def test_a_write_takes_few_statements(db_url: str) -> None:
     Before group commit and journal replay it took 17 (existing instance) to 20 (new one):
     several per primitive, and the catalog re-read six tables.
     """
-    store = open_store(db_url)
-    catalog = Catalog(store)
-    records = Records(store, catalog, Metrics())
-    try:
-        await catalog.load()
+    async with loaded_records(db_url) as (store, catalog, records):
         first = new_id()
         with counting(store) as new:
             await records.put_metadata(MetadataWrite(first, (host(1), host(2)), {"n": 1}), subject="t")
@@ -65,17 +74,11 @@ async def test_a_write_takes_few_statements(db_url: str) -> None:
         entry = catalog.get(first)
         assert entry is not None
         assert entry.instance == await store.get(first)
-    finally:
-        await store.close()
 
 
 async def test_concurrent_writes_share_commits(db_url: str) -> None:
     """32 writes released at once commit in a few transactions, at most 7 statements each, all acknowledged."""
-    store = open_store(db_url)
-    catalog = Catalog(store)
-    records = Records(store, catalog, Metrics())
-    try:
-        await catalog.load()
+    async with loaded_records(db_url) as (store, catalog, records):
         ids = [new_id() for _ in range(32)]
         gate = asyncio.Event()
 
@@ -96,8 +99,6 @@ async def test_concurrent_writes_share_commits(db_url: str) -> None:
             entry = catalog.get(instance_id)
             assert entry is not None
             assert entry.instance == stored[instance_id]
-    finally:
-        await store.close()
 
 
 async def test_upserts_released_together_are_one_block(db_url: str) -> None:
@@ -106,11 +107,7 @@ async def test_upserts_released_together_are_one_block(db_url: str) -> None:
     Each write still gets its own answer (its moves and drops), its own feed block and audit
     row, and the catalog holds every write on return.
     """
-    store = open_store(db_url)
-    catalog = Catalog(store)
-    records = Records(store, catalog, Metrics())
-    try:
-        await catalog.load()
+    async with loaded_records(db_url) as (store, catalog, records):
         ids = [new_id() for _ in range(32)]
         await records.put_metadata(MetadataWrite(ids[0], (host(500),), {"n": -1}), subject="t")
         gate = asyncio.Event()
@@ -139,8 +136,6 @@ async def test_upserts_released_together_are_one_block(db_url: str) -> None:
             assert stored[instance_id].metadata == {"n": n}
         audit = await store.audit(None, 0, 100)
         assert [entry.event.subject for entry in audit][-32:] == [f"s{n}" for n in range(32)]
-    finally:
-        await store.close()
 
 
 async def test_a_failing_block_leaves_its_group_intact(store: Store) -> None:

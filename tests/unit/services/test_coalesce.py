@@ -35,6 +35,16 @@ class Recorder:
         return [f"done {n}" for n in items]
 
 
+async def held_batch() -> tuple[Recorder, Coalescer[int, str], asyncio.Task[str]]:
+    """A coalescer whose first batch, item 0, is running and held at the recorder's gate."""
+    recorder = Recorder()
+    recorder.gate.clear()
+    coalescer = Coalescer(recorder.run, max_batch=64)
+    first = asyncio.create_task(coalescer.submit(0))
+    await recorder.entered.wait()
+    return recorder, coalescer, first
+
+
 async def test_items_submitted_together_run_as_one_batch_and_each_gets_its_own_result():
     """Ten submits in one loop pass: one batch of ten, in order; each caller gets the result for its item."""
     recorder = Recorder()
@@ -46,11 +56,7 @@ async def test_items_submitted_together_run_as_one_batch_and_each_gets_its_own_r
 
 async def test_what_arrives_during_a_batch_waits_for_the_next_one():
     """While batch [0] runs, 1..4 queue up; they run together as the second batch."""
-    recorder = Recorder()
-    recorder.gate.clear()
-    coalescer = Coalescer(recorder.run, max_batch=64)
-    first = asyncio.create_task(coalescer.submit(0))
-    await recorder.entered.wait()
+    recorder, coalescer, first = await held_batch()
     later = [asyncio.create_task(coalescer.submit(n)) for n in range(1, 5)]
     await asyncio.sleep(0)
     recorder.gate.set()
@@ -89,11 +95,7 @@ async def test_a_store_outage_fails_the_whole_batch_at_once():
 
 async def test_an_item_whose_caller_left_before_its_batch_is_dropped():
     """Item 1's caller is cancelled while batch [0] runs: the next batch carries only item 2."""
-    recorder = Recorder()
-    recorder.gate.clear()
-    coalescer = Coalescer(recorder.run, max_batch=64)
-    first = asyncio.create_task(coalescer.submit(0))
-    await recorder.entered.wait()
+    recorder, coalescer, first = await held_batch()
     gone = asyncio.create_task(coalescer.submit(1))
     kept = asyncio.create_task(coalescer.submit(2))
     await asyncio.sleep(0)
@@ -106,11 +108,7 @@ async def test_an_item_whose_caller_left_before_its_batch_is_dropped():
 
 async def test_callers_waiting_when_the_drain_is_cancelled_are_told_the_service_stops():
     """Cancelling the drain task (shutdown) answers the running batch's and the queued callers with StoreUnavailable."""
-    recorder = Recorder()
-    recorder.gate.clear()
-    coalescer = Coalescer(recorder.run, max_batch=64)
-    running = asyncio.create_task(coalescer.submit(0))
-    await recorder.entered.wait()
+    recorder, coalescer, running = await held_batch()
     queued = asyncio.create_task(coalescer.submit(1))
     await asyncio.sleep(0)
     drain = next(t for t in asyncio.all_tasks() if t.get_name() == "imds-coalesce")
