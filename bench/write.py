@@ -91,31 +91,56 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def run(backend: str, db: str, tmp: Path, args: argparse.Namespace) -> list[dict[str, object]]:
-    """Both measures on one database shared by two replicas."""
+def _common(backend: str, db: str) -> tuple[str, ...]:
     # SQLite has no NOTIFY: followers poll (the default 1 s). PostgreSQL followers are woken
     # by NOTIFY; the poll is only the fallback, so a long one shows what NOTIFY does alone.
     poll = "1" if backend == "sqlite" else "30"
-    figures: list[dict[str, object]] = []
     # wrk writes from one address: lift the per-source in-flight cap.
-    common = ("--db", db, "--feed-poll-interval", poll, "--max-requests-per-source", "0")
+    return ("--db", db, "--feed-poll-interval", poll, "--max-requests-per-source", "0")
+
+
+def throughput(backend: str, a: Server, args: argparse.Namespace, tree: str) -> list[dict[str, object]]:
+    """Upserts/s through ``a`` with 1 and 16 writers."""
+    figures: list[dict[str, object]] = []
+    for base, writers in ((0, 1), (50, 16)):
+        result = upserts(a, writers, args.duration, base)
+        figures.append({"backend": backend, "measure": "upserts_per_s", "writers": writers, "tree": tree,
+                        "value": round(result["rps"]), "p99_ms": round(result.get("p99", 0.0), 1),
+                        "cpu_us": round(result["cpu_us"])})
+    return figures
+
+
+def run_baseline(backend: str, db: str, tmp: Path, args: argparse.Namespace) -> list[dict[str, object]]:
+    """The throughput measure on its own database, imds imported from ``--baseline``."""
+    with serving(tmp, *_common(backend, db), source=args.baseline) as a:
+        return throughput(backend, a, args, "baseline")
+
+
+def run(backend: str, db: str, tmp: Path, args: argparse.Namespace) -> list[dict[str, object]]:
+    """Both measures on one database shared by two replicas."""
+    common = _common(backend, db)
     with serving(tmp, *common) as a:
         # B starts after the throughput runs: on this one machine its catching up after every
         # commit would take CPU from A (and from PostgreSQL), which a replica on its own host does not.
-        for base, writers in ((0, 1), (50, 16)):
-            result = upserts(a, writers, args.duration, base)
-            figures.append({"backend": backend, "measure": "upserts_per_s", "writers": writers,
-                            "value": round(result["rps"]), "p99_ms": round(result.get("p99", 0.0), 1),
-                            "cpu_us": round(result["cpu_us"])})
+        figures = throughput(backend, a, args, "this")
         with serving(tmp, *common) as b:
             times = visibility(a.url, b.url, args.samples)
             result = upserts(a, 16, args.duration, 75)  # and once more with B following on this machine
             figures.append({"backend": backend, "measure": "upserts_per_s_with_b_following", "writers": 16,
-                            "value": round(result["rps"]), "p99_ms": round(result.get("p99", 0.0), 1),
+                            "tree": "this", "value": round(result["rps"]), "p99_ms": round(result.get("p99", 0.0), 1),
                             "cpu_us": round(result["cpu_us"])})
     figures.extend({"backend": backend, "measure": f"visible_on_b_p{int(q * 100)}_ms",
                     "value": round(percentile(times, q), 1)} for q in (0.5, 0.99))
     return figures
+
+
+def against_baseline(figures: list[dict[str, object]]) -> None:
+    """Add ``vs_baseline`` (this tree's upserts/s over the baseline's) to this tree's rows."""
+    base = {(f["backend"], f["writers"]): f["value"] for f in figures if f.get("tree") == "baseline"}
+    for f in figures:
+        before = base.get((f["backend"], f.get("writers")))
+        if f.get("tree") == "this" and f["measure"] == "upserts_per_s" and isinstance(before, int) and before:
+            f["vs_baseline"] = round(int(str(f["value"])) / before, 2)
 
 
 def load_average() -> str:
@@ -129,12 +154,17 @@ def measure(args: argparse.Namespace) -> list[dict[str, object]]:
     with tempfile.TemporaryDirectory(prefix="imds-bench-write-") as scratch:
         tmp = Path(scratch)
         if "sqlite" in args.backends:
+            if args.baseline is not None:
+                figures += run_baseline("sqlite", f"sqlite:///{tmp / 'baseline.db'}", tmp, args)
             figures += run("sqlite", f"sqlite:///{tmp / 'bench.db'}", tmp, args)
         if "postgres" in args.backends:
             server = _Server()
             try:
                 pg = server.start()
                 _execute(pg, 'CREATE DATABASE "bench"')
+                if args.baseline is not None:
+                    _execute(pg, 'CREATE DATABASE "baseline"')
+                    figures += run_baseline("postgres", pg.url("baseline"), tmp, args)
                 figures += run("postgres", pg.url("bench"), tmp, args)
             finally:
                 server.stop()
@@ -154,8 +184,8 @@ def record(figures: list[dict[str, object]], context: dict[str, object], command
             "(`POST /device-metadata`, a new instance with 2 addresses each, wrk with 1 and 16 connections); then "
             "a second replica B on the same database: visibility = from A's 200 to B serving the new value.\n"
         ),
-        "| backend | measure | writers | value | target | p99 ms | server CPU µs/write |",
-        "|---|---|---|---|---|---|---|",
+        "| backend | tree | measure | writers | value | vs baseline | target | p99 ms | server CPU µs/write |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     targets: dict[tuple[str, str, object], str] = {
         ("sqlite", "upserts_per_s", 16): "≥ 2000",
@@ -165,8 +195,8 @@ def record(figures: list[dict[str, object]], context: dict[str, object], command
     for f in figures:
         writers = f.get("writers", "")
         target = targets.get((str(f["backend"]), str(f["measure"]), writers), "")
-        lines.append(f"| {f['backend']} | {f['measure']} | {writers} | {f['value']} | {target} | "
-                     f"{f.get('p99_ms', '')} | {f.get('cpu_us', '')} |")
+        lines.append(f"| {f['backend']} | {f.get('tree', 'this')} | {f['measure']} | {writers} | {f['value']} | "
+                     f"{f.get('vs_baseline', '')} | {target} | {f.get('p99_ms', '')} | {f.get('cpu_us', '')} |")
     with (ROOT / "bench" / "results.md").open("a") as out:
         out.write("\n".join(lines) + "\n")
     print("\n".join(lines))
@@ -179,6 +209,9 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=200, help="writes timed to the second replica (default 200)")
     parser.add_argument("--quick", action="store_true", help="a smoke run: 3 s per setting, 40 samples")
     parser.add_argument("--backends", default="sqlite,postgres", help="comma-separated: sqlite, postgres")
+    parser.add_argument("--baseline", type=Path, metavar="SRC",
+                        help="also measure upserts/s with imds imported from another src/ tree (tree 'baseline'), "
+                             "on its own database before this tree's run: a before/after ratio from the same run")
     args = parser.parse_args()
     if args.quick:
         args.duration, args.samples = 3, 40
@@ -187,8 +220,11 @@ def main() -> None:
         "python": platform.python_version(), "load_before": load_average(),
     }
     figures = measure(args)
+    against_baseline(figures)
     context["load_after"] = load_average()
     command = " ".join([".venv/bin/python bench/write.py", *sys.argv[1:]])
+    if args.baseline is not None:
+        command = command.replace(str(args.baseline), "SRC")
     record(figures, context, command)
 
 

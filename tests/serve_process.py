@@ -114,11 +114,13 @@ class Server:
 
 @contextmanager
 def serving(
-    tmp_path: Path, *args: str, host: str = "127.0.0.1", v6: bool = False, loaded: bool = True
+    tmp_path: Path, *args: str, host: str = "127.0.0.1", v6: bool = False, loaded: bool = True,
+    source: Path | None = None,
 ) -> Iterator[Server]:
     """``imds serve *args`` on a free port of ``host`` (and of ``[::1]`` with ``v6``), stopped by PID afterwards.
 
     Yields once the server is healthy and (unless ``loaded`` is False) its catalog is loaded.
+    ``source``: a ``src`` directory to import imds from instead of this checkout (benchmarks' baselines).
     """
     port = free_port(host)
     listen = ["--listen", f"{host}:{port}"]
@@ -132,10 +134,13 @@ def serving(
         # tests (security/test_http_abuse.py), which pass --rate-limit explicitly.
         args = (*args, "--rate-limit", "0")
     log = tmp_path / f"serve-{port}.log"
+    program, env = [str(IMDS)], clean_env(tmp_path, IMDS_ADMIN_TOKEN=ADMIN_TOKEN)
+    if source is not None:
+        program, env["PYTHONPATH"] = [sys.executable, "-m", "imds"], str(source)
     with log.open("wb") as sink:
         process = subprocess.Popen(
-            [str(IMDS), "serve", *listen, *args],
-            env=clean_env(tmp_path, IMDS_ADMIN_TOKEN=ADMIN_TOKEN),
+            [*program, "serve", *listen, *args],
+            env=env,
             stdin=subprocess.DEVNULL,
             stdout=sink,
             stderr=subprocess.STDOUT,

@@ -32,6 +32,7 @@ from imds.store.journal import ADDRESSES, FORGET, PUT, Journal, Op
 __all__ = ["Catalog", "Entry"]
 _log = log.get("catalog")
 LOAD_CHUNK = 5000
+FEED_BATCH = 1000  # change-feed entries read per statement while catching up
 
 
 class Catalog:
@@ -154,19 +155,28 @@ class Catalog:
             journal.applied = True
 
     async def catch_up(self) -> int:
-        """Apply change-feed entries written since the last position; returns how many."""
+        """Apply change-feed entries committed before this call; returns how many.
+
+        It reads the feed in batches and stops at the first batch that is not full: what
+        was committed after the call started is the next call's. Reading until the feed
+        comes up empty instead kept a follower of a process writing without pause chasing
+        that process's newest group (committed, not yet applied by ``written``) for as
+        long as the writes went on, re-reading every write from the store and holding
+        the lock ``written`` waits for (seen: 1.8 s of a second's 16-writer upserts).
+        """
         applied = 0
         while True:
             async with self._lock:
-                batch = await self._store.changes_since(self.position)
-                if not batch:
-                    return applied
-                ids = list(dict.fromkeys(change.instance_id for change in batch))
-                found = await self._store.get_many(ids)
-                for instance_id in ids:
-                    self._apply(instance_id, found.get(instance_id))
-                self.position = max(self.position, batch[-1].seq)
+                batch = await self._store.changes_since(self.position, FEED_BATCH)
+                if batch:
+                    ids = list(dict.fromkeys(change.instance_id for change in batch))
+                    found = await self._store.get_many(ids)
+                    for instance_id in ids:
+                        self._apply(instance_id, found.get(instance_id))
+                    self.position = max(self.position, batch[-1].seq)
             applied += len(batch)
+            if len(batch) < FEED_BATCH:
+                return applied
 
     async def follow(self) -> None:
         """Follow the change feed until cancelled; a store outage only delays coherence.

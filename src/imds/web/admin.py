@@ -6,6 +6,7 @@ scope (see ``imds.services.auth``); credentials are checked before the body is r
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -88,26 +89,46 @@ def _data_response(request: Request, body: bytes, media_type: str) -> Response:
     return Response(body, media_type=media_type)
 
 
+Endpoint = Callable[[Request], Awaitable[Response]]
+UPSERT_PATHS = ("/device-metadata", "/device-userdata")  # POST: the write path at fleet rates
+
+
+def upsert_endpoints(services: Services) -> dict[str, Endpoint]:
+    """``POST /device-metadata`` and ``/device-userdata``, by path.
+
+    The admin router registers them (routing, the OpenAPI description); the instance front
+    also calls them directly, so a write does not pay the framework's routing on its way
+    (``imds.web.instance``).
+    """
+    records = services.records
+    limit = services.settings.limits.max_body_bytes
+
+    async def post_metadata(request: Request) -> Response:
+        subject = await authorize(services, request, upsert_scopes(METADATA))
+        write = await parse_body(parse_metadata_write, await read_limited(request, limit), services.limits)
+        return _write_response(await records.put_metadata(write, subject=subject))
+
+    async def post_userdata(request: Request) -> Response:
+        subject = await authorize(services, request, upsert_scopes(USERDATA))
+        write = await parse_body(parse_userdata_write, await read_limited(request, limit), services.limits)
+        return _write_response(await records.put_userdata(write, subject=subject))
+
+    return dict(zip(UPSERT_PATHS, (post_metadata, post_userdata), strict=True))
+
+
 def admin_router(services: Services) -> APIRouter:
     """The admin routes, bound to ``services``."""
     router = APIRouter(tags=["admin"], responses=documented(400, 401, 403, 404, 413, 503))
     records = services.records
-    limit = services.settings.limits.max_body_bytes
 
     async def principal_for(request: Request, needed: tuple[str, ...]) -> str:
         return await authorize(services, request, needed)
 
-    @router.post("/device-metadata", openapi_extra=_body(METADATA_SCHEMA), summary="Create or replace metadata")
-    async def post_metadata(request: Request) -> Response:
-        subject = await principal_for(request, upsert_scopes(METADATA))
-        write = await parse_body(parse_metadata_write, await read_limited(request, limit), services.limits)
-        return _write_response(await records.put_metadata(write, subject=subject))
-
-    @router.post("/device-userdata", openapi_extra=_body(USERDATA_SCHEMA), summary="Create or replace userdata")
-    async def post_userdata(request: Request) -> Response:
-        subject = await principal_for(request, upsert_scopes(USERDATA))
-        write = await parse_body(parse_userdata_write, await read_limited(request, limit), services.limits)
-        return _write_response(await records.put_userdata(write, subject=subject))
+    upserts = upsert_endpoints(services)
+    router.post("/device-metadata", openapi_extra=_body(METADATA_SCHEMA),
+                summary="Create or replace metadata")(upserts["/device-metadata"])
+    router.post("/device-userdata", openapi_extra=_body(USERDATA_SCHEMA),
+                summary="Create or replace userdata")(upserts["/device-userdata"])
 
     # GET and HEAD are separate routes so each gets its own OpenAPI operation id.
     @router.get("/device-metadata/{instance_id}", summary="Read metadata by instance id", openapi_extra=ID_EXTRA)

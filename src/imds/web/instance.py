@@ -2,8 +2,10 @@
 
 It finds the handler for the path in two dicts (exact paths, then the first path
 segment), and the handler answers from the in-memory catalog with bytes rendered once
-per version of the instance. No framework routing, middleware or validation runs here;
-every other request goes to the admin app, measured by route group.
+per version of the instance. No framework routing, middleware or validation runs here.
+The admin upserts (``POST /device-metadata`` and ``/device-userdata``, the write path at
+fleet rates) are called directly too; every other request goes to the admin app. Both
+are measured by route group.
 """
 
 from __future__ import annotations
@@ -12,14 +14,17 @@ import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
+from starlette.requests import Request
+
 from imds import log
 from imds.errors import ImdsError, NotFound, RateLimited, SourceBusy
 from imds.services import Services
 from imds.services.ratelimit import InFlight, RateLimiter
 from imds.services.resolve import Resolver
+from imds.web.admin import Endpoint, upsert_endpoints
 from imds.web.channel import ChannelFlavor
 from imds.web.ec2 import Ec2Flavor
-from imds.web.errors import error_body, error_parts
+from imds.web.errors import error_body, error_parts, handle_imds_error
 from imds.web.ganeti import GanetiFlavor
 from imds.web.instance_guard import FlavorGuard
 from imds.web.json import JsonFlavor
@@ -76,6 +81,24 @@ def _busy(limit: int) -> Handler:
     return busy
 
 
+def _direct(endpoint: Endpoint) -> ASGIApp:
+    """An admin endpoint as an ASGI app of its own: no framework routing on the way in.
+
+    An ImdsError becomes its JSON answer exactly as the admin app's handler makes it; any
+    other exception reaches ``_measured`` (logged, 500).
+    """
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        request = Request(scope, receive)
+        try:
+            response = await endpoint(request)
+        except ImdsError as exc:
+            response = await handle_imds_error(request, exc)
+        await response(scope, receive, send)
+
+    return app
+
+
 class InstanceFront:
     """Serves instance routes from memory; forwards every other request to ``admin``."""
 
@@ -109,6 +132,8 @@ class InstanceFront:
         self._in_flight = InFlight(callers.max_requests_per_source)
         admin_listen = services.settings.http.admin_listen
         self._admin_listeners = AdminListeners(admin_listen) if admin_listen else None
+        upserts = {path: _direct(endpoint) for path, endpoint in upsert_endpoints(services).items()}
+        self._upserts = {**upserts, **{f"/api/v1{path}": app for path, app in upserts.items()}}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """ASGI entry point."""
@@ -125,7 +150,8 @@ class InstanceFront:
         if self._admin_listeners is not None and self._elsewhere(scope, instance_path=handler is not None):
             handler = _not_here
         elif handler is None:
-            await self._measured(scope, receive, send)
+            direct = self._upserts.get(path) if scope["method"] == "POST" else None
+            await self._measured(scope, receive, send, direct or self.admin)
             return
         elif not self.services.catalog.loaded:  # answered, never left silent, until the catalog is in memory
             handler = _loading
@@ -212,7 +238,7 @@ class InstanceFront:
         finally:
             waiting.dec()
 
-    async def _measured(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def _measured(self, scope: Scope, receive: Receive, send: Send, app: ASGIApp) -> None:
         started = time.perf_counter()
         group = _group(scope["path"])
         status = 500
@@ -225,7 +251,7 @@ class InstanceFront:
             await send(message)
 
         try:
-            await self.admin(scope, receive, send_and_note)
+            await app(scope, receive, send_and_note)
         except Exception:  # noqa: BLE001 - logged here once, with its traceback; the answer was a 500
             _log.exception("admin.error", method=scope.get("method"), path=scope["path"], group=group)
             if not answered:

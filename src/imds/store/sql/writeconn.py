@@ -6,11 +6,16 @@ statement costs three or four hand-offs to it and back (cursor, execute, fetch, 
 each a thread wake-up of 100 to 200 µs on a virtual machine: ten statements of a few
 microseconds took 8 ms. So SQLite writes use a plain (synchronous) connection instead:
 
-- ``BEGIN IMMEDIATE`` (which may wait for another process's write lock, up to the busy
-  timeout), ``COMMIT`` (which waits for fsync), closing, and statements run for many rows
-  (bulk import) go to the store's writer thread;
-- the statements in between run on the event loop itself. Once the write lock is held
-  no statement waits for anyone, and each is a few microseconds of page-cache work.
+- ``COMMIT`` (which waits for fsync), statements run for many rows (bulk import), and
+  ``BEGIN IMMEDIATE`` when another process holds the write lock (it waits for it, up to the
+  busy timeout) go to the store's writer thread;
+- everything else runs on the event loop itself: ``BEGIN IMMEDIATE`` is first tried there
+  with no busy timeout (the lock is free unless another process writes), and once the
+  lock is held no statement waits for anyone, each a few microseconds of page-cache work;
+  a connection goes back to the pool there too once its transaction has ended.
+
+So a group commit hands one call to the thread (its ``COMMIT``), not three: each hand-off
+also costs the event loop a GIL round trip with the woken thread.
 """
 
 from __future__ import annotations
@@ -131,7 +136,10 @@ class InlineWrite:
 
     @classmethod
     async def open(cls, engine: sa.Engine, thread: Executor) -> InlineWrite:
-        """Connect and ``BEGIN IMMEDIATE`` (the engine's begin hook) on the writer thread."""
+        """Connect and ``BEGIN IMMEDIATE`` (the engine's begin hook): here if the lock is free, else on the thread."""
+        conn = _begin_unless_locked(engine)
+        if conn is not None:
+            return cls(conn, thread)
 
         def connect() -> sa.Connection:
             conn = engine.connect()
@@ -165,10 +173,43 @@ class InlineWrite:
         await self._in_thread(self._conn.commit)
 
     async def close(self) -> None:
-        await self._in_thread(self._conn.close)
+        if self._conn.in_transaction():  # rolled back on the thread
+            await self._in_thread(self._conn.close)
+        else:  # committed: back to the pool, nothing to wait for
+            self._conn.close()
 
     async def _in_thread(self, call: Callable[[], _T]) -> _T:
         return await asyncio.shield(asyncio.get_running_loop().run_in_executor(self._thread, call))
+
+
+def _begin_unless_locked(engine: sa.Engine) -> sa.Connection | None:
+    """A pooled connection in a new write transaction, without waiting; None when that would wait.
+
+    None when another connection holds the write lock, or when the pool has no idle
+    connection (opening one sets up the session, which may wait for a lock too).
+    """
+    pool = engine.pool
+    if not isinstance(pool, sa.QueuePool) or not pool.checkedin():
+        return None
+    conn = engine.connect()
+    try:
+        raw = conn.connection.dbapi_connection
+        assert raw is not None  # noqa: S101 - a pooled connection that was just checked out
+        busy = raw.execute("PRAGMA busy_timeout").fetchone()[0]
+        raw.execute("PRAGMA busy_timeout=0")
+        try:
+            conn.begin()
+        finally:
+            raw.execute(f"PRAGMA busy_timeout={int(busy)}")
+    except sa.exc.OperationalError as exc:
+        conn.close()
+        if "locked" in str(exc.orig) or "busy" in str(exc.orig):
+            return None
+        raise
+    except BaseException:
+        conn.close()
+        raise
+    return conn
 
 
 def _close_later(opened: asyncio.Future[sa.Connection], thread: Executor) -> None:
