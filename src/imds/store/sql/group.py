@@ -25,6 +25,16 @@ _T = TypeVar("_T")
 GROUP_MAX = 256  # write blocks per group commit, so one commit never waits on an endless queue
 
 
+class OwnHeads(Protocol):
+    """Told of this process's own commits, so their ``NOTIFY`` wakes no follower here (``FeedListener``)."""
+
+    def expect(self, head: int) -> None:
+        """A commit moving the feed head to ``head`` is about to be sent."""
+
+    def failed(self, head: int) -> None:
+        """That commit failed (or its outcome is unknown)."""
+
+
 class Block(Protocol):
     """What a write context tells the group: the feed head it reached, its feed and audit rows, its journal.
 
@@ -60,17 +70,19 @@ class GroupCommit(Generic[_Tx]):
     transaction and locks the feed head; each later block runs inside a savepoint, so
     one that raises is rolled back alone. When a block ends and nobody is waiting for a
     turn (or the batch is full), it commits the batch: the feed rows in one insert, the
-    audit rows in another, the feed head, ``NOTIFY`` on PostgreSQL, one commit. Every block of the batch leaves
+    audit rows in another, the feed head, ``NOTIFY`` on PostgreSQL, one commit. This
+    process's catalog applies its own commits (``Catalog.written``), so ``notify`` (the
+    feed listener) is told which heads are its own and wakes no follower for them. Every block of the batch leaves
     ``write()`` only after that commit, and raises StoreUnavailable if it failed.
     """
 
     def __init__(
         self, connect: Callable[[], Awaitable[WriteConnection]], explain: Callable[[BaseException], str],
-        make_tx: Callable[[WriteConnection, int], _Tx], *, notify: bool,
+        make_tx: Callable[[WriteConnection, int], _Tx], *, notify: OwnHeads | None,
     ) -> None:
         self._connect = connect  # a connection in a new write transaction
         self._make_tx = make_tx
-        self._postgres = notify
+        self._notify = notify  # PostgreSQL: NOTIFY with each commit, and tell the listener which are ours
         self._explain = explain
         self._turn = asyncio.Lock()
         self._waiting = 0
@@ -155,10 +167,19 @@ class GroupCommit(Generic[_Tx]):
                 await batch.conn.execute(statements.FEED_ROWS, batch.feed_rows)
             if batch.audit_rows:
                 await batch.conn.execute(statements.AUDIT_ROWS, batch.audit_rows)
-            if batch.seq != batch.start:
-                move = statements.MOVE_HEAD_AND_NOTIFY if self._postgres else statements.MOVE_HEAD
-                await batch.conn.execute(move, {"head": batch.seq})
-            await batch.conn.commit()
+            if batch.seq == batch.start:
+                await batch.conn.commit()
+            elif self._notify is None:
+                await batch.conn.execute(statements.MOVE_HEAD, {"head": batch.seq})
+                await batch.conn.commit()
+            else:
+                self._notify.expect(batch.seq)
+                try:
+                    await batch.conn.execute(statements.MOVE_HEAD_AND_NOTIFY, {"head": batch.seq})
+                    await batch.conn.commit()
+                except BaseException:
+                    self._notify.failed(batch.seq)
+                    raise
 
         await self._guard(finish(), batch)
         if self._last is not None and self._last[1] == batch.start:

@@ -23,6 +23,7 @@ from imds.store.sql.engine import application_name
 CHANNEL = "imds_feed"
 _BACKOFF = (0.5, 5.0)  # first and longest wait before reconnecting
 _CHECK = 5.0  # seconds between liveness checks of an idle listening connection
+_OWN_MAX = 4096  # own heads remembered until their notification comes (one that never comes is dropped)
 
 _log = log.get("feed")
 
@@ -44,6 +45,7 @@ class FeedListener:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._conn: asyncpg.Connection | None = None
+        self._own: dict[int, None] = {}  # heads of this process's commits whose notification has not come
 
     async def wait(self, within: float) -> None:
         """Return after a notification (or a reconnect), or after ``within`` seconds."""
@@ -85,7 +87,22 @@ class FeedListener:
             _log.warning("feed.listener_lost", retry_in=delay)
             await asyncio.sleep(delay)
 
-    def _notified(self, *_args: object) -> None:
+    def expect(self, head: int) -> None:
+        """This process is committing a group that moves the feed head to ``head``."""
+        self._own[head] = None
+        if len(self._own) > _OWN_MAX:
+            del self._own[next(iter(self._own))]
+
+    def failed(self, head: int) -> None:
+        """That commit failed: forget the head and wake the follower."""
+        self._own.pop(head, None)
+        self._wake.set()
+
+    def _notified(self, _conn: object, _pid: object, _channel: object, payload: object) -> None:
+        head = int(payload) if isinstance(payload, str) and payload.isdigit() else None
+        if head is not None and head in self._own:
+            del self._own[head]  # our own commit: already applied here
+            return
         self._wake.set()
 
     async def close(self) -> None:

@@ -382,8 +382,8 @@ class SqlStore:
             self._connect = functools.partial(InlineWrite.open, self._write_engine, self._writer)
         else:
             self._connect = functools.partial(AsyncWrite.open, self._engine)
-        self._group = GroupCommit(self._connect, self._explain, _SqlTx, notify=not is_sqlite(url))
         self._listener = FeedListener(url) if not is_sqlite(url) else None
+        self._group = GroupCommit(self._connect, self._explain, _SqlTx, notify=self._listener)
 
     @property
     def engines(self) -> tuple[sa.Engine, ...]:
