@@ -57,7 +57,9 @@ def host(n: int) -> Network:
 async def test_a_write_takes_few_statements(db_url: str) -> None:
     """An upsert (staleness check, record, addresses, audit row, feed) and its catalog update: at most 10 statements.
 
-    The audit and feed rows are inserted by the group's commit, one statement each per group.
+    The audit and feed rows are inserted by the group's commit, one statement each per group
+    on SQLite; on PostgreSQL one statement inserts both, moves the head and notifies, and the record upsert
+    inserts the instance row in the same statement (6).
 
     Before group commit and journal replay it took 17 (existing instance) to 20 (new one):
     several per primitive, and the catalog re-read six tables.
@@ -68,8 +70,9 @@ async def test_a_write_takes_few_statements(db_url: str) -> None:
             await records.put_metadata(MetadataWrite(first, (host(1), host(2)), {"n": 1}), subject="t")
         with counting(store) as again:
             await records.put_metadata(MetadataWrite(first, (host(1), host(2)), {"n": 2}), subject="t")
-        assert new["statements"] <= 10, new
-        assert again["statements"] <= 8, again
+        most = (6, 5) if db_url.startswith("postgresql") else (10, 8)
+        assert new["statements"] <= most[0], new
+        assert again["statements"] <= most[1], again
         assert new["commits"] == again["commits"] == 1
         entry = catalog.get(first)
         assert entry is not None

@@ -163,23 +163,22 @@ class GroupCommit(Generic[_Tx]):
 
     async def _commit(self, batch: _Batch) -> None:
         async def finish() -> None:
-            if batch.feed_rows:
-                await batch.conn.execute(statements.FEED_ROWS, batch.feed_rows)
-            if batch.audit_rows:
-                await batch.conn.execute(statements.AUDIT_ROWS, batch.audit_rows)
-            if batch.seq == batch.start:
+            if self._notify is None:
+                await self._finish_rows(batch)
                 await batch.conn.commit()
-            elif self._notify is None:
-                await batch.conn.execute(statements.MOVE_HEAD, {"head": batch.seq})
-                await batch.conn.commit()
-            else:
+                return
+            moves = batch.seq != batch.start
+            if moves:
                 self._notify.expect(batch.seq)
-                try:
-                    await batch.conn.execute(statements.MOVE_HEAD_AND_NOTIFY, {"head": batch.seq})
-                    await batch.conn.commit()
-                except BaseException:
+            try:
+                if moves or batch.audit_rows:
+                    await batch.conn.execute(statements.GROUP_ROWS_AND_HEAD, statements.group_rows_and_head(
+                        batch.feed_rows, batch.audit_rows, batch.seq))
+                await batch.conn.commit()
+            except BaseException:
+                if moves:
                     self._notify.failed(batch.seq)
-                    raise
+                raise
 
         await self._guard(finish(), batch)
         if self._last is not None and self._last[1] == batch.start:
@@ -189,6 +188,16 @@ class GroupCommit(Generic[_Tx]):
         self._batch = None
         await batch.conn.close()
         batch.done.set_result(None)
+
+    @staticmethod
+    async def _finish_rows(batch: _Batch) -> None:
+        """SQLite: the group's feed rows, its audit rows and the head, one statement each."""
+        if batch.feed_rows:
+            await batch.conn.execute(statements.FEED_ROWS, batch.feed_rows)
+        if batch.audit_rows:
+            await batch.conn.execute(statements.AUDIT_ROWS, batch.audit_rows)
+        if batch.seq != batch.start:
+            await batch.conn.execute(statements.MOVE_HEAD, {"head": batch.seq})
 
     async def _abandon(self, batch: _Batch | None, error: StoreUnavailable | None) -> None:
         """Roll back and drop ``batch``; its finished blocks fail with ``error``."""

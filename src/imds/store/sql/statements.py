@@ -10,6 +10,7 @@ ones for ``IN`` lists), and the dialect-specific upserts are built once per dial
 from __future__ import annotations
 
 import functools
+import json
 from typing import Any
 
 import sqlalchemy as sa
@@ -30,14 +31,46 @@ from imds.store.sql.tables import (
 
 _a, _m = instance_ip_addresses, instance_metadata
 
-# The group commit: lock and read the feed head, its rows, move the head, wake followers.
+# The group commit (SQLite): lock and read the feed head, insert its rows, move the head.
 FEED_HEAD_LOCKED = sa.select(feed_head.c.seq).where(feed_head.c.id == 1).with_for_update()
 FEED_ROWS = changes.insert()
 AUDIT_ROWS = audit_log.insert()
 MOVE_HEAD = feed_head.update().where(feed_head.c.id == 1).values(seq=sa.bindparam("head"))
-# PostgreSQL: move the head and NOTIFY followers in one round trip (a data-modifying CTE).
-_moved = MOVE_HEAD.returning(feed_head.c.seq).cte("moved")
-MOVE_HEAD_AND_NOTIFY = sa.select(sa.func.pg_notify(CHANNEL, sa.cast(_moved.c.seq, sa.Text))).select_from(_moved)
+
+# PostgreSQL: the whole end of a group commit in one round trip: its feed rows, its audit
+# rows (arrays, one element per row: ``unnest`` turns them back into rows), the head moved
+# (only if it moves) and NOTIFY. Three statements cost three round trips, and each wakes
+# the database's backend: on a busy writer the ``send()`` into its socket was most of
+# the group commit's own time.
+GROUP_ROWS_AND_HEAD = sa.text("""
+WITH feed AS (
+    INSERT INTO changes (seq, instance_id)
+    SELECT * FROM unnest(CAST(:feed_seqs AS BIGINT[]), CAST(:feed_ids AS VARCHAR[]))
+), audit AS (
+    INSERT INTO audit_log (at, subject, instance_id, action, kind, applied, detail)
+    SELECT at, subject, instance_id, action, kind, applied, CAST(detail AS JSON)
+    FROM unnest(CAST(:at AS TIMESTAMPTZ[]), CAST(:subject AS VARCHAR[]), CAST(:instance_id AS VARCHAR[]),
+                CAST(:action AS VARCHAR[]), CAST(:kind AS VARCHAR[]), CAST(:applied AS BOOLEAN[]),
+                CAST(:detail AS TEXT[])) AS rows (at, subject, instance_id, action, kind, applied, detail)
+), moved AS (
+    UPDATE feed_head SET seq = :head WHERE id = 1 AND seq <> :head RETURNING seq
+)
+SELECT pg_notify(:channel, CAST(seq AS TEXT)) FROM moved
+""")
+AUDIT_COLUMNS = ("at", "subject", "instance_id", "action", "kind", "applied")
+
+
+def group_rows_and_head(
+    feed_rows: list[dict[str, Any]], audit_rows: list[dict[str, Any]], head: int
+) -> dict[str, Any]:
+    """The parameters of ``GROUP_ROWS_AND_HEAD``: each column of the rows as one array."""
+    parameters: dict[str, Any] = {
+        "feed_seqs": [row["seq"] for row in feed_rows], "feed_ids": [row["instance_id"] for row in feed_rows],
+        "detail": [json.dumps(row["detail"]) for row in audit_rows], "head": head, "channel": CHANNEL,
+    }
+    parameters.update({column: [row[column] for row in audit_rows] for column in AUDIT_COLUMNS})
+    return parameters
+
 
 # The batch forms (``ids``, ``addresses``: lists). PostgreSQL gets ``= ANY(array)``: one SQL text
 # whatever the list's length, so one prepared statement per connection instead of one per
@@ -94,6 +127,29 @@ def upsert_record(dialect: str, table_name: str) -> sa.Insert:
         set_={column: statement.excluded[column], "updated_at": statement.excluded.updated_at},
     )
     return upsert
+
+
+# PostgreSQL: a batch's records upserted in one statement that also inserts the instance
+# rows they need (``ensured``: the rows that exist are left alone), the values as arrays.
+_PG_RECORDS = """
+WITH ensured AS (
+    INSERT INTO instances (id) SELECT unnest(CAST(:new_ids AS VARCHAR[])) ON CONFLICT DO NOTHING
+)
+INSERT INTO {table} (instance_id, {column}, updated_at)
+SELECT instance_id, CAST(value AS {type}), CAST(:updated_at AS TIMESTAMPTZ)
+FROM unnest(CAST(:ids AS VARCHAR[]), CAST(:values AS {type}[])) AS rows (instance_id, value)
+ON CONFLICT (instance_id) DO UPDATE SET {column} = excluded.{column}, updated_at = excluded.updated_at
+"""
+PG_UPSERT_RECORDS = {
+    instance_metadata.name: sa.text(_PG_RECORDS.format(table=instance_metadata.name, column="document", type="JSON")),
+    instance_userdata.name: sa.text(_PG_RECORDS.format(table=instance_userdata.name, column="userdata", type="BYTEA")),
+}
+
+
+def pg_upsert_records(new_ids: list[str], values: dict[str, Any], at: Any) -> dict[str, Any]:
+    """The parameters of ``PG_UPSERT_RECORDS``: documents as JSON text, userdata as bytes."""
+    encoded = [json.dumps(v) if isinstance(v, dict) else v for v in values.values()]
+    return {"new_ids": new_ids, "ids": list(values), "values": encoded, "updated_at": at}
 
 
 def _insert(dialect: str, table: sa.Table) -> Any:  # either dialect's Insert (with its on_conflict_* methods)

@@ -306,7 +306,8 @@ class _SqlTx:
     async def put_records(
         self, metadata: Sequence[tuple[str, JsonObject]], userdata: Sequence[tuple[str, bytes]]
     ) -> None:
-        await self._ensure_instances([i for i, _ in metadata] + [i for i, _ in userdata])
+        if self._dialect != "postgresql":  # PostgreSQL's upserts insert the instance rows themselves
+            await self._ensure_instances([i for i, _ in metadata] + [i for i, _ in userdata])
         at = await self._put_many(instance_metadata, "document", dict(metadata))
         self.journal.ops += [Op(PUT, i, METADATA, copy.deepcopy(document), at) for i, document in metadata]
         at = await self._put_many(instance_userdata, "userdata", dict(userdata))
@@ -314,7 +315,12 @@ class _SqlTx:
 
     async def _put_many(self, table: sa.Table, column: str, values: dict[str, Any]) -> datetime:
         now = datetime.now(UTC)
-        if values:  # one upsert for the whole batch
+        if values and self._dialect == "postgresql":  # one statement: the instance rows and the records
+            new = [i for i in values if i not in self._known]
+            await self.conn.execute(statements.PG_UPSERT_RECORDS[table.name],
+                                    statements.pg_upsert_records(new, values, now))
+            self._known.update(new)
+        elif values:  # one upsert for the whole batch
             await self.conn.execute(statements.upsert_record(self._dialect, table.name),
                                     [{"instance_id": i, column: v, "updated_at": now} for i, v in values.items()])
         return now
