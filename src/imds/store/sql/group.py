@@ -137,7 +137,8 @@ class GroupCommit(Generic[_Tx]):
         async def begin() -> _Batch:
             conn = await self._connect()
             try:
-                head = await conn.execute(statements.FEED_HEAD_LOCKED)
+                lock = statements.FEED_HEAD_LOCKED if self._notify is None else statements.PG_FEED_HEAD_LOCKED
+                head = await conn.execute(lock)
                 return _Batch(conn, int(head.scalar_one()))
             except BaseException:
                 await conn.close()
