@@ -32,9 +32,11 @@ class CountingThread(ThreadPoolExecutor):
     def __init__(self) -> None:
         super().__init__(1, thread_name_prefix="test-writer")
         self.calls = 0
+        self.handed = asyncio.Event()  # set at each hand-off (submit runs on the event loop's thread)
 
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
         self.calls += 1
+        self.handed.set()
         return super().submit(fn, *args, **kwargs)
 
 
@@ -81,11 +83,9 @@ async def test_a_held_lock_is_waited_for_on_the_thread(database) -> None:
     try:
         other.execute("BEGIN IMMEDIATE")
         other.execute("INSERT INTO kv VALUES ('first', 'other process')")
+        thread.handed.clear()
         opening = asyncio.ensure_future(InlineWrite.open(engine, thread))
-        for _ in range(2000):  # the inline try failed at once and the wait went to the thread
-            if thread.calls > calls:
-                break
-            await asyncio.sleep(0.01)
+        await asyncio.wait_for(thread.handed.wait(), BUSY_MS / 1000)  # the inline try failed: the wait went over
         assert thread.calls == calls + 1
         assert not opening.done()
         other.execute("COMMIT")

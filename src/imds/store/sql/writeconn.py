@@ -21,6 +21,7 @@ also costs the event loop a GIL round trip with the woken thread.
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 from collections.abc import Callable
 from concurrent.futures import Executor
 from typing import Any, Protocol, TypeVar
@@ -119,6 +120,7 @@ class _InlineSavepoint:
         self._transaction.rollback()
 
 
+_LOCK_HELD = frozenset({sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED})
 INLINE_ROWS = 64  # a statement run for more rows than this goes to the thread (bulk import)
 
 
@@ -203,7 +205,7 @@ def _begin_unless_locked(engine: sa.Engine) -> sa.Connection | None:
             raw.execute(f"PRAGMA busy_timeout={int(busy)}")
     except sa.exc.OperationalError as exc:
         conn.close()
-        if "locked" in str(exc.orig) or "busy" in str(exc.orig):
+        if getattr(exc.orig, "sqlite_errorcode", 0) & 0xFF in _LOCK_HELD:  # primary code of an extended one
             return None
         raise
     except BaseException:
