@@ -233,7 +233,7 @@ OPTIONS: tuple[Option, ...] = (
            group="store"),
     Option("shutdown_timeout", "IMDS_SHUTDOWN_TIMEOUT", "float", 10.0,
            "Seconds to let in-flight requests finish on shutdown.", group="http"),
-    # Ganeti OS installation (services/os_records.py)
+    # Ganeti OS installation (services/ganeti/records.py)
     Option("private_key_file", "IMDS_PRIVATE_KEY_FILE", "path", None,
            "Fernet keys (one per line; the first encrypts, all decrypt) encrypting private OS parameters at rest.",
            group="ganeti"),
@@ -262,7 +262,7 @@ OPTIONS: tuple[Option, ...] = (
            "Messages that may wait for one instance; one more is refused (409).", group="channel"),
     Option("watch_max_timeout", "IMDS_WATCH_MAX_TIMEOUT", "int", 300,
            "Largest timeout_sec a wait_for_change request may ask for (and the default).", group="channel"),
-    # Anti-SSRF policy per flavor and database fault bounds (services/instance_auth.py, store/sql/engine.py)
+    # Anti-SSRF policy per flavor and database fault bounds (services/identity/instance_auth.py, store/sql/engine.py)
     Option("instance_auth", "IMDS_INSTANCE_AUTH", "list", (),
            "Flavors whose paths need 'Metadata: true', a Metadata-Flavor header or an IMDSv2 token "
            "(json, openstack, nocloud, ganeti or all; repeatable; env: comma-separated; default: none).",
@@ -448,7 +448,7 @@ class LookupSettings(Group):
 
 @dataclass(frozen=True, repr=False)
 class GanetiSettings(Group):
-    """Ganeti OS installation (services/os_records.py)."""
+    """Ganeti OS installation (services/ganeti/records.py)."""
 
     private_key_file: Path | None
     os_definitions_dir: Path | None

@@ -1,7 +1,7 @@
 """Template fields (``api_url``, ``phone_home_url``, ``user_state_url``) in hollow's syntax: compiling and rendering.
 
 A leaf (``imds.config`` compiles each configured field at load, so a bad one is refused
-naming its flag; ``imds.services.templates`` applies them to documents).
+naming its flag; ``imds.services.records.templates`` applies them to documents).
 
 hollow uses Go's text/template over the metadata document; operators write fields such
 as ``https://{{.facility}}.example/{{.id}}``. imds supports that subset: ``{{.key}}`` and

@@ -24,7 +24,7 @@ from ec2_expected import HOLLOW_SEED, seed
 from helpers import admin_client, client_from, make_settings, running_app
 from imds import config
 from imds.errors import ConfigError
-from imds.services.tokens import TokenIssuer
+from imds.services.identity.tokens import TokenIssuer
 from imds.web.instance import InstanceFront
 
 pytestmark = pytest.mark.anyio

@@ -11,7 +11,7 @@ from cryptography.fernet import Fernet
 from factories import next_ipv4
 from ganeti_data import os_body, put_os, seed_instance
 from helpers import admin_client, client_from, make_settings, running_app
-from imds.services.os_records import PRIVATE_RENDER
+from imds.services.ganeti.records import PRIVATE_RENDER
 
 pytestmark = pytest.mark.anyio
 PARAMS = "/ganeti/latest/os/parameters.json"

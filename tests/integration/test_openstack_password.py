@@ -16,8 +16,8 @@ from factories import new_id
 from helpers import ADMIN_TOKEN, admin_client, client_from, make_settings, running_app
 from imds.errors import Conflict, RecordNotFound
 from imds.metrics import Metrics
-from imds.services.catalog import Catalog
-from imds.services.upsert import Records
+from imds.services.catalog.catalog import Catalog
+from imds.services.records.upsert import Records
 from imds.store import open_store
 from imds.store.sql import migrate
 from openstack_data import SEED_ID, openstack_document, push

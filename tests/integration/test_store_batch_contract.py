@@ -15,8 +15,8 @@ import pytest
 from factories import new_id
 from imds.metrics import Metrics
 from imds.models import MetadataWrite, Network, UserdataWrite
-from imds.services.catalog import Catalog
-from imds.services.upsert import Records
+from imds.services.catalog.catalog import Catalog
+from imds.services.records.upsert import Records
 from imds.store import MemoryStore, Store
 
 pytestmark = pytest.mark.anyio

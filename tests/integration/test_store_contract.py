@@ -17,9 +17,9 @@ from factories import new_id
 from imds.errors import RecordNotFound
 from imds.metrics import Metrics
 from imds.models import METADATA, USERDATA, MetadataWrite, Network, UserdataWrite
-from imds.services.catalog import Catalog
-from imds.services.entry import Entry, RenderCache
-from imds.services.upsert import Records
+from imds.services.catalog.catalog import Catalog
+from imds.services.catalog.entry import Entry, RenderCache
+from imds.services.records.upsert import Records
 from imds.store import Store, WriteTx
 
 pytestmark = pytest.mark.anyio
@@ -448,7 +448,7 @@ async def test_failed_write_does_not_block_the_next(store: Store) -> None:
     assert [c.instance_id for c in await store.changes_since(0)] == [instance_id]
 
 
-# --- Records (services/upsert.py) over each store --------------------------------------
+# --- Records (services/records/upsert.py) over each store --------------------------------------
 
 
 @pytest.fixture

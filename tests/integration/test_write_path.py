@@ -20,8 +20,8 @@ from factories import new_id
 from imds.errors import Conflict, RecordNotFound, StoreUnavailable
 from imds.metrics import Metrics
 from imds.models import METADATA, USERDATA, Instance, MetadataWrite, Network, UserdataWrite, WriteResult
-from imds.services.catalog import Catalog
-from imds.services.upsert import Records
+from imds.services.catalog.catalog import Catalog
+from imds.services.records.upsert import Records
 from imds.store import Store, open_store
 from sql_counting import counting
 

@@ -16,8 +16,8 @@ import pytest
 from factories import new_id
 from imds.metrics import Metrics
 from imds.models import METADATA, USERDATA, AuditEvent, MetadataWrite, Network, UserdataWrite
-from imds.services.catalog import Catalog
-from imds.services.upsert import Records
+from imds.services.catalog.catalog import Catalog
+from imds.services.records.upsert import Records
 from imds.store import Store, open_store
 from sql_counting import counting
 

@@ -9,7 +9,7 @@ Raw ASGI (no framework) on the hot path. For every request:
   headers, and the proxy's own are added (``X-Forwarded-For`` is the peer alone);
 - an IMDSv2 token PUT that carried ``X-Forwarded-For`` from the VM is refused (403) here,
   as AWS refuses it: the VM's own header is about to be overwritten, so ``imds serve``
-  could no longer tell (the rule is in ``imds.services.proxied``);
+  could no longer tell (the rule is in ``imds.services.identity.proxied``);
 - the request (and its body, read whole up to ``max_body_bytes``) goes over a keep-alive
   pool (``imds.proxy.upstream``); status, headers (minus hop-by-hop) and body stream back;
 - an upstream that cannot be reached or times out → 503 (504 is not used: instances
@@ -26,8 +26,8 @@ from typing import Any
 from imds import log
 from imds.proxy.identify import Identifier, Identity
 from imds.proxy.upstream import UpstreamFailed, UpstreamPool, UpstreamTimeout
-from imds.services.addresses import parse_host
-from imds.services.ratelimit import InFlight
+from imds.services.admission.ratelimit import InFlight
+from imds.services.catalog.addresses import parse_host
 from imds.signing import INSTANCE_ID_HEADER, SIGNATURE_HEADER, TENANT_HEADER, sign
 
 Scope = MutableMapping[str, Any]

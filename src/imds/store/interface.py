@@ -1,7 +1,7 @@
 """The storage protocol that ``imds.services`` owns and the stores implement.
 
 A store holds primitives only; the rules (full IP lists, last write wins, the staleness
-guard, delete semantics) live in ``imds.services.upsert`` and run inside ``write()``.
+guard, delete semantics) live in ``imds.services.records.upsert`` and run inside ``write()``.
 
 Every ``write()`` block is all-or-nothing: it is serialised against every other writer
 (across processes too), durable when the block exits, and leaves nothing behind if the

@@ -19,18 +19,18 @@ from starlette.requests import Request
 from imds import log
 from imds.errors import ImdsError, NotFound, RateLimited, SourceBusy
 from imds.services import Services
-from imds.services.ratelimit import InFlight, RateLimiter
-from imds.services.resolve import Resolver
-from imds.web.admin import Endpoint, upsert_endpoints
-from imds.web.channel import ChannelFlavor
-from imds.web.ec2 import Ec2Flavor
+from imds.services.admission.ratelimit import InFlight, RateLimiter
+from imds.services.catalog.resolve import Resolver
+from imds.web.admin.push import Endpoint, upsert_endpoints
 from imds.web.errors import error_body, error_parts, handle_imds_error
-from imds.web.ganeti import GanetiFlavor
+from imds.web.flavors.channel import ChannelFlavor
+from imds.web.flavors.ec2 import Ec2Flavor
+from imds.web.flavors.ganeti import GanetiFlavor
+from imds.web.flavors.json import JsonFlavor
+from imds.web.flavors.nocloud import NoCloudFlavor
+from imds.web.flavors.openstack import OpenStackFlavor
 from imds.web.instance_guard import FlavorGuard
-from imds.web.json import JsonFlavor
 from imds.web.listeners import AdminListeners
-from imds.web.nocloud import NoCloudFlavor
-from imds.web.openstack import OpenStackFlavor
 from imds.web.routing import ENTRY, JSON, READ_METHODS, Handler, Locator, Pending, Reply, Scope
 from imds.web.watch import hold, parse_watch
 

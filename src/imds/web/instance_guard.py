@@ -1,6 +1,6 @@
 """Wraps the handlers of the flavors listed in ``--instance-auth`` with the anti-SSRF check.
 
-The check itself lives in ``imds.services.instance_auth``; this module reads the headers
+The check itself lives in ``imds.services.identity.instance_auth``; this module reads the headers
 and answers a refusal in the flavor's own error style (JSON for the Equinix flavor, plain
 text ``401 - Unauthorized`` for the others).
 """
@@ -13,7 +13,7 @@ from imds import log
 from imds.config import INSTANCE_AUTH_FLAVORS
 from imds.errors import ImdsError
 from imds.services import Services
-from imds.services.instance_auth import InstanceAuth
+from imds.services.identity.instance_auth import InstanceAuth
 from imds.web.errors import error_parts
 from imds.web.replies import plain
 from imds.web.routing import JSON, Handler, Locator, Reply, Scope, header

@@ -7,11 +7,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from imds.models import METADATA, Address, Network
-from imds.services.addresses import parse_host
-from imds.services.catalog import Entry
-from imds.services.identify import caller_address
-from imds.services.proxied import Claim, SignedIdentity
-from imds.services.resolve import Resolver
+from imds.services.catalog.addresses import parse_host
+from imds.services.catalog.catalog import Entry
+from imds.services.catalog.resolve import Resolver
+from imds.services.identity.identify import caller_address
+from imds.services.identity.proxied import Claim, SignedIdentity
 from imds.signing import INSTANCE_ID_HEADER, SIGNATURE_HEADER, TENANT_HEADER
 
 Scope = MutableMapping[str, Any]
@@ -50,7 +50,7 @@ def header(scope: Scope, name: bytes) -> str | None:
 class Locator:
     """Finds the calling instance from the socket peer (and trusted proxies only).
 
-    The web side of ``imds.services.resolve.Resolver``: it reads the peer, the forwarded
+    The web side of ``imds.services.catalog.resolve.Resolver``: it reads the peer, the forwarded
     addresses and the signed-identity headers from the scope; the resolver does the rest
     (catalog, lookup cache, upstream lookup in pull mode, hollow's counters).
     """
@@ -63,7 +63,7 @@ class Locator:
         self._signed = signed if trusted else None  # without trusted proxies nobody may claim an id
 
     def claim(self, scope: Scope) -> Claim | None:
-        """The instance a trusted proxy signed for (``imds.services.proxied``), or None.
+        """The instance a trusted proxy signed for (``imds.services.identity.proxied``), or None.
 
         Checked once per request; a bad claim raises each time it is asked for.
         """
@@ -80,7 +80,7 @@ class Locator:
         return claim
 
     def address(self, scope: Scope) -> Address | None:
-        """The caller's address (see ``imds.services.identify``)."""
+        """The caller's address (see ``imds.services.identity.identify``)."""
         client = scope.get("client")
         peer = client[0] if client else None
         if not self._trusted:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from urllib.parse import parse_qs
 
 from imds.errors import InvalidInput
-from imds.services.catalog import Entry
+from imds.services.catalog.catalog import Entry
 from imds.web.routing import ENTRY, Receive, Reply, Scope
 
 _TRUE = frozenset({"true", "1"})

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from imds.services.breaker import CLOSED, HALF_OPEN, OPEN, STATE_VALUES, Breaker
+from imds.services.lookup.breaker import CLOSED, HALF_OPEN, OPEN, STATE_VALUES, Breaker
 
 
 class Clock:

@@ -8,7 +8,7 @@ import ipaddress
 import pytest
 from structlog.testing import capture_logs
 
-from imds.services.catalog import LOAD_CHUNK, Catalog
+from imds.services.catalog.catalog import LOAD_CHUNK, Catalog
 from imds.store.memory import MemoryStore
 
 pytestmark = pytest.mark.anyio

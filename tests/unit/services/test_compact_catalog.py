@@ -10,8 +10,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from imds.models import Address, Instance, Network
-from imds.services.addresses import AddressIndex, pack_network, parse_host, parse_network, unpack_network
-from imds.services.entry import Entry, RenderCache
+from imds.services.catalog.addresses import AddressIndex, pack_network, parse_host, parse_network, unpack_network
+from imds.services.catalog.entry import Entry, RenderCache
 from imds.services.render.json import metadata_bytes
 from imds.services.render.tree import Dir
 from imds.store.interface import stored_form

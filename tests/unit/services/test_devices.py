@@ -11,8 +11,8 @@ import pytest
 from jsonschema import Draft202012Validator
 
 from imds.errors import Problem
-from imds.services.devices import check_devices, schema
-from imds.services.parts import check_parts
+from imds.services.records.devices import check_devices, schema
+from imds.services.records.parts import check_parts
 
 FIXTURES = Path(__file__).parents[3] / ".." / "shared" / "fixtures"
 EXAMPLES = ("example", "xen", "lxc")

@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from imds.models import Instance, OsRecord, StoredParam
-from imds.services.watch import instance_etag
+from imds.services.catalog.watch import instance_etag
 
 FIXTURE = Path(__file__).parents[3] / ".." / "shared" / "fixtures" / "metadata-example.json"
 

@@ -15,11 +15,11 @@ import pytest
 from factories import new_id
 from imds.errors import InstanceNotFound, RecordNotFound, StoreUnavailable, UpstreamError, UpstreamUnavailable
 from imds.metrics import Metrics
-from imds.services.breaker import CLOSED, HALF_OPEN, Breaker
-from imds.services.catalog import Catalog
-from imds.services.lookup import Lookup, LookupPolicy
-from imds.services.resolve import Resolver
-from imds.services.upsert import Records
+from imds.services.catalog.catalog import Catalog
+from imds.services.catalog.resolve import Resolver
+from imds.services.lookup.breaker import CLOSED, HALF_OPEN, Breaker
+from imds.services.lookup.pull import Lookup, LookupPolicy
+from imds.services.records.upsert import Records
 from imds.store import MemoryStore
 
 pytestmark = pytest.mark.anyio

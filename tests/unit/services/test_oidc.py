@@ -16,7 +16,7 @@ from structlog.testing import capture_logs
 from helpers import make_settings
 from imds.errors import Unauthenticated, UpstreamError
 from imds.models import Principal
-from imds.services.oidc import LEEWAY_SECONDS, MAX_AGE_SECONDS, REFETCH_INTERVAL_SECONDS, OidcVerifier
+from imds.services.admission.oidc import LEEWAY_SECONDS, MAX_AGE_SECONDS, REFETCH_INTERVAL_SECONDS, OidcVerifier
 from imds.upstream.oidc import Discovery
 from imds.web.errors import status_for
 from oidc_server import (

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from imds.errors import RateLimited
-from imds.services import ratelimit
-from imds.services.ratelimit import RateLimiter
+from imds.services.admission import ratelimit
+from imds.services.admission.ratelimit import RateLimiter
 
 
 class Clock:
