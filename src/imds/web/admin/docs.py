@@ -1,7 +1,8 @@
 """``/docs``: Swagger UI for the admin API, with its assets served by imds itself (no CDN).
 
-The JavaScript and CSS come from the ``swagger-ui-bundle`` package (Swagger UI's own
-release files, Apache-2.0), so the page works on a host with no internet access.
+The JavaScript and CSS are Swagger UI 5's release files (Apache-2.0), as shipped by the
+``fastapi-offline`` package, so the page works on a host with no internet access. Swagger UI 5
+is needed: FastAPI describes the API in OpenAPI 3.1, which Swagger UI 4 renders as a blank page.
 
 The page itself holds nothing secret and is public; ``/openapi.json`` needs a token with the
 ``read`` or ``metrics`` scope, so the page asks for one, keeps it in the tab's
@@ -13,20 +14,22 @@ from __future__ import annotations
 
 import html
 import json
+from importlib.resources import files
 
 from fastapi import APIRouter
 from starlette.responses import HTMLResponse, Response
-from swagger_ui_bundle import swagger_ui_path  # type: ignore[import-untyped]  # ships no py.typed
 
 from imds.errors import NotFound
 
 DOCS_URL = "/docs"
 ASSETS_URL = f"{DOCS_URL}/assets"
+# fastapi-offline's static files (Swagger UI 5); nothing else of that package is used.
+BUNDLE = files("fastapi_offline") / "static"
 # The only files served, with their media types: nothing else under the bundle is reachable.
 ASSETS = {
     "swagger-ui-bundle.js": "text/javascript; charset=utf-8",
     "swagger-ui.css": "text/css; charset=utf-8",
-    "favicon-32x32.png": "image/png",
+    "favicon.png": "image/png",
 }
 
 
@@ -46,7 +49,7 @@ def docs_router(*, title: str, openapi_url: str) -> APIRouter:
         media_type = ASSETS.get(name)
         if media_type is None:
             raise NotFound(f"no documentation asset {name!r}")
-        content = (swagger_ui_path / name).read_bytes()
+        content = (BUNDLE / name).read_bytes()
         return Response(content, media_type=media_type, headers={"cache-control": "public, max-age=86400"})
 
     return router
@@ -55,7 +58,7 @@ def docs_router(*, title: str, openapi_url: str) -> APIRouter:
 _PAGE = """<!doctype html>
 <html><head><title>{title} - Swagger UI</title>
 <link type="text/css" rel="stylesheet" href="{assets}/swagger-ui.css">
-<link rel="shortcut icon" href="{assets}/favicon-32x32.png"></head>
+<link rel="shortcut icon" href="{assets}/favicon.png"></head>
 <body><div id="swagger-ui"></div>
 <script src="{assets}/swagger-ui-bundle.js"></script>
 <script>
