@@ -27,7 +27,7 @@ from imds.models import (
     OsRecord,
 )
 from imds.store.interface import StoredInstance, stored_form
-from imds.store.journal import ADDRESSES, FORGET, PUT, REMOVE, Journal, Op
+from imds.store.journal import ADDRESSES, FORGET, PUT, REMOVE, Group, Journal, Op
 
 
 @dataclass
@@ -61,7 +61,6 @@ class _MemoryTx:
     def __init__(self, state: _State) -> None:
         self._s = state
         self.journal = Journal(start=_head(state), end=_head(state))
-        self.journal.group.append(self.journal)
 
     async def metadata_of(self, instance_id: str) -> JsonObject | None:
         row = self._s.rows.get(instance_id)
@@ -201,6 +200,7 @@ class MemoryStore:
             tx = _MemoryTx(staged)
             yield tx
             self._state = staged
+            Group(tx.journal.start).add(tx.journal)  # a group of one: memory commits each block alone
 
     async def changed(self, within: float) -> None:
         """Wait ``within`` seconds: this process's own writes are its only writes."""
