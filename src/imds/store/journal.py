@@ -13,8 +13,8 @@ The journal chain, and its one owner type, ``Group``:
   makes one group per block) with ``Group.add``, in commit order. Once a group is
   committed, the SQL group commit calls ``Group.follow(previous)`` with the group it
   committed just before; the group links to it (``before``) only when it starts exactly
-  where that one ended. (The memory store links nothing: its callers resume in commit
-  order, and a journal that does not start at the catalog's position makes it catch up.)
+  where that one ended. (The memory store links nothing: a journal of it that does not
+  start at the catalog's position makes the catalog catch up from the feed instead.)
 - Who walks: the writing process's catalog (``Catalog.written``), after the block's
   ``write()`` has exited. ``Group.pending()`` hands it the groups it has not fully
   applied yet, from the journal's own group back along ``before``, oldest first, and
