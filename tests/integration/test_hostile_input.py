@@ -133,9 +133,9 @@ async def test_a_record_stored_before_the_checks_still_renders_everywhere(local_
     store = open_store(local_store_url)
     instance_id, ip = new_id(), next_ipv4()
     async with store.write() as tx:
-        await tx.put_metadata(instance_id, json.loads(document))
-        await tx.put_userdata(instance_id, b"#!/bin/sh\n")
-        await tx.replace_addresses(instance_id, (ipaddress.ip_network(ip),))
+        await tx.put_records([(instance_id, json.loads(document))], [])
+        await tx.put_records([], [(instance_id, b"#!/bin/sh\n")])
+        await tx.replace_addresses_many([(instance_id, (ipaddress.ip_network(ip),))])
         await tx.mark_changed([instance_id])
     async with running_app(make_settings(db=local_store_url), store=store) as app, admin_client(app) as admin, \
             client_from(app, ip) as guest:

@@ -154,7 +154,7 @@ async def test_password_primitives_and_records_in_every_store(store):
     with pytest.raises(RecordNotFound):
         await records.set_password(instance_id, b"pw")  # no such instance
     async with store.write() as tx:
-        await tx.put_metadata(instance_id, {"id": instance_id})
+        await tx.put_records([(instance_id, {"id": instance_id})], [])
         await tx.mark_changed([instance_id])
     _, before = await store.snapshot()
     await records.set_password(instance_id, b"pw")
@@ -179,7 +179,7 @@ async def test_racing_posts_store_exactly_one_password(store):
     records = Records(store, Catalog(store), Metrics())
     instance_id = new_id()
     async with store.write() as tx:
-        await tx.put_metadata(instance_id, {"id": instance_id})
+        await tx.put_records([(instance_id, {"id": instance_id})], [])
     outcomes = await asyncio.gather(*(records.set_password(instance_id, b"p%d" % n) for n in range(10)),
                                     return_exceptions=True)
     assert sum(o is None for o in outcomes) == 1

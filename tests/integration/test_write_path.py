@@ -150,23 +150,23 @@ async def test_a_failing_block_leaves_its_group_intact(store: Store) -> None:
     async def good(n: int) -> None:
         await gate.wait()
         async with store.write() as tx:
-            await tx.put_metadata(ids[n], {"n": n})
-            await tx.replace_addresses(ids[n], (host(200 + n),))
+            await tx.put_records([(ids[n], {"n": n})], [])
+            await tx.replace_addresses_many([(ids[n], (host(200 + n),))])
             await tx.mark_changed([ids[n]])
         exited[ids[n]] = True
 
     async def raising(n: int) -> None:
         await gate.wait()
         async with store.write() as tx:
-            await tx.put_metadata(ids[n], {"n": n})
-            await tx.replace_addresses(ids[n], (host(200 + n),))
+            await tx.put_records([(ids[n], {"n": n})], [])
+            await tx.replace_addresses_many([(ids[n], (host(200 + n),))])
             await tx.mark_changed([ids[n]])
             raise Boom
 
     async def refused(n: int) -> None:
         await gate.wait()
         async with store.write() as tx:
-            await tx.put_userdata(ids[n], b"x")
+            await tx.put_records([], [(ids[n], b"x")])
             await tx.mark_changed([ids[n]])
             await tx.put_password(new_id(), b"no such instance")  # foreign key (SQL) / missing row (memory)
 

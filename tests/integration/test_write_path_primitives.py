@@ -80,7 +80,7 @@ async def test_a_block_that_raises_leaves_neither_its_records_nor_its_audit_rows
     async def block(n: int) -> None:
         await gate.wait()
         async with store.write() as tx:
-            await tx.put_metadata(ids[n], {"n": n})
+            await tx.put_records([(ids[n], {"n": n})], [])
             await tx.mark_changed([ids[n]])
             event = AuditEvent(subject="t", instance_id=ids[n], action="write", kind=METADATA, applied=True, detail={})
             await tx.append_audit_many([event])

@@ -129,19 +129,13 @@ class Catalog:
         """Apply a committed write of this process (before its caller answers).
 
         The groups committed before it whose callers have not resumed yet are replayed
-        first (``Journal.before``), then its own, in commit order, as far as they follow
-        on from ``position``; if this one does not (another process wrote in between),
-        the catalog catches up from the feed.
+        first (the journal chain, ``imds.store.journal.Group``), then its own, in commit
+        order, as far as they follow on from ``position``; if this one does not (another
+        process wrote in between), the catalog catches up from the feed.
         """
         async with self._lock:
-            chain: list[list[Journal]] = []
-            group: list[Journal] | None = journal.group or [journal]
-            while group is not None and not all(member.applied for member in group):
-                chain.append(group)
-                group = group[0].before
-            for group in reversed(chain):
-                for member in group:
-                    member.before = None  # applied below or never: the chain is not needed again
+            for group in journal.pending():
+                for member in group.members:
                     if member.applied:
                         continue
                     if member.start == self.position:
