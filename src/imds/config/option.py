@@ -62,6 +62,22 @@ class Option:
         return "<set>" if self.secret and value else repr(value)
 
 
+@dataclass(frozen=True)
+class Rows:
+    """Makes one group's rows: the variable is ``prefix`` plus the name in capitals unless ``env`` says otherwise."""
+
+    group: str
+    prefix: str = "IMDS_"
+
+    def __call__(self, name: str, kind: Kind, default: Any, text: str, *, env: str | None = None, **row: Any) -> Option:
+        """The row for option ``name`` (``row``: ``secret``, ``parse``, ``redact``)."""
+        return Option(name, env or self.prefix + name.upper(), kind, default, text, group=self.group, **row)
+
+    def log_level_row(self) -> Option:
+        """The ``log_level`` row every long-running command has."""
+        return self("log_level", "str", "info", "Log level: debug, info, warning or error.", parse=log_level)
+
+
 # --- value parsers named by rows (each raises ConfigError naming the option) ------------------
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
