@@ -7,8 +7,7 @@ from typing import Any, TypeVar
 
 import click
 
-from imds.config import CONFIG_OPTION, OPTIONS, SERVE, Command, Option, Settings
-from imds.config.resolve import load
+from imds.config import CONFIG_OPTION, OPTIONS, SERVE, Command, Option, Settings, load_command
 from imds.errors import ConfigError
 
 T = TypeVar("T")
@@ -45,7 +44,7 @@ def settings_options(names: tuple[str, ...] | None = None, table: tuple[Option, 
 def resolve(flags: dict[str, Any]) -> Settings:
     """``imds serve``'s Settings from these flags plus the environment and config file; errors exit with status 2.
 
-    ``load`` checks everything, the template fields included (each must compile).
+    Everything is checked, the template fields included (each must compile).
     """
     return resolve_command(SERVE, flags)
 
@@ -53,6 +52,6 @@ def resolve(flags: dict[str, Any]) -> Settings:
 def resolve_command(command: Command[T], flags: dict[str, Any]) -> T:
     """``command``'s settings from these flags plus the environment and config file; errors exit with status 2."""
     try:
-        return load(command, flags)
+        return load_command(command, flags)
     except ConfigError as exc:
         raise click.UsageError(exc.message) from exc

@@ -28,7 +28,7 @@ from imds.config.commands import (
 )
 from imds.config.option import INSTANCE_AUTH_FLAVORS, LOG_LEVELS, Group, Option, parse_listen
 from imds.config.proxy import PROXY_OPTIONS, ProxySettings
-from imds.config.resolve import CONFIG_OPTION, Command, layered
+from imds.config.resolve import CONFIG_OPTION, Command, layered, load_command
 from imds.config.serve import OPTIONS
 from imds.config.settings import SETTINGS_GROUPS, Settings
 
@@ -56,6 +56,7 @@ __all__ = [
     "layered",
     "load",
     "load_agent",
+    "load_command",
     "load_proxy",
     "options_table",
     "parse_listen",

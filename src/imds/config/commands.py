@@ -30,17 +30,17 @@ def load(flags: Mapping[str, Any] | None = None, environ: Mapping[str, str] | No
     means "not given"). ``environ`` defaults to ``os.environ``. The config file is
     ``flags["config"]``, else ``IMDS_CONFIG``.
     """
-    return resolve.load(SERVE, flags, environ)
+    return resolve.load_command(SERVE, flags, environ)
 
 
 def load_proxy(flags: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None) -> ProxySettings:
     """``imds proxy``'s settings, resolved as ``load`` resolves ``imds serve``'s (config file included)."""
-    return resolve.load(PROXY, flags, environ)
+    return resolve.load_command(PROXY, flags, environ)
 
 
 def load_agent(flags: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None) -> AgentSettings:
     """``imds agent``'s settings, resolved as ``load`` resolves ``imds serve``'s (config file included)."""
-    return resolve.load(AGENT, flags, environ)
+    return resolve.load_command(AGENT, flags, environ)
 
 
 def effective(

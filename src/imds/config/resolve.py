@@ -1,7 +1,7 @@
 """The one resolver: each option from its flag, else its environment variable, else the config file, else its default.
 
 Every long-running command (``imds serve``, ``imds proxy``, ``imds agent``) is a ``Command``: its
-table of rows, the checks that need several options, and what it builds from the values. ``load``
+table of rows, the checks that need several options, and what it builds from the values. ``load_command``
 resolves any of them the same way, the TOML config file (``--config`` / ``IMDS_CONFIG``; keys are
 option names, flat or under a ``[group]`` table) included, and ``effective`` says where each value
 came from (``imds config show``). Nothing else reads ``os.environ`` or the config file.
@@ -64,7 +64,7 @@ class Command(Generic[T]):
     """What one long-running command reads: its table, its checks, and what it builds from the values.
 
     ``derive`` (optional) fills values from others and the environment before the checks run.
-    A new command is a table, a build function and its checks; ``load`` does the rest.
+    A new command is a table, a build function and its checks; ``load_command`` does the rest.
     """
 
     name: str
@@ -74,7 +74,9 @@ class Command(Generic[T]):
     derive: Derive | None = None
 
 
-def load(command: Command[T], flags: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None) -> T:
+def load_command(
+    command: Command[T], flags: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None,
+) -> T:
     """Resolve every option of ``command`` from ``flags``, then ``environ``, then the config file, then its default.
 
     ``flags`` maps option names to values given on the command line (``None`` or an
@@ -173,11 +175,11 @@ def effective(
 ) -> list[tuple[str, str, str]]:
     """(name, value as shown, source) for the config file and every option of ``command``, secrets masked.
 
-    Runs ``load`` first, so a configuration the command would refuse is refused here too.
+    Runs ``load_command`` first, so a configuration the command would refuse is refused here too.
     """
     env = os.environ if environ is None else environ
     flags = flags or {}
-    load(command, flags, env)
+    load_command(command, flags, env)
     path, path_source = config_path(flags, env)
     values = layered(flags, env, command.table)
     rows = [(CONFIG_OPTION.name, str(path) if path is not None else "-", path_source)]
