@@ -3,7 +3,7 @@
 A row says everything about one setting: its name, environment variable, kind, default, help,
 the group (dataclass) holding it, whether it is secret, how to parse it and how to show it.
 Resolving (``imds.config.resolve``) and showing (``Group.__repr__``, ``imds config show``) read
-only the row, never a table searched by name.
+only the option's own row (a group keeps its command's rows), never every table searched by name.
 """
 
 from __future__ import annotations
@@ -204,7 +204,8 @@ def typed(option: Option, value: Any) -> Any:
 class Group:
     """What every group shares: its rows, and a repr that never shows a secret, even in a traceback.
 
-    A subclass names its rows: ``class ProxySettings(Group, rows=...)`` (its table's rows of its group).
+    A subclass names its command's table, ``class ProxySettings(Group, rows=PROXY_OPTIONS)``; each
+    field is shown as the row of its name says (``Option.masked``).
     """
 
     ROWS: ClassVar[Mapping[str, Option]] = {}
