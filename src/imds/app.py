@@ -181,14 +181,7 @@ def _lookup(
         )
         auth = OAuth2ClientCredentials(discovery.http, credentials, discovery=discovery)
     client = UpstreamClient(discovery.http, up.lookup_url, auth=auth, timeout=up.lookup_timeout)
-    policy = LookupPolicy(
-        timeout=up.lookup_timeout,
-        negative_ttl=up.lookup_negative_ttl,
-        refresh_after=up.lookup_refresh_after,
-        cache_ttl=up.lookup_cache_ttl,
-        concurrency=up.lookup_concurrency,
-        limits=limits_of(settings),
-    )
+    policy = up.fill(LookupPolicy, prefix="lookup_", limits=limits_of(settings))
     breaker = Breaker(failures=settings.lookup.lookup_breaker_failures, reset=settings.lookup.lookup_breaker_reset)
     return Lookup(client, records, catalog, metrics, policy=policy, breaker=breaker)
 
