@@ -35,6 +35,8 @@ TOKEN_PATHS = [
     "/latest/api/token", "/latest/api/token/", "/latest//api/token", "/latest/api/token//",
     "/latest/api/%74oken", "/latest/api%2Ftoken", "/latest/api/token?x=1",
 ]
+# On a real server a request may also name the token path in absolute form.
+WIRE_TOKEN_PATHS = [*TOKEN_PATHS, "http://169.254.169.254/latest/api/token/"]
 # Spellings that are not the token path: serve answers 404 or 405, with a forwarding header or without.
 OTHER_PATHS = [
     "//latest/api/token", "/LATEST/api/token", "/latest/API/TOKEN", "/Latest/Api/Token", "/latest/api/token%0A",

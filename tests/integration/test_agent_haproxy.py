@@ -18,7 +18,7 @@ from imds.agent.haproxy import Backend, Frontend, Haproxy, Upstream, render
 from imds.services.identity.tokens import FORWARDING_HEADERS
 from imds.signing import sign
 from serve_process import Server, client_at, free_port, serving
-from token_put_cases import FORWARDING, OTHER_PATHS, REFUSED, TOKEN_PATHS, TTL, Recorder, put, recording_upstream
+from token_put_cases import FORWARDING, OTHER_PATHS, REFUSED, TTL, WIRE_TOKEN_PATHS, Recorder, put, recording_upstream
 
 ALPHA = "7a2f0c1e-1b1d-4d8e-9f00-0000000000a1"
 BETA = "7a2f0c1e-1b1d-4d8e-9f00-0000000000b2"
@@ -106,7 +106,7 @@ def test_a_forged_x_forwarded_for_gets_the_vm_its_own_record(front: Front) -> No
         assert (answer.status_code, answer.text) == (200, instance_id)
 
 
-@pytest.mark.parametrize("path", TOKEN_PATHS + OTHER_PATHS)
+@pytest.mark.parametrize("path", WIRE_TOKEN_PATHS + OTHER_PATHS)
 @pytest.mark.parametrize(("name", "value"), FORWARDING)
 def test_a_token_put_through_haproxy_answers_what_serve_answers(
     front: Front, server: Server, name: str, value: str, path: str
@@ -116,13 +116,13 @@ def test_a_token_put_through_haproxy_answers_what_serve_answers(
     through = put("127.0.0.1", front.port, path, headers, VM_A)
     direct = put("127.0.0.1", int(server.url.rsplit(":", 1)[1]), path, headers, VM_A)
     assert through == direct
-    if path in TOKEN_PATHS:
+    if path in WIRE_TOKEN_PATHS:
         assert through == REFUSED
     else:
         assert through[0] in {404, 405}
 
 
-@pytest.mark.parametrize("path", TOKEN_PATHS)
+@pytest.mark.parametrize("path", WIRE_TOKEN_PATHS)
 def test_without_a_forwarding_header_every_token_path_mints_for_the_vm(front: Front, path: str) -> None:
     """The refusal is the header's doing: the same PUTs without one mint a token bound to the VM."""
     status, _, token = put("127.0.0.1", front.port, path, {TTL: "60"}, VM_B)

@@ -21,7 +21,7 @@ from imds.services.identity.tokens import FORWARDING_HEADERS
 from imds.signing import sign
 from proxy_process import Proxy, proxying
 from serve_process import Server, client_at, free_port, run_imds, serving
-from token_put_cases import FORWARDING, OTHER_PATHS, REFUSED, TOKEN_PATHS, put, recording_upstream
+from token_put_cases import FORWARDING, OTHER_PATHS, REFUSED, WIRE_TOKEN_PATHS, put, recording_upstream
 
 ALPHA = "6a2f0c1e-1b1d-4d8e-9f00-0000000000a1"
 BETA = "6a2f0c1e-1b1d-4d8e-9f00-0000000000b2"
@@ -167,7 +167,7 @@ def test_imdsv2_token_put_then_get_through_the_proxy(proxy: Proxy) -> None:
     assert relayed.status_code == 403
 
 
-@pytest.mark.parametrize("path", TOKEN_PATHS + OTHER_PATHS)
+@pytest.mark.parametrize("path", WIRE_TOKEN_PATHS + OTHER_PATHS)
 @pytest.mark.parametrize(("name", "value"), FORWARDING)
 def test_a_token_put_through_the_proxy_answers_what_serve_answers(
     proxy: Proxy, server: Server, name: str, value: str, path: str
@@ -177,13 +177,13 @@ def test_a_token_put_through_the_proxy_answers_what_serve_answers(
     through = put("127.0.0.1", int(proxy.url.rsplit(":", 1)[1]), path, headers, VM_A)
     direct = put("127.0.0.1", int(server.url.rsplit(":", 1)[1]), path, headers, VM_A)
     assert through == direct
-    if path in TOKEN_PATHS:
+    if path in WIRE_TOKEN_PATHS:
         assert through == REFUSED
     else:
         assert through[0] in {404, 405}
 
 
-@pytest.mark.parametrize("path", TOKEN_PATHS)
+@pytest.mark.parametrize("path", WIRE_TOKEN_PATHS)
 def test_without_a_forwarding_header_every_token_path_mints_through_the_proxy(proxy: Proxy, path: str) -> None:
     """The refusal is the header's doing: the same PUTs without one mint a token bound to the VM."""
     status, _, token = put("127.0.0.1", int(proxy.url.rsplit(":", 1)[1]), path, {TTL: "60"}, VM_B)
