@@ -123,3 +123,17 @@ def test_tenant_mismatch_gets_nothing(stack):
     status, body = stack.c.get(f"{BASE}/metadata")
     assert status == 404
     assert "vm-c" not in body  # the 404 may name the id; never the record
+
+
+def test_forwarding_headers_from_a_vm_are_refused_on_token_puts_and_dropped_otherwise(stack):
+    """Through the whole chain: haproxy answers a token PUT carrying a forwarding header with serve's 403.
+
+    A read with another VM's address in X-Forwarded-For still gets the VM its own record.
+    """
+    cases = (("/latest/api/token", "X-Forwarded-For: 10.0.0.9"), ("/latest/api/token/", "X-Real-IP: 1.2.3.4"))
+    for path, header in cases:
+        status, body = stack.a.get(f"{BASE}{path}", "-X", "PUT", "-H", "X-aws-ec2-metadata-token-ttl-seconds: 60",
+                                   "-H", header)
+        assert (status, body) == (403, "403 - Forbidden"), path
+    status, body = stack.a.get(f"{BASE}/latest/meta-data/instance-id", "-H", "X-Forwarded-For: 10.0.0.5")
+    assert (status, body) == (200, stack.a.uuid)

@@ -190,15 +190,39 @@ async def test_a_queued_message_is_read_once(app):
         assert (await stranger.get("/ganeti/latest/read")).status_code == 404
 
 
-async def test_the_message_queue_is_bounded():
-    """With --message-max-queued 2 the third message is 409; reading one makes room."""
-    async with running_app(make_settings(message_max_queued=2)) as app, admin_client(app) as admin:
+async def test_the_message_queue_is_bounded(store_url):
+    """With --message-max-queued 2 the third message is 409 on every store; reading one makes room."""
+    async with running_app(make_settings(db=store_url, message_max_queued=2)) as app, admin_client(app) as admin:
         instance_id = await add_instance(app)
-        statuses = [(await admin.post(f"/device-messages/{instance_id}", content=b"m")).status_code for _ in range(3)]
+        other = await add_instance(app, STRANGER)
+        statuses = [(await admin.post(f"/device-messages/{instance_id}", content=b"m%d" % n)).status_code
+                    for n in range(3)]
         assert statuses == [200, 200, 409]
+        assert "already has 2 unread messages" in (await admin.post(f"/device-messages/{instance_id}",
+                                                                    content=b"m")).json()["message"]
+        # The cap is per instance: another instance's queue is still empty.
+        assert (await admin.post(f"/device-messages/{other}", content=b"o")).status_code == 200
         async with client_from(app, GUEST) as guest:
-            assert (await guest.get("/ganeti/latest/read")).status_code == 200
-        assert (await admin.post(f"/device-messages/{instance_id}", content=b"m")).status_code == 200
+            assert (await guest.get("/ganeti/latest/read")).content == b"m0"
+            assert (await admin.post(f"/device-messages/{instance_id}", content=b"m3")).status_code == 200
+            assert (await admin.post(f"/device-messages/{instance_id}", content=b"m4")).status_code == 409
+            # Only the accepted messages were stored: the refused ones left nothing behind.
+            reads = [await guest.get("/ganeti/latest/read") for _ in range(3)]
+        assert [(r.status_code, r.content if r.status_code == 200 else b"") for r in reads] == [
+            (200, b"m1"), (200, b"m3"), (404, b"")]
+
+
+async def test_the_message_cap_holds_across_replicas_of_one_database(shared_url):
+    """Two replicas sharing one SQL database count the same queue: the cap is the store's, not a replica's."""
+    settings = make_settings(db=shared_url, message_max_queued=2)
+    async with AsyncExitStack() as stack:
+        apps = [await stack.enter_async_context(running_app(settings, store=open_store(shared_url))) for _ in range(2)]
+        instance_id = await add_instance(apps[0])
+        await apps[1].services.catalog.refresh([instance_id])
+        admins = [await stack.enter_async_context(admin_client(app)) for app in apps]
+        statuses = [(await admins[n % 2].post(f"/device-messages/{instance_id}", content=b"m")).status_code
+                    for n in range(4)]
+    assert statuses == [200, 200, 409, 409]
 
 
 async def test_the_admin_side_needs_scopes(app):

@@ -8,6 +8,7 @@ import json
 import shutil
 import subprocess
 import time
+import urllib.parse
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -26,6 +27,7 @@ from imds import config
 from imds.errors import ConfigError
 from imds.services.identity.tokens import TokenIssuer
 from imds.web.instance import InstanceFront
+from token_put_cases import FORWARDING, OTHER_PATHS, REFUSED, TOKEN_PATHS
 
 pytestmark = pytest.mark.anyio
 
@@ -70,8 +72,11 @@ async def get(app: InstanceFront, path: str, ip: str = SEED_IP, method: str = "G
 Raw = tuple[int, dict[str, str], bytes]
 
 
-async def raw(app: InstanceFront, path: str, ip: str = SEED_IP, method: str = "GET") -> Raw:
-    """Send ``path`` exactly as given (no client-side normalisation of '//' or '..')."""
+async def raw(
+    app: InstanceFront, path: str, ip: str = SEED_IP, method: str = "GET", headers: tuple[tuple[str, str], ...] = ()
+) -> Raw:
+    """Send ``path`` exactly as given (no client-side normalisation of '//' or '..'); a query after '?'."""
+    path, _, query = path.partition("?")
     scope = {
         "type": "http",
         "asgi": {"version": "3.0"},
@@ -79,10 +84,10 @@ async def raw(app: InstanceFront, path: str, ip: str = SEED_IP, method: str = "G
         "method": method,
         "scheme": "http",
         "path": path,
-        "raw_path": path.encode("utf-8"),
-        "query_string": b"",
+        "raw_path": urllib.parse.quote(path).encode(),
+        "query_string": query.encode(),
         "root_path": "",
-        "headers": [(b"host", b"imds.test")],
+        "headers": [(b"host", b"imds.test"), *((k.lower().encode(), v.encode()) for k, v in headers)],
         "client": (ip, 40000),
         "server": ("imds.test", 80),
     }
@@ -419,6 +424,33 @@ async def test_a_token_put_through_a_proxy_is_refused_even_from_a_trusted_one():
             assert_plain(answer, 403, "403 - Forbidden")
         proxied = await get(app, "/latest/meta-data/instance-id", ip=PROXY, headers={"X-Forwarded-For": SEED_IP})
         assert (proxied.status_code, proxied.text) == (200, "cc40301c-4038-4011-af55-6eae3ba60246")
+
+
+@pytest.mark.parametrize("path", TOKEN_PATHS)
+@pytest.mark.parametrize(("name", "value"), FORWARDING)
+async def test_every_forwarding_header_on_every_token_path_is_refused(name, value, path):
+    """The one token-PUT rule on serve itself: any forwarding header, any spelling of the token path → 403.
+
+    ``path`` is what the server decoded (``%74`` is ``t``); without the header the same PUT mints.
+    """
+    decoded = urllib.parse.unquote(path)
+    async with seeded(trusted_proxy=(ipaddress.ip_network(PROXY_NET),)) as app:
+        for peer in (SEED_IP, PROXY):
+            status, headers, body = await raw(app, decoded, ip=peer, method="PUT", headers=((TTL, "60"), (name, value)))
+            assert (status, headers["content-type"], body) == REFUSED
+        status, _, token = await raw(app, decoded, method="PUT", headers=((TTL, "60"),))
+        assert status == 200
+        assert token
+
+
+@pytest.mark.parametrize("path", OTHER_PATHS)
+async def test_other_spellings_of_the_token_path_mint_nothing(path):
+    """``//latest/api/token`` and case variants are not the token path: 404 or 405, with or without a proxy header."""
+    async with seeded() as app:
+        for extra in ((), (("X-Forwarded-For", SEED_IP),)):
+            status, _, body = await raw(app, urllib.parse.unquote(path), method="PUT", headers=((TTL, "60"), *extra))
+            assert (status, body) in {(404, b"404 - Not Found"), (404, b'{"message": "not found"}'),
+                                      (405, b"405 - Method Not Allowed")}
 
 
 async def test_a_token_is_bound_to_the_instance_that_minted_it():

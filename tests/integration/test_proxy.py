@@ -17,9 +17,11 @@ from typing import Any
 import httpx
 import pytest
 
+from imds.services.identity.tokens import FORWARDING_HEADERS
 from imds.signing import sign
 from proxy_process import Proxy, proxying
 from serve_process import Server, client_at, free_port, run_imds, serving
+from token_put_cases import FORWARDING, OTHER_PATHS, REFUSED, WIRE_TOKEN_PATHS, put, recording_upstream
 
 ALPHA = "6a2f0c1e-1b1d-4d8e-9f00-0000000000a1"
 BETA = "6a2f0c1e-1b1d-4d8e-9f00-0000000000b2"
@@ -113,6 +115,29 @@ def test_forged_identity_headers_from_the_vm_are_overwritten(proxy: Proxy) -> No
     assert answer.json()["id"] == ALPHA
 
 
+def test_identity_and_forwarding_headers_the_vm_sent_never_reach_upstream(files: dict[str, Path]) -> None:
+    """What upstream receives: the proxy's one id, signature, tenant and X-Forwarded-For, none of the VM's copies."""
+    forged = [("X-Instance-ID", BETA), ("x-instance-id", BETA), ("X-Instance-ID-Signature", sign(SECRET, BETA)),
+              ("X-Tenant-ID", "tenant-b"), ("X-Forwarded-For", "10.81.0.2"), ("x-forwarded-for", "10.81.0.3"),
+              *FORWARDING, ("X-Kept", "yes")]
+    with recording_upstream() as recorder:
+        args = ("--upstream", recorder.url, "--shared-secret-file", str(files["secret"]), "--map", str(files["map"]))
+        with proxying(files["base"], *args) as running:
+            for source, instance_id, tenant in ((VM_A, ALPHA, ["tenant-a"]), (VM_B, BETA, [])):
+                answer = vm(source, running, "GET", "/latest/meta-data/instance-id", headers=forged)
+                assert (answer.status_code, answer.text) == (200, "ok")
+                assert recorder.last("x-instance-id") == [instance_id]
+                assert recorder.last("x-instance-id-signature") == [sign(SECRET, instance_id)]
+                assert recorder.last("x-tenant-id") == tenant
+                assert recorder.last("x-forwarded-for") == [source]  # the proxy's own: the peer alone
+                assert recorder.last("x-kept") == ["yes"]  # the VM's other headers pass
+                for name in FORWARDING_HEADERS:
+                    if name != "x-forwarded-for":
+                        assert recorder.last(name) == [], name
+                added = [name for name, _ in recorder.requests[-1] if name.startswith("x-forwarded-")]
+                assert added == ["x-forwarded-for"]
+
+
 def test_an_unknown_source_gets_404_with_a_body(proxy: Proxy, server: Server) -> None:
     answer = vm(UNKNOWN, proxy, "GET", "/metadata", headers={"X-Instance-ID": ALPHA})
     assert answer.status_code == 404
@@ -140,6 +165,31 @@ def test_imdsv2_token_put_then_get_through_the_proxy(proxy: Proxy) -> None:
     # A token PUT relayed by a reverse proxy inside the VM is refused, as AWS refuses it.
     relayed = vm(VM_A, proxy, "PUT", "/latest/api/token", headers={TTL: "120", "X-Forwarded-For": "10.9.9.9"})
     assert relayed.status_code == 403
+
+
+@pytest.mark.parametrize("path", WIRE_TOKEN_PATHS + OTHER_PATHS)
+@pytest.mark.parametrize(("name", "value"), FORWARDING)
+def test_a_token_put_through_the_proxy_answers_what_serve_answers(
+    proxy: Proxy, server: Server, name: str, value: str, path: str
+) -> None:
+    """Any forwarding header, any spelling of the path: the proxy refuses as serve does, or serve itself answers."""
+    headers = {TTL: "60", name: value}
+    through = put("127.0.0.1", int(proxy.url.rsplit(":", 1)[1]), path, headers, VM_A)
+    direct = put("127.0.0.1", int(server.url.rsplit(":", 1)[1]), path, headers, VM_A)
+    assert through == direct
+    if path in WIRE_TOKEN_PATHS:
+        assert through == REFUSED
+    else:
+        assert through[0] in {404, 405}
+
+
+@pytest.mark.parametrize("path", WIRE_TOKEN_PATHS)
+def test_without_a_forwarding_header_every_token_path_mints_through_the_proxy(proxy: Proxy, path: str) -> None:
+    """The refusal is the header's doing: the same PUTs without one mint a token bound to the VM."""
+    status, _, token = put("127.0.0.1", int(proxy.url.rsplit(":", 1)[1]), path, {TTL: "60"}, VM_B)
+    assert status == 200
+    read = vm(VM_B, proxy, "GET", "/latest/meta-data/instance-id", headers={TOKEN: token.decode()})
+    assert (read.status_code, read.text) == (200, BETA)
 
 
 def test_botocore_through_the_proxy(proxy: Proxy) -> None:

@@ -12,21 +12,13 @@ cloud-init's OpenStack and NoCloud datasources send none of these headers.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable
 
 from imds.errors import Unauthenticated
 from imds.services.identity.tokens import TOKEN_HEADER, TokenIssuer
 
 METADATA_HEADER = "metadata"
 FLAVOR_HEADER = "metadata-flavor"
-# Headers that mean a request came through a proxy: an IMDSv2 token PUT carrying one is refused.
-PROXY_HEADERS = (b"forwarded", b"x-forwarded-for", b"x-forwarded-host", b"x-forwarded-proto", b"x-real-ip")
-
-
-def proxied(headers: Iterable[tuple[bytes, bytes]]) -> bool:
-    """Whether a request carries any header a proxy adds (``Forwarded``, ``X-Forwarded-*``, ``X-Real-IP``)."""
-    return any(name in PROXY_HEADERS or name.startswith(b"x-forwarded-") for name, _ in headers)
-
 
 class InstanceAuth:
     """Checks one request of a protected flavor; raises Unauthenticated when it lacks proof."""

@@ -4,6 +4,14 @@ Minting and checking need no database write. A token is
 ``base64url(instance-id|expiry|ttl) . base64url(HMAC-SHA256)``; it survives a restart
 only if the key does (``imdsv2.key`` in the data directory, or ``--imdsv2-key-file``,
 which replicas must share).
+
+The token PUT rule, one definition for the three doors a token PUT can come through
+(``imds serve`` itself, ``imds proxy``, the agent's haproxy): a PUT to the token path
+(``is_token_path``; ``TOKEN_PATH_PATTERN`` for haproxy) that carries any header in
+``FORWARDING_HEADERS`` (or any ``X-Forwarded-*``) came through a proxy and is refused, as
+AWS refuses it. Serve alone makes the one exception, for a trusted proxy's own
+``X-Forwarded-For`` (``imds.services.identity.proxied``); the host-side proxies refuse
+whatever the VM sent before they add their own.
 """
 
 from __future__ import annotations
@@ -11,9 +19,10 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import re
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from imds.errors import InvalidInput, Unauthenticated
@@ -23,6 +32,29 @@ KEY_FILE = "imdsv2.key"
 TTL_HEADER = "x-aws-ec2-metadata-token-ttl-seconds"
 TOKEN_HEADER = "x-aws-ec2-metadata-token"  # noqa: S105 - a header name, not a secret
 MIN_TTL, MAX_TTL = 1, 21600
+# The token path as serve matches it (the request's decoded path): ``latest``, then
+# ``api/token`` with any slashes around it. Case variants are other paths (404 or 405).
+TOKEN_PATH = "/latest/api/token"  # noqa: S105 - a path, not a secret
+TOKEN_PATH_PATTERN = "/latest/+api/token/*"  # noqa: S105 - a path, not a secret
+_TOKEN_PATH = re.compile(TOKEN_PATH_PATTERN)
+# Headers a proxy adds to say whom it relays (lower case); any ``X-Forwarded-*`` counts too.
+FORWARDING_HEADERS = (
+    "x-forwarded-for", "forwarded", "x-real-ip", "x-forwarded-host", "x-forwarded-proto", "x-forwarded-port",
+    "x-client-ip", "true-client-ip", "cf-connecting-ip", "client-ip",
+)
+FORWARDING_PREFIX = "x-forwarded-"
+_FORWARDING = frozenset(name.encode() for name in FORWARDING_HEADERS)
+_PREFIX = FORWARDING_PREFIX.encode()
+
+
+def is_token_path(path: str) -> bool:
+    """Whether a PUT to this (decoded) path asks for an IMDSv2 token."""
+    return _TOKEN_PATH.fullmatch(path) is not None
+
+
+def forwarding(headers: Iterable[tuple[bytes, bytes]]) -> bool:
+    """Whether any of these (lower-case ASGI) headers says a proxy relayed the request."""
+    return any(name in _FORWARDING or name.startswith(_PREFIX) for name, _ in headers)
 
 
 def _b64(data: bytes) -> str:

@@ -3,10 +3,10 @@
 Errors answer with EC2's plain-text bodies (``404 - Not Found``), never JSON, never 500.
 IMDSv2: ``PUT /latest/api/token`` mints a token bound to the caller; a request that
 carries ``X-aws-ec2-metadata-token`` must carry a valid one for the same instance, and
-with ``--imdsv2 required`` every read must. A token PUT that came through a proxy
-(``Forwarded``, ``X-Forwarded-*``, ``X-Real-IP``) is refused, as AWS does, unless a trusted
-proxy signed the instance id and sent only ``X-Forwarded-For`` naming the VM (rule in
-``imds.services.identity.proxied``).
+with ``--imdsv2 required`` every read must. A token PUT that came through a proxy (any
+header of ``imds.services.identity.tokens.FORWARDING_HEADERS``) is refused, as AWS does,
+unless a trusted proxy signed the instance id and sent only ``X-Forwarded-For`` naming the
+VM (rule in ``imds.services.identity.proxied``).
 """
 
 from __future__ import annotations
@@ -16,16 +16,14 @@ import re
 from imds.errors import ImdsError, NotFound, Refused, Unauthenticated
 from imds.models import METADATA, USERDATA
 from imds.services import Services
-from imds.services.identity.instance_auth import proxied
 from imds.services.identity.proxied import may_mint_through
-from imds.services.identity.tokens import TOKEN_HEADER, TTL_HEADER, parse_ttl
+from imds.services.identity.tokens import TOKEN_HEADER, TTL_HEADER, forwarding, is_token_path, parse_ttl
 from imds.services.render.ec2 import VERSIONS, version_root, versions_listing
 from imds.services.render.tree import body, resolve
 from imds.web.errors import status_for
 from imds.web.replies import plain
 from imds.web.routing import READ_METHODS, Handler, Locator, Reply, Scope, header
 
-_TOKEN_PATH = "api/token"  # noqa: S105 - a path, not a secret
 _TTL = TTL_HEADER.encode()
 _NEEDS_METADATA = frozenset({"meta-data", "dynamic"})
 _COUNTED = frozenset({"meta-data", "user-data"})  # reads that count as hollow's metadata/userdata hits
@@ -67,7 +65,7 @@ class Ec2Flavor:
         if version not in VERSIONS:
             return plain(404)
         try:
-            if method == "PUT" and version == "latest" and subpath.strip("/") == _TOKEN_PATH:
+            if method == "PUT" and is_token_path(scope["path"]):
                 return await self._mint(scope)
             if method not in READ_METHODS:
                 return plain(405)
@@ -78,7 +76,7 @@ class Ec2Flavor:
     async def _mint(self, scope: Scope) -> Reply:
         headers = scope["headers"]
         forwarded = [v.decode("latin-1") for k, v in headers if k == b"x-forwarded-for"]
-        others = proxied(h for h in headers if h[0] != b"x-forwarded-for")  # Forwarded, X-Forwarded-*, X-Real-IP
+        others = forwarding(h for h in headers if h[0] != b"x-forwarded-for")  # all but a trusted proxy's own
         if others or not may_mint_through(self._locator.claim(scope), forwarded):
             raise Refused("IMDSv2 tokens cannot be requested through a proxy")
         ttl = parse_ttl(header(scope, _TTL))
