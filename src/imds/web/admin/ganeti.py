@@ -13,11 +13,10 @@ from typing import Any
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from imds.errors import ConfigError, NotFound
+from imds.errors import NotFound
 from imds.models import OS_KIND
 from imds.services import Services
 from imds.services.admission.auth import delete_scopes, read_scopes, upsert_scopes
-from imds.services.ganeti.records import OsRecords
 from imds.services.ganeti.wire import parse_os_write
 from imds.services.records.wire import parse_instance_id, parse_json
 from imds.services.render.json import encode
@@ -53,17 +52,10 @@ OS_SCHEMA: dict[str, Any] = {
 }
 
 
-def _os(services: Services) -> OsRecords:
-    if services.os is None:
-        msg = "the Ganeti OS service is not configured"
-        raise ConfigError(msg)
-    return services.os
-
-
 def ganeti_admin_router(services: Services) -> APIRouter:
     """The OS record and OS definition routes, bound to ``services``."""
     router = APIRouter(tags=["ganeti"], responses=documented(400, 401, 403, 404, 413, 503))
-    records = _os(services)
+    records = services.os
     settings = services.settings
 
     @router.post(
