@@ -20,7 +20,7 @@ from imds.services.admission.auth import delete_scopes, read_scopes, upsert_scop
 from imds.services.ganeti.wire import parse_os_write
 from imds.services.records.wire import parse_instance_id, parse_json
 from imds.services.render.json import encode
-from imds.web.admin.auth import ID_EXTRA, authorize
+from imds.web.admin.auth import ID_EXTRA, authorize, record_schema, request_body
 from imds.web.body import read_limited
 from imds.web.errors import JSON, documented
 
@@ -33,23 +33,19 @@ _PARAMS = {
     },
     "description": "NAME ([a-z0-9_-]{1,64}) → value and visibility (default public).",
 }
-OS_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "required": ["id", "os_type", "mode"],
-    "properties": {
-        "id": {"type": "string", "format": "uuid"},
-        "os_type": {"type": "string"},
-        "mode": {"enum": ["run", "install", "self_install"]},
-        "communication": {"type": "boolean"},
-        "parameters": _PARAMS,
-        "install_parameters": _PARAMS,
-        "package": {"type": "object", "required": ["url"], "properties": {
-            "url": {"type": "string", "description": "http(s) URL ending in .tar.gz or .tgz"},
-            "username": {"type": "string"}, "password": {"type": "string"},
-        }},
-        "updated_at": {"type": "string", "description": "Older than the stored one: nothing changes."},
-    },
-}
+OS_SCHEMA = record_schema(
+    ("os_type", "mode"),
+    os_type={"type": "string"},
+    mode={"enum": ["run", "install", "self_install"]},
+    communication={"type": "boolean"},
+    parameters=_PARAMS,
+    install_parameters=_PARAMS,
+    package={"type": "object", "required": ["url"], "properties": {
+        "url": {"type": "string", "description": "http(s) URL ending in .tar.gz or .tgz"},
+        "username": {"type": "string"}, "password": {"type": "string"},
+    }},
+    updated_at={"type": "string", "description": "Older than the stored one: nothing changes."},
+)
 
 
 def ganeti_admin_router(services: Services) -> APIRouter:
@@ -58,10 +54,7 @@ def ganeti_admin_router(services: Services) -> APIRouter:
     records = services.os
     settings = services.settings
 
-    @router.post(
-        "/device-os", summary="Create or replace the Ganeti OS record",
-        openapi_extra={"requestBody": {"required": True, "content": {JSON: {"schema": OS_SCHEMA}}}},
-    )
+    @router.post("/device-os", summary="Create or replace the Ganeti OS record", openapi_extra=request_body(OS_SCHEMA))
     async def post_os(request: Request) -> Response:
         subject = await authorize(services, request, upsert_scopes(OS_KIND))
         raw = parse_json(await read_limited(request, settings.limits.max_body_bytes))
