@@ -51,6 +51,7 @@ from imds.web.bounded import Bounded
 from imds.web.errors import handle_http_error, handle_imds_error, handle_unexpected
 from imds.web.instance import InstanceFront
 from imds.web.ops import ops_router
+from imds.web.routes import API_V1, aliased
 
 _log = log.get("app")
 
@@ -87,14 +88,20 @@ def build_app(
     routers.append(ganeti_admin_router(services))  # Ganeti OS records
     routers.append(audit_router(services))  # the audit log (GET /audit)
     routers.append(explain_router(services))  # imds explain (GET /explain)
-    admin.include_router(ui_router(services))  # the admin web page (GET /ui) and its search/changes endpoints
-    for router in routers:
+    # (router, also under /api/v1), in the order they are included
+    mounted = [(ui_router(services), False), *((router, True) for router in routers)]  # ui: GET /ui and its search
+    mounted += [(ops_router(services, admin.openapi), False),
+                (docs_router(title=admin.title, openapi_url="/openapi.json"), False),
+                (channel_admin_router(services), False)]  # the host's side of the instance<->host channel
+    admin_paths: list[str] = []  # every admin path, aliases included: the front's metric groups
+    for router, versioned in mounted:
         admin.include_router(router)
-        admin.include_router(router, prefix="/api/v1", include_in_schema=False)
-    admin.include_router(ops_router(services, admin.openapi))
-    admin.include_router(docs_router(title=admin.title, openapi_url="/openapi.json"))
-    admin.include_router(channel_admin_router(services))  # the host's side of the instance<->host channel
-    return InstanceFront(services, admin)
+        paths = [str(getattr(route, "path", "")) for route in router.routes]
+        if versioned:
+            admin.include_router(router, prefix=API_V1, include_in_schema=False)
+            paths = [alias for path in paths for alias in aliased(path)]
+        admin_paths += paths
+    return InstanceFront(services, admin, admin_paths=admin_paths)
 
 
 def build_served_app(settings: Settings) -> Bounded:

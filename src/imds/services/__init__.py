@@ -48,8 +48,8 @@ class Services:
     http: httpx.AsyncClient
     tokens: TokenIssuer
     channel: Channel
+    os: OsRecords  # Ganeti OS records: always there (no OS definition is loaded without --os-definitions-dir)
     lookup: Lookup | None = None
-    os: OsRecords | None = None  # Ganeti OS records; always set by build_services
     limits: Limits = field(default_factory=Limits)
     signed: SignedIdentity | None = None
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)

@@ -120,8 +120,8 @@ class Entry:
     document text, its timestamp and, only when the instance has any, the rest (userdata,
     password, OS record) as an ``Instance`` without addresses or metadata.
 
-    ``waiters`` are the change-watch requests held on this version; the catalog resolves
-    them when it replaces or drops the entry (see ``imds.services.catalog.watch``).
+    ``waiters`` are the change-watch requests held on this version (``watch``/``unwatch``);
+    the catalog resolves them when it replaces or drops the entry (see ``imds.services.catalog.watch``).
     """
 
     __slots__ = ("_blob", "_cache", "_etag", "_instance", "_rendered", "_rest", "_updated", "id", "packed",
@@ -177,6 +177,17 @@ class Entry:
         if self._etag is None:
             self._etag = instance_etag(self.instance)
         return self._etag
+
+    def watch(self, waiter: asyncio.Future[None]) -> None:
+        """Hold ``waiter`` on this version: ``wake`` resolves it when the version is replaced or dropped."""
+        if self.waiters is None:
+            self.waiters = set()
+        self.waiters.add(waiter)
+
+    def unwatch(self, waiter: asyncio.Future[None]) -> None:
+        """Stop holding ``waiter`` (its request ended: a change, the timeout or a disconnect)."""
+        if self.waiters is not None:
+            self.waiters.discard(waiter)
 
     def wake(self) -> None:
         """Resolve every change-watch request held on this version."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
+from functools import partial
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request
@@ -31,6 +32,9 @@ from imds.web.errors import JSON, documented
 
 KEEPALIVE = 15.0
 SSE = "text/event-stream"
+Since = Annotated[int, Query(ge=0, description="return events with a cursor above this")]
+StartAfter = Annotated[int, Query(ge=0, description="start after this cursor")]
+Follow = Annotated[bool, Query(description="stream as Server-Sent Events")]
 
 
 async def sse(channel: Channel, instance_id: str, after: int) -> AsyncIterator[bytes]:
@@ -60,34 +64,27 @@ def channel_admin_router(services: Services) -> APIRouter:
     router = APIRouter(tags=["admin"], responses=documented(400, 401, 403, 404, 409, 413, 503))
     channel = services.channel
 
-    @router.get("/device-events/{instance_id}", summary="Events the instance posted, after a cursor",
-                openapi_extra=ID_EXTRA, response_class=Response)
-    async def get_events(
-        request: Request,
-        instance_id: str,
-        after: Annotated[int, Query(ge=0, description="return events with a cursor above this")] = 0,
-        follow: Annotated[bool, Query(description="stream as Server-Sent Events")] = False,
-    ) -> Response:
+    events_route = partial(router.get, openapi_extra=ID_EXTRA, response_class=Response)
+
+    async def stream(request: Request, instance_id: str, after: int, headers: dict[str, str] | None) -> Response:
         await authorize(services, request, read_scopes(METADATA))
         instance = parse_instance_id(instance_id)
+        return StreamingResponse(sse(channel, instance, _after(request, after)), media_type=SSE, headers=headers)
+
+    @events_route("/device-events/{instance_id}", summary="Events the instance posted, after a cursor")
+    async def get_events(request: Request, instance_id: str, after: Since = 0, follow: Follow = False) -> Response:
         if follow:
-            return StreamingResponse(sse(channel, instance, _after(request, after)), media_type=SSE)
+            return await stream(request, instance_id, after, None)
+        await authorize(services, request, read_scopes(METADATA))
+        instance = parse_instance_id(instance_id)
         events = await channel.events(instance, after)
         body = {"id": instance, "events": [event_json(e) for e in events],
                 "cursor": events[-1].cursor if events else after}
         return Response(encode(body), media_type=JSON)
 
-    @router.get("/device-events/{instance_id}/stream", summary="Follow the instance's events (Server-Sent Events)",
-                openapi_extra=ID_EXTRA, response_class=Response)
-    async def stream_events(
-        request: Request,
-        instance_id: str,
-        after: Annotated[int, Query(ge=0, description="start after this cursor")] = 0,
-    ) -> Response:
-        await authorize(services, request, read_scopes(METADATA))
-        instance = parse_instance_id(instance_id)
-        return StreamingResponse(sse(channel, instance, _after(request, after)), media_type=SSE,
-                                 headers={"cache-control": "no-cache"})
+    @events_route("/device-events/{instance_id}/stream", summary="Follow the instance's events (Server-Sent Events)")
+    async def stream_events(request: Request, instance_id: str, after: StartAfter = 0) -> Response:
+        return await stream(request, instance_id, after, {"cache-control": "no-cache"})
 
     @router.post("/device-messages/{instance_id}", summary="Queue a message the instance reads once",
                  openapi_extra=ID_EXTRA)

@@ -13,15 +13,14 @@ from typing import Any
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from imds.errors import ConfigError, NotFound
+from imds.errors import NotFound
 from imds.models import OS_KIND
 from imds.services import Services
 from imds.services.admission.auth import delete_scopes, read_scopes, upsert_scopes
-from imds.services.ganeti.records import OsRecords
 from imds.services.ganeti.wire import parse_os_write
 from imds.services.records.wire import parse_instance_id, parse_json
 from imds.services.render.json import encode
-from imds.web.admin.auth import ID_EXTRA, authorize
+from imds.web.admin.auth import ID_EXTRA, authorize, record_schema, request_body
 from imds.web.body import read_limited
 from imds.web.errors import JSON, documented
 
@@ -34,42 +33,28 @@ _PARAMS = {
     },
     "description": "NAME ([a-z0-9_-]{1,64}) → value and visibility (default public).",
 }
-OS_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "required": ["id", "os_type", "mode"],
-    "properties": {
-        "id": {"type": "string", "format": "uuid"},
-        "os_type": {"type": "string"},
-        "mode": {"enum": ["run", "install", "self_install"]},
-        "communication": {"type": "boolean"},
-        "parameters": _PARAMS,
-        "install_parameters": _PARAMS,
-        "package": {"type": "object", "required": ["url"], "properties": {
-            "url": {"type": "string", "description": "http(s) URL ending in .tar.gz or .tgz"},
-            "username": {"type": "string"}, "password": {"type": "string"},
-        }},
-        "updated_at": {"type": "string", "description": "Older than the stored one: nothing changes."},
-    },
-}
-
-
-def _os(services: Services) -> OsRecords:
-    if services.os is None:
-        msg = "the Ganeti OS service is not configured"
-        raise ConfigError(msg)
-    return services.os
+OS_SCHEMA = record_schema(
+    ("os_type", "mode"),
+    os_type={"type": "string"},
+    mode={"enum": ["run", "install", "self_install"]},
+    communication={"type": "boolean"},
+    parameters=_PARAMS,
+    install_parameters=_PARAMS,
+    package={"type": "object", "required": ["url"], "properties": {
+        "url": {"type": "string", "description": "http(s) URL ending in .tar.gz or .tgz"},
+        "username": {"type": "string"}, "password": {"type": "string"},
+    }},
+    updated_at={"type": "string", "description": "Older than the stored one: nothing changes."},
+)
 
 
 def ganeti_admin_router(services: Services) -> APIRouter:
     """The OS record and OS definition routes, bound to ``services``."""
     router = APIRouter(tags=["ganeti"], responses=documented(400, 401, 403, 404, 413, 503))
-    records = _os(services)
+    records = services.os
     settings = services.settings
 
-    @router.post(
-        "/device-os", summary="Create or replace the Ganeti OS record",
-        openapi_extra={"requestBody": {"required": True, "content": {JSON: {"schema": OS_SCHEMA}}}},
-    )
+    @router.post("/device-os", summary="Create or replace the Ganeti OS record", openapi_extra=request_body(OS_SCHEMA))
     async def post_os(request: Request) -> Response:
         subject = await authorize(services, request, upsert_scopes(OS_KIND))
         raw = parse_json(await read_limited(request, settings.limits.max_body_bytes))

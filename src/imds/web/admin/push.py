@@ -18,7 +18,7 @@ from imds.services.admission.auth import delete_scopes, read_scopes, upsert_scop
 from imds.services.catalog.addresses import display
 from imds.services.records.wire import parse_body, parse_instance_id, parse_metadata_write, parse_userdata_write
 from imds.services.render.json import encode, metadata_bytes
-from imds.web.admin.auth import ID_EXTRA, authorize
+from imds.web.admin.auth import ID_EXTRA, authorize, record_schema, request_body
 from imds.web.body import read_limited
 from imds.web.errors import JSON, documented
 
@@ -27,46 +27,34 @@ _IP_LIST = {
     "items": {"type": "string", "description": "IPv4/IPv6 host address or CIDR"},
     "description": "The complete list: unlisted addresses are dropped; listed ones move here.",
 }
-METADATA_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "required": ["id", "ipAddresses", "metadata"],
-    "properties": {
-        "id": {"type": "string", "format": "uuid"},
-        "ipAddresses": _IP_LIST,
-        "metadata": {
-            "oneOf": [
-                {"type": "object", "properties": {
-                    "devices": {"type": "array", "items": {"type": "object"}, "description":
-                                "OpenStack device role tags (meta_data.json devices), checked against "
-                                "device-role-tagging.schema.json (Draft 2020-12) and the rule that a tag names one "
-                                "device per type (same-serial disks excepted)."},
-                    "network_data": {"type": "object", "description":
-                                     "OpenStack network_data.json (links, networks, services); derived from "
-                                     "network when absent."},
-                    "vendor_data": {"type": "object", "description": "OpenStack vendor_data.json."},
-                }},
-                {"type": "string", "description": "a JSON-encoded object"},
-            ],
-            "description": "The Equinix-shaped document. A top-level updated_at older than the stored one "
-            "makes the write a no-op (applied: false). The optional top-level devices, network_data and "
-            "vendor_data keys are the OpenStack parts of the record (a 400 names any offending field).",
-        },
+METADATA_SCHEMA = record_schema(
+    ("ipAddresses", "metadata"),
+    ipAddresses=_IP_LIST,
+    metadata={
+        "oneOf": [
+            {"type": "object", "properties": {
+                "devices": {"type": "array", "items": {"type": "object"}, "description":
+                            "OpenStack device role tags (meta_data.json devices), checked against "
+                            "device-role-tagging.schema.json (Draft 2020-12) and the rule that a tag names one "
+                            "device per type (same-serial disks excepted)."},
+                "network_data": {"type": "object", "description":
+                                 "OpenStack network_data.json (links, networks, services); derived from "
+                                 "network when absent."},
+                "vendor_data": {"type": "object", "description": "OpenStack vendor_data.json."},
+            }},
+            {"type": "string", "description": "a JSON-encoded object"},
+        ],
+        "description": "The Equinix-shaped document. A top-level updated_at older than the stored one "
+        "makes the write a no-op (applied: false). The optional top-level devices, network_data and "
+        "vendor_data keys are the OpenStack parts of the record (a 400 names any offending field).",
     },
-}
-USERDATA_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "required": ["id", "ipAddresses", "userdata"],
-    "properties": {
-        "id": {"type": "string", "format": "uuid"},
-        "ipAddresses": _IP_LIST,
-        "userdata": {"type": "string", "description": "Text, or strict base64 (decoded)."},
-        "userdata_encoding": {"type": "string", "enum": ["text", "base64"], "description": "Overrides the guess."},
-    },
-}
-
-
-def _body(schema: dict[str, Any]) -> dict[str, Any]:
-    return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
+)
+USERDATA_SCHEMA = record_schema(
+    ("ipAddresses", "userdata"),
+    ipAddresses=_IP_LIST,
+    userdata={"type": "string", "description": "Text, or strict base64 (decoded)."},
+    userdata_encoding={"type": "string", "enum": ["text", "base64"], "description": "Overrides the guess."},
+)
 
 
 def _write_response(result: WriteResult) -> Response:
@@ -125,9 +113,9 @@ def admin_router(services: Services) -> APIRouter:
         return await authorize(services, request, needed)
 
     upserts = upsert_endpoints(services)
-    router.post("/device-metadata", openapi_extra=_body(METADATA_SCHEMA),
+    router.post("/device-metadata", openapi_extra=request_body(METADATA_SCHEMA),
                 summary="Create or replace metadata")(upserts["/device-metadata"])
-    router.post("/device-userdata", openapi_extra=_body(USERDATA_SCHEMA),
+    router.post("/device-userdata", openapi_extra=request_body(USERDATA_SCHEMA),
                 summary="Create or replace userdata")(upserts["/device-userdata"])
 
     # GET and HEAD are separate routes so each gets its own OpenAPI operation id.

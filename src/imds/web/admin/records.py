@@ -50,7 +50,7 @@ def records_admin_router(services: Services) -> APIRouter:
         await authorize_both(request)
         instances = await stored_instances(services.store)
         await _authorize_private(services, request, instances, private=private)
-        cipher = services.os.cipher if services.os is not None else None
+        cipher = services.os.cipher
         wire = [to_wire(instance, cipher, private=private) for instance in instances]  # errors before streaming
 
         def lines() -> Iterator[bytes]:

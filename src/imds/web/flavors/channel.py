@@ -15,14 +15,9 @@ from imds.errors import ImdsError, NotFound, PayloadTooLarge
 from imds.models import Event
 from imds.services import Services
 from imds.services.render.json import encode
-from imds.web.errors import error_body, error_parts
+from imds.web.errors import error_body
 from imds.web.replies import declared_over, read_body
-from imds.web.routing import BINARY, ENTRY, JSON, Handler, Locator, Pending, Receive, Reply, Scope
-
-
-def _error(exc: ImdsError) -> Reply:
-    status, body, headers = error_parts(exc)
-    return Reply(status, body, JSON, tuple(headers))
+from imds.web.routing import BINARY, JSON, InstanceCall, Locator, Pending, Receive, Reply, error_reply
 
 
 def _not_allowed(allow: bytes) -> Reply:
@@ -36,64 +31,57 @@ class ChannelFlavor:
         self._channel = services.channel
         self._locator = locator
 
-    def routes(self) -> dict[str, Handler]:
-        """Exact paths: the flavor-neutral posts."""
-        return {"/events": self.events, "/phone-home": self.phone_home}
-
-    async def events(self, scope: Scope) -> Reply:
+    async def events(self, call: InstanceCall) -> Reply:
         """``POST /events`` ``{"state", "code"?, "message"?}``."""
-        return await self._post(scope, self._channel.post)
+        return await self._post(call, self._channel.post)
 
-    async def handle_write(self, scope: Scope) -> Reply:
+    async def handle_write(self, call: InstanceCall) -> Reply:
         """``POST /ganeti/<version>/write``: the same as ``/events``."""
-        return await self.events(scope)
+        return await self.events(call)
 
-    async def phone_home(self, scope: Scope) -> Reply:
+    async def phone_home(self, call: InstanceCall) -> Reply:
         """``POST /phone-home``: the instance booted (any body up to the size cap, e.g. cloud-init's form)."""
-        return await self._post(scope, self._channel.phone_home)
+        return await self._post(call, self._channel.phone_home)
 
-    async def handle_read(self, scope: Scope) -> Reply:
+    async def handle_read(self, call: InstanceCall) -> Reply:
         """``GET /ganeti/<version>/read``: the oldest queued message, consumed by this read."""
-        if scope["method"] != "GET":
+        if call.scope["method"] != "GET":
             return _not_allowed(b"GET")
         try:
-            instance_id = (await self._locator.entry(scope)).instance.id
+            instance_id = (await self._locator.entry(call)).instance.id
         except ImdsError as exc:
-            return _error(exc)
-        scope.pop(ENTRY, None)  # a message is no instance document: no ETag, no change watch
+            return error_reply(exc)
+        call.entry = None  # a message is no instance document: no ETag, no change watch
         channel = self._channel
 
         async def complete(_receive: Receive) -> Reply:
             try:
                 body = await channel.take(instance_id)
             except ImdsError as exc:
-                return _error(exc)
+                return error_reply(exc)
             if body is None:
-                return _error(NotFound(f"no message is queued for instance {instance_id}"))
+                return error_reply(NotFound(f"no message is queued for instance {instance_id}"))
             return Reply(200, body, BINARY)
 
         return Pending(complete=complete)
 
-    async def _post(self, scope: Scope, store: Callable[[str, bytes], Awaitable[Event]]) -> Reply:
-        if scope["method"] != "POST":
+    async def _post(self, call: InstanceCall, store: Callable[[str, bytes], Awaitable[Event]]) -> Reply:
+        if call.scope["method"] != "POST":
             return _not_allowed(b"POST")
         limit = self._channel.limits.event_max_bytes
         try:
-            instance_id = (await self._locator.entry(scope)).instance.id
-            if declared_over(scope, limit):
+            instance_id = (await self._locator.entry(call)).instance.id
+            if declared_over(call.scope, limit):
                 raise PayloadTooLarge(limit)
             self._channel.admit(instance_id)
         except ImdsError as exc:
-            return _error(exc)
+            return error_reply(exc)
 
         async def complete(receive: Receive) -> Reply:
             try:
                 event = await store(instance_id, await read_body(receive, limit, "an event"))
             except ImdsError as exc:
-                return _error(exc)
+                return error_reply(exc)
             return Reply(200, encode({"cursor": event.cursor, "state": event.state}), JSON)
 
         return Pending(complete=complete)
-
-
-

@@ -22,7 +22,7 @@ from imds.services.render.ec2 import VERSIONS, version_root, versions_listing
 from imds.services.render.tree import body, resolve
 from imds.web.errors import status_for
 from imds.web.replies import plain
-from imds.web.routing import READ_METHODS, Handler, Locator, Reply, Scope, header
+from imds.web.routing import READ_METHODS, InstanceCall, Locator, Reply, header
 
 _TTL = TTL_HEADER.encode()
 _NEEDS_METADATA = frozenset({"meta-data", "dynamic"})
@@ -39,26 +39,19 @@ class Ec2Flavor:
         self._tokens = services.tokens
         self._required = services.settings.ec2.imdsv2 == "required"
 
-    def routes(self) -> dict[str, Handler]:
-        """Exact paths: ``/`` lists the versions."""
-        return {"/": self.versions}
-
-    def prefixes(self) -> dict[str, Handler]:
-        """First path segments this flavor answers: every version."""
-        return dict.fromkeys(VERSIONS, self.handle)
-
     def claims(self, segment: str) -> bool:
         """Whether an unknown first segment looks like an EC2 version (so 404s are EC2-style)."""
         return _VERSION_SHAPE.match(segment) is not None
 
-    async def versions(self, scope: Scope) -> Reply:
+    async def versions(self, call: InstanceCall) -> Reply:
         """``GET /``: the versions served, one per line."""
-        if scope["method"] not in READ_METHODS:
+        if call.scope["method"] not in READ_METHODS:
             return plain(405)
         return Reply(200, versions_listing().encode())
 
-    async def handle(self, scope: Scope) -> Reply:
+    async def handle(self, call: InstanceCall) -> Reply:
         """Any path under ``/<version>``."""
+        scope = call.scope
         _, version, *rest = scope["path"].split("/", 2)
         subpath = rest[0] if rest else ""
         method = scope["method"]
@@ -66,31 +59,32 @@ class Ec2Flavor:
             return plain(404)
         try:
             if method == "PUT" and is_token_path(scope["path"]):
-                return await self._mint(scope)
+                return await self._mint(call)
             if method not in READ_METHODS:
                 return plain(405)
-            return await self._read(scope, version, subpath)
+            return await self._read(call, version, subpath)
         except ImdsError as exc:
             return plain(status_for(exc))
 
-    async def _mint(self, scope: Scope) -> Reply:
+    async def _mint(self, call: InstanceCall) -> Reply:
+        scope = call.scope
         headers = scope["headers"]
         forwarded = [v.decode("latin-1") for k, v in headers if k == b"x-forwarded-for"]
         others = forwarding(h for h in headers if h[0] != b"x-forwarded-for")  # all but a trusted proxy's own
-        if others or not may_mint_through(self._locator.claim(scope), forwarded):
+        if others or not may_mint_through(self._locator.claim(call), forwarded):
             raise Refused("IMDSv2 tokens cannot be requested through a proxy")
         ttl = parse_ttl(header(scope, _TTL))
-        entry = await self._locator.entry(scope)
+        entry = await self._locator.entry(call)
         token = self._tokens.issue(entry.instance.id, ttl)
         return Reply(200, token.encode(), headers=((_TTL, str(ttl).encode()),))
 
-    async def _read(self, scope: Scope, version: str, subpath: str) -> Reply:
+    async def _read(self, call: InstanceCall, version: str, subpath: str) -> Reply:
         kind = subpath.split("/", 1)[0]
         record = USERDATA if kind == "user-data" else METADATA
         needs_record = kind in _NEEDS_METADATA or kind == "user-data"
-        entry = await self._locator.entry(scope, record, count=kind in _COUNTED, needs_record=needs_record)
+        entry = await self._locator.entry(call, record, count=kind in _COUNTED, needs_record=needs_record)
         headers: tuple[tuple[bytes, bytes], ...] = ()
-        token = header(scope, TOKEN_HEADER.encode())
+        token = header(call.scope, TOKEN_HEADER.encode())
         if token is not None:
             left = self._tokens.check(token, entry.instance.id)
             headers = ((_TTL, str(left).encode()),)

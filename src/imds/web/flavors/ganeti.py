@@ -11,7 +11,10 @@ metad itself answers only ``latest``; ``VERSIONS`` is where dated versions would
 
 from __future__ import annotations
 
-from imds.errors import ConfigError, ImdsError, NotFound, UpstreamError
+from collections.abc import Mapping
+from types import MappingProxyType
+
+from imds.errors import ImdsError, NotFound, UpstreamError
 from imds.models import Instance
 from imds.services import Services
 from imds.services.ganeti.definitions import OsDefinition
@@ -20,9 +23,8 @@ from imds.services.ganeti.package import PackageFetcher
 from imds.services.ganeti.records import OsRecords, active
 from imds.web.errors import status_for
 from imds.web.replies import plain
-from imds.web.routing import BINARY, JSON, READ_METHODS, Handler, Locator, Pending, Receive, Reply, Scope
+from imds.web.routing import BINARY, JSON, READ_METHODS, Handler, InstanceCall, Locator, Pending, Receive, Reply
 
-PREFIX = "ganeti"
 VERSIONS = ("latest",)
 GZIP = b"application/gzip"
 PARAMETERS, SCRIPTS, INSTALL_PACKAGE, PACKAGE = "parameters.json", "scripts", "os-install-package", "package"
@@ -33,42 +35,35 @@ CHANNEL_PATHS = ("read", "write")
 class GanetiFlavor:
     """Serves metad's layout from the caller's OS record."""
 
-    def __init__(self, services: Services, locator: Locator) -> None:
-        if services.os is None:
-            msg = "the Ganeti OS service is not configured"
-            raise ConfigError(msg)
+    def __init__(self, services: Services, locator: Locator, channel: Mapping[str, Handler]) -> None:
         self._os: OsRecords = services.os
         self._locator = locator
         settings = services.settings
         self._fetcher = PackageFetcher(
             services.http, max_bytes=settings.ganeti.os_package_max_bytes, timeout=settings.ganeti.os_package_timeout
         )
-        # CHANNEL DISPATCH POINT: the channel's handlers for "read" and "write" go here
-        # (``flavor.channel["read"] = handler``). Until they are wired, both answer 404,
-        # as metad's stubs do.
-        self.channel: dict[str, Handler] = {}
+        # The channel's handlers for "read" and "write" (``imds.web.flavors.channel``), given
+        # by the front; one that is missing answers 404, as metad's stubs do.
+        self.channel: Mapping[str, Handler] = MappingProxyType(dict(channel))
 
-    def prefixes(self) -> dict[str, Handler]:
-        """First path segments this flavor answers."""
-        return {PREFIX: self.handle}
-
-    async def handle(self, scope: Scope) -> Reply:
+    async def handle(self, call: InstanceCall) -> Reply:
         """Any path under ``/ganeti``."""
+        scope = call.scope
         parts = [part for part in scope["path"].split("/")[2:] if part]
         try:
             if parts and parts[0] in VERSIONS and "/".join(parts[1:]) in CHANNEL_PATHS:
                 channel = self.channel.get(parts[1])
                 if channel is None:
                     raise NotFound(f"/ganeti/{parts[0]}/{parts[1]} is not wired yet")
-                return await channel(scope)
+                return await channel(call)
             if scope["method"] not in READ_METHODS:
                 return plain(405)
-            return await self._read(scope, parts)
+            return await self._read(call, parts)
         except ImdsError as exc:
             return plain(status_for(exc))
 
-    async def _read(self, scope: Scope, parts: list[str]) -> Reply:
-        instance = (await self._locator.entry(scope, count=False)).instance
+    async def _read(self, call: InstanceCall, parts: list[str]) -> Reply:
+        instance = (await self._locator.entry(call, count=False)).instance
         if not active(instance.os):
             raise NotFound("no Ganeti OS installation is under way for this instance")
         if not parts:

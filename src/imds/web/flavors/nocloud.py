@@ -17,9 +17,7 @@ from imds.services.render.nocloud import USER_DATA, nocloud_tree
 from imds.services.render.tree import body, resolve
 from imds.web.errors import status_for
 from imds.web.replies import plain, userdata_type
-from imds.web.routing import READ_METHODS, Handler, Locator, Reply, Scope
-
-PREFIX = "nocloud"
+from imds.web.routing import READ_METHODS, InstanceCall, Locator, Reply
 
 
 class NoCloudFlavor:
@@ -28,22 +26,19 @@ class NoCloudFlavor:
     def __init__(self, _services: Services, locator: Locator) -> None:
         self._locator = locator
 
-    def prefixes(self) -> dict[str, Handler]:
-        """First path segments this flavor answers."""
-        return {PREFIX: self.handle}
-
-    async def handle(self, scope: Scope) -> Reply:
+    async def handle(self, call: InstanceCall) -> Reply:
         """Any path under ``/nocloud``."""
+        scope = call.scope
         if scope["method"] not in READ_METHODS:
             return plain(405)
         rest = "/".join(part for part in scope["path"].split("/")[2:] if part)
         kind = USERDATA if rest == USER_DATA else METADATA
         try:
-            entry = await self._locator.entry(scope, kind, needs_record=kind == METADATA)
+            entry = await self._locator.entry(call, kind, needs_record=kind == METADATA)
             if kind == USERDATA and entry.instance.userdata is None:
                 # NoCloud's user-data is always there: empty when the instance has none.
                 with contextlib.suppress(RecordNotFound):
-                    entry = await self._locator.record(scope, entry, kind)
+                    entry = await self._locator.record(call, entry, kind)
             node = resolve(entry.render("nocloud", nocloud_tree), rest)
             if node is None:
                 raise NotFound(f"no {rest!r} under /nocloud")

@@ -26,18 +26,7 @@ from imds.services.render.openstack import (
 )
 from imds.services.render.tree import body, resolve
 from imds.web.replies import declared_over, plain, plain_error, read_body, userdata_type
-from imds.web.routing import (
-    JSON,
-    READ_METHODS,
-    Handler,
-    Locator,
-    Pending,
-    Receive,
-    Reply,
-    Scope,
-)
-
-PREFIX = "openstack"
+from imds.web.routing import JSON, READ_METHODS, InstanceCall, Locator, Pending, Receive, Reply
 
 
 class OpenStackFlavor:
@@ -48,12 +37,9 @@ class OpenStackFlavor:
         self._locator = locator
         self._seeds = SeedPool()
 
-    def prefixes(self) -> dict[str, Handler]:
-        """First path segments this flavor answers."""
-        return {PREFIX: self.handle}
-
-    async def handle(self, scope: Scope) -> Reply:
+    async def handle(self, call: InstanceCall) -> Reply:
         """Any path under ``/openstack``."""
+        scope = call.scope
         parts = [part for part in scope["path"].split("/")[2:] if part]
         method = scope["method"]
         try:
@@ -65,16 +51,16 @@ class OpenStackFlavor:
             if rest == PASSWORD and not since(version, GRIZZLY):
                 raise NotFound(f"/openstack/{version} has no password")
             if method == "POST" and rest == PASSWORD:
-                return await self._post_password(scope)
+                return await self._post_password(call)
             if method not in READ_METHODS:
                 return plain(405)
-            return await self._read(scope, version, rest)
+            return await self._read(call, version, rest)
         except ImdsError as exc:
             return plain_error(exc)
 
-    async def _read(self, scope: Scope, version: str, rest: str) -> Reply:
+    async def _read(self, call: InstanceCall, version: str, rest: str) -> Reply:
         kind = USERDATA if rest == USER_DATA else METADATA
-        entry = await self._locator.entry(scope, kind, needs_record=True)
+        entry = await self._locator.entry(call, kind, needs_record=True)
         root = entry.render(f"openstack/{version}", lambda found: version_dir(found, version))
         node = resolve(root, rest)
         if node is None:
@@ -88,11 +74,11 @@ class OpenStackFlavor:
             return Reply(200, body(node), entry.render("openstack/user_data:type", userdata_type))
         return Reply(200, body(node))
 
-    async def _post_password(self, scope: Scope) -> Reply:
-        instance = (await self._locator.entry(scope)).instance
+    async def _post_password(self, call: InstanceCall) -> Reply:
+        instance = (await self._locator.entry(call)).instance
         if instance.password is not None:  # the store checks again, inside the write
             raise Conflict(f"instance {instance.id} already has a password")
-        if declared_over(scope, PASSWORD_MAX_BYTES):
+        if declared_over(call.scope, PASSWORD_MAX_BYTES):
             raise InvalidInput.one("body", f"a password is at most {PASSWORD_MAX_BYTES} bytes")
         records, instance_id = self._records, instance.id
 
