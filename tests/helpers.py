@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -15,6 +17,19 @@ from imds.web.instance import InstanceFront
 
 ADMIN_TOKEN = "test-admin-token"
 ADMIN_PEER = "192.0.2.250"
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def fixture_path(name: str) -> Path:
+    """The reference file ``name`` from tests/fixtures (the design's examples, kept in the repository)."""
+    path = FIXTURES / name
+    assert path.is_file(), f"no test fixture {name!r} in {FIXTURES}"
+    return path
+
+
+def fixture_json(name: str) -> Any:
+    """The JSON reference file ``name`` from tests/fixtures, parsed afresh on every call."""
+    return json.loads(fixture_path(name).read_text())
 
 
 def make_settings(**overrides: Any) -> Settings:
