@@ -1,11 +1,9 @@
-"""Test data for the OpenStack, config drive and NoCloud tests: the seed fixtures and pushing them."""
+"""Test data for the OpenStack, config drive and NoCloud tests: the seed fixtures."""
 
 from __future__ import annotations
 
 import copy
 from typing import Any
-
-import httpx
 
 from helpers import fixture_json
 
@@ -39,13 +37,3 @@ def openstack_document(example: str = "example", **changes: Any) -> dict[str, An
     document.update({"devices": devices(example), "vendor_data": VENDOR_DATA, **changes})
     return document
 
-
-async def push(admin: httpx.AsyncClient, document: dict[str, Any], ips: list[str], userdata: str | None = None) -> None:
-    """POST the document (and the userdata, as text) for ``ips``; fail unless both were applied."""
-    answer = await admin.post("/device-metadata", json={"id": document["id"], "ipAddresses": ips, "metadata": document})
-    assert answer.status_code == 200, answer.text
-    assert answer.json()["applied"] is True
-    if userdata is not None:
-        body = {"id": document["id"], "ipAddresses": ips, "userdata": userdata, "userdata_encoding": "text"}
-        answer = await admin.post("/device-userdata", json=body)
-        assert answer.status_code == 200, answer.text

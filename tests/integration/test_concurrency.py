@@ -247,13 +247,8 @@ def check_acknowledged(plans: list[list[Write]]) -> list[Write]:
     return writes
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def db_url(request: pytest.FixtureRequest) -> str:
-    """A migrated SQLite file or PostgreSQL database."""
-    return request.getfixturevalue("sqlite_url" if request.param == "sqlite" else "postgres_url")
-
-
 @pytest.mark.anyio
+@pytest.mark.stores("sqlite", "postgres")
 async def test_overlapping_writes_serialise_in_commit_order(db_url: str) -> None:
     """240 concurrent upserts over 30 shared addresses leave store, catalog and reads equal to a serial replay.
 

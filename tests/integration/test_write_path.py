@@ -25,17 +25,11 @@ from imds.services.records.upsert import Records
 from imds.store import Store, open_store
 from sql_counting import counting
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.stores("sqlite", "postgres")]
 
 
 class Boom(Exception):
     """Raised inside a write block on purpose."""
-
-
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def db_url(request: pytest.FixtureRequest) -> str:
-    """A migrated SQLite file or PostgreSQL database."""
-    return request.getfixturevalue("sqlite_url" if request.param == "sqlite" else "postgres_url")
 
 
 @contextlib.asynccontextmanager
@@ -147,21 +141,18 @@ async def test_a_failing_block_leaves_its_group_intact(store: Store) -> None:
     gate = asyncio.Event()
     exited: dict[str, bool] = {}
 
-    async def good(n: int) -> None:
+    async def good(n: int, *, boom: bool = False) -> None:
         await gate.wait()
         async with store.write() as tx:
             await tx.put_records([(ids[n], {"n": n})], [])
             await tx.replace_addresses_many([(ids[n], (host(200 + n),))])
             await tx.mark_changed([ids[n]])
+            if boom:
+                raise Boom
         exited[ids[n]] = True
 
     async def raising(n: int) -> None:
-        await gate.wait()
-        async with store.write() as tx:
-            await tx.put_records([(ids[n], {"n": n})], [])
-            await tx.replace_addresses_many([(ids[n], (host(200 + n),))])
-            await tx.mark_changed([ids[n]])
-            raise Boom
+        await good(n, boom=True)
 
     async def refused(n: int) -> None:
         await gate.wait()
@@ -252,15 +243,16 @@ def held(catalog: Catalog) -> dict[str, Instance]:
     return {i: e.instance for i in dict(catalog.holdings()) if (e := catalog.get(i)) is not None}
 
 
-async def test_random_operations_keep_the_catalog_equal_to_the_store(store_url: str) -> None:
+@pytest.mark.stores("memory", "sqlite", "postgres")
+async def test_random_operations_keep_the_catalog_equal_to_the_store(db_url: str) -> None:
     """After 10k random upserts, moves and deletes by 16 writers, writer and follower catalogs equal a load."""
-    store, other = open_store(store_url), None
+    store, other = open_store(db_url), None
     catalog = Catalog(store)
     try:
         await catalog.load()
         records = Records(store, catalog, Metrics())
-        if not store_url.startswith("memory"):
-            other = open_store(store_url)
+        if not db_url.startswith("memory"):
+            other = open_store(db_url)
             follower = Catalog(other)
             await follower.load()
         await random_operations(records, seed=12)

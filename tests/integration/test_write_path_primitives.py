@@ -21,13 +21,7 @@ from imds.services.records.upsert import Records
 from imds.store import Store, open_store
 from sql_counting import counting
 
-pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def db_url(request: pytest.FixtureRequest) -> str:
-    """A migrated SQLite file or PostgreSQL database."""
-    return str(request.getfixturevalue("sqlite_url" if request.param == "sqlite" else "postgres_url"))
+pytestmark = [pytest.mark.anyio, pytest.mark.stores("sqlite", "postgres")]
 
 
 class Boom(Exception):

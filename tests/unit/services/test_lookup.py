@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from factories import new_id
+from helpers import FakeClock
 from imds.errors import InstanceNotFound, RecordNotFound, StoreUnavailable, UpstreamError, UpstreamUnavailable
 from imds.metrics import Metrics
 from imds.services.catalog.catalog import Catalog
@@ -26,14 +27,6 @@ pytestmark = pytest.mark.anyio
 
 X = ipaddress.ip_address("10.9.0.1")
 Y = ipaddress.ip_address("10.9.0.2")
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class StubClient:
@@ -80,7 +73,7 @@ class Rig:
     catalog: Catalog
     metrics: Metrics
     store: BreakableStore
-    clock: Clock
+    clock: FakeClock
 
     def sample(self, name: str) -> float:
         value = self.metrics.registry.get_sample_value(name)
@@ -89,7 +82,7 @@ class Rig:
 
 @asynccontextmanager
 async def rig(**policy: Any) -> AsyncIterator[Rig]:
-    clock, client, store = Clock(), StubClient(), BreakableStore()
+    clock, client, store = FakeClock(100.0), StubClient(), BreakableStore()
     catalog = Catalog(store)
     await catalog.load()
     metrics = Metrics()
