@@ -16,13 +16,13 @@ from typing import Any
 
 import pytest
 
-from ec2_expected import SEED_FILE
+from ec2_expected import seed
 from helpers import wait_for
 from ovs_harness import AgentProcess, Ovs, Vm, ovs_daemons, vms
 from serve_process import Server, serving
 
 SECRET = b"agent-serve-shared-secret"
-SEED = json.loads(SEED_FILE.read_text())
+SEED = seed()
 UUID_A = "a1000000-0000-4000-8000-00000000000a"
 UUID_B = "b1000000-0000-4000-8000-00000000000b"
 UUID_C = "c1000000-0000-4000-8000-00000000000c"

@@ -142,6 +142,7 @@ async def test_the_password_outlives_record_rewrites_but_not_the_instance(app):
 # --- the store primitives and the service, on memory, SQLite and PostgreSQL --------------------------------------
 
 
+@pytest.mark.stores("memory", "sqlite", "postgres")
 async def test_password_primitives_and_records_in_every_store(store):
     """put_password sets once, remove_password clears, get() carries it, and each change lands in the feed."""
     records = Records(store, Catalog(store), Metrics())
@@ -169,6 +170,7 @@ async def test_password_primitives_and_records_in_every_store(store):
     assert await store.get(instance_id) is None
 
 
+@pytest.mark.stores("memory", "sqlite", "postgres")
 async def test_racing_posts_store_exactly_one_password(store):
     """Ten concurrent set_password calls for one instance: one succeeds, nine are Conflicts."""
     records = Records(store, Catalog(store), Metrics())

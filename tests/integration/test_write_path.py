@@ -25,7 +25,7 @@ from imds.services.records.upsert import Records
 from imds.store import Store, open_store
 from sql_counting import counting
 
-pytestmark = [pytest.mark.anyio, pytest.mark.stores("sqlite", "postgres")]
+pytestmark = pytest.mark.anyio
 
 
 class Boom(Exception):
@@ -48,6 +48,7 @@ def host(n: int) -> Network:
     return ipaddress.ip_network(f"10.{60 + n // 65536}.{n // 256 % 256}.{n % 256}/32")
 
 
+@pytest.mark.stores("sqlite", "postgres")
 async def test_a_write_takes_few_statements(db_url: str) -> None:
     """An upsert (staleness check, record, addresses, audit row, feed) and its catalog update: at most 10 statements.
 
@@ -73,6 +74,7 @@ async def test_a_write_takes_few_statements(db_url: str) -> None:
         assert entry.instance == await store.get(first)
 
 
+@pytest.mark.stores("sqlite", "postgres")
 async def test_concurrent_writes_share_commits(db_url: str) -> None:
     """32 writes released at once commit in a few transactions, at most 7 statements each, all acknowledged."""
     async with loaded_records(db_url) as (store, catalog, records):
@@ -98,6 +100,7 @@ async def test_concurrent_writes_share_commits(db_url: str) -> None:
             assert entry.instance == stored[instance_id]
 
 
+@pytest.mark.stores("sqlite", "postgres")
 async def test_upserts_released_together_are_one_block(db_url: str) -> None:
     """32 single upserts released at once run as one batch: one commit, a batch's statements, 32 own results.
 
@@ -243,7 +246,6 @@ def held(catalog: Catalog) -> dict[str, Instance]:
     return {i: e.instance for i in dict(catalog.holdings()) if (e := catalog.get(i)) is not None}
 
 
-@pytest.mark.stores("memory", "sqlite", "postgres")
 async def test_random_operations_keep_the_catalog_equal_to_the_store(db_url: str) -> None:
     """After 10k random upserts, moves and deletes by 16 writers, writer and follower catalogs equal a load."""
     store, other = open_store(db_url), None

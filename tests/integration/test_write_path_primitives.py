@@ -21,7 +21,7 @@ from imds.services.records.upsert import Records
 from imds.store import Store, open_store
 from sql_counting import counting
 
-pytestmark = [pytest.mark.anyio, pytest.mark.stores("sqlite", "postgres")]
+pytestmark = pytest.mark.anyio
 
 
 class Boom(Exception):
@@ -92,6 +92,7 @@ async def test_a_block_that_raises_leaves_neither_its_records_nor_its_audit_rows
     assert sorted(await store.get_many(ids)) == audited
 
 
+@pytest.mark.stores("sqlite", "postgres")
 async def test_channel_writes_join_the_groups_of_record_writes(db_url: str) -> None:
     """Events, messages and upserts released at once share commits; each is durable once acknowledged."""
     store, reader = open_store(db_url), open_store(db_url)
