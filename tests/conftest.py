@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from imds.store import Store, open_store
 
-pytest_plugins = ["postgres_server"]
+pytest_plugins = ["postgres_server", "chromium"]
 
 EVERY_STORE = ("memory", "sqlite", "postgres")
 

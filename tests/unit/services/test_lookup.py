@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from factories import new_id
-from helpers import FakeClock
+from helpers import FakeClock, wait_for_async
 from imds.errors import InstanceNotFound, RecordNotFound, StoreUnavailable, UpstreamError, UpstreamUnavailable
 from imds.metrics import Metrics
 from imds.services.catalog.catalog import Catalog
@@ -249,10 +249,8 @@ async def test_background_refresh_does_not_resurrect_a_record_an_admin_deleted()
         r.clock.now += 1.0
         loop = asyncio.create_task(r.lookup.refresh_loop())
         try:
-            for _ in range(1000):  # at least 10 s: the loop ticks in real time, so bound it generously
-                if not r.lookup._fetched:
-                    break
-                await asyncio.sleep(0.01)
+            # the loop ticks in real time, so bound it generously
+            await wait_for_async(lambda: not r.lookup._fetched, what="the refresh loop to drop the record", timeout=20)
         finally:
             loop.cancel()
             with contextlib.suppress(asyncio.CancelledError):
