@@ -7,8 +7,7 @@ import json
 import os
 import signal
 import socket
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -150,13 +149,6 @@ def _borrowed(pid: int, fd: int) -> Iterator[socket.socket]:
         raise OSError(ctypes.get_errno(), "pidfd_getfd")
     with socket.socket(fileno=copy) as sock:
         yield sock
-
-
-def _poll(condition: Callable[[], bool]) -> None:
-    deadline = time.monotonic() + POLL
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.05)
 
 
 def _wait_until_read(client_port: int) -> None:
