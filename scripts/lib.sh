@@ -19,9 +19,18 @@ apt_ensure() {
   fi
 }
 
-# ensure_venv EXTRAS: create .venv with python3 (3.11+) and install the project into it.
+# ensure_venv EXTRAS: create .venv with python3 (3.11+) and install the project into it, only
+# when needed: .venv is missing, or pyproject.toml changed since the last install (or these
+# EXTRAS were never installed). The stamp .venv/.imds-installed holds one line per install,
+# "SHA256-OF-PYPROJECT EXTRAS"; an install with extras also covers the plain one. So a second
+# start needs no network (the project is installed editable: source edits need no reinstall).
 ensure_venv() {
-  local extras="$1"
+  local extras="$1" stamp=.venv/.imds-installed digest
+  digest=$(sha256sum pyproject.toml | cut -d' ' -f1)
+  if [ -x .venv/bin/python ] && [ -f "$stamp" ] \
+      && { [ -z "$extras" ] && grep -q "^$digest " "$stamp" || grep -qxF "$digest $extras" "$stamp"; }; then
+    return 0
+  fi
   if ! python3 -c 'import ensurepip, venv' 2>/dev/null; then
     apt_ensure python3-venv
   fi
@@ -31,4 +40,9 @@ ensure_venv() {
   fi
   echo ">> installing imds${extras} into .venv"
   .venv/bin/python -m pip install -q --disable-pip-version-check -e ".${extras}"
+  if [ -f "$stamp" ] && grep -q "^$digest " "$stamp"; then
+    echo "$digest $extras" >> "$stamp"
+  else
+    echo "$digest $extras" > "$stamp"  # a new pyproject.toml: earlier installs no longer count
+  fi
 }

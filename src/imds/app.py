@@ -19,38 +19,39 @@ from imds.config import Settings
 from imds.errors import AuthNotConfigured, ImdsError
 from imds.metrics import Metrics
 from imds.services import Services
-from imds.services.auth import Authenticator, Chain, NoAuth, StaticTokens
-from imds.services.breaker import Breaker
-from imds.services.catalog import Catalog
+from imds.services.admission.auth import Authenticator, Chain, NoAuth, StaticTokens
+from imds.services.catalog.catalog import Catalog
 from imds.services.channel import Channel, ChannelLimits, EventHub
 from imds.services.demo import load_demo
-from imds.services.limits import Limits
-from imds.services.lookup import Lookup, LookupPolicy
-from imds.services.os_crypto import PrivateCipher
-from imds.services.os_definitions import OsDefinitions
-from imds.services.os_records import OsRecords
-from imds.services.proxied import SignedIdentity
-from imds.services.tokens import TokenIssuer
-from imds.services.upsert import Records
+from imds.services.ganeti.crypto import PrivateCipher
+from imds.services.ganeti.definitions import OsDefinitions
+from imds.services.ganeti.records import OsRecords
+from imds.services.identity.proxied import SignedIdentity
+from imds.services.identity.tokens import TokenIssuer
+from imds.services.lookup.breaker import Breaker
+from imds.services.lookup.pull import Lookup, LookupPolicy
+from imds.services.records.limits import Limits
+from imds.services.records.upsert import Records
 from imds.signing import read_secret
 from imds.store import Store, open_store
 from imds.upstream.auth import ClientCredentials, NoCredentials, OAuth2ClientCredentials, StaticBearer, UpstreamAuth
 from imds.upstream.client import UpstreamClient
 from imds.upstream.oidc import Discovery
-from imds.web.admin import admin_router
-from imds.web.audit_admin import audit_router
+from imds.web.admin.audit import audit_router
+from imds.web.admin.channel import channel_admin_router
+from imds.web.admin.docs import docs_router
+from imds.web.admin.explain import explain_router
+from imds.web.admin.ganeti import ganeti_admin_router
+from imds.web.admin.openstack import openstack_admin_router
+from imds.web.admin.push import admin_router
+from imds.web.admin.records import records_admin_router
+from imds.web.admin.refresh import refresh_router
+from imds.web.admin.ui import ui_router
 from imds.web.bounded import Bounded
-from imds.web.channel_admin import channel_admin_router
-from imds.web.docs import docs_router
 from imds.web.errors import handle_http_error, handle_imds_error, handle_unexpected
-from imds.web.explain_admin import explain_router
-from imds.web.ganeti_admin import ganeti_admin_router
 from imds.web.instance import InstanceFront
-from imds.web.openstack_admin import openstack_admin_router
 from imds.web.ops import ops_router
-from imds.web.records_admin import records_admin_router
-from imds.web.refresh import refresh_router
-from imds.web.ui import ui_router
+from imds.web.routes import API_V1, aliased
 
 _log = log.get("app")
 
@@ -78,7 +79,7 @@ def build_app(
         exception_handlers={ImdsError: handle_imds_error, HTTPException: handle_http_error,
                             Exception: handle_unexpected},
         openapi_url=None,  # served by ops_router, behind a token (read or metrics scope)
-        docs_url=None,  # imds.web.docs serves /docs with local assets (no CDN)
+        docs_url=None,  # imds.web.admin.docs serves /docs with local assets (no CDN)
         redoc_url=None,
         redirect_slashes=False,  # a 307 to http://<Host header>/… would be an open redirect: 404 as hollow
     )
@@ -87,14 +88,20 @@ def build_app(
     routers.append(ganeti_admin_router(services))  # Ganeti OS records
     routers.append(audit_router(services))  # the audit log (GET /audit)
     routers.append(explain_router(services))  # imds explain (GET /explain)
-    admin.include_router(ui_router(services))  # the admin web page (GET /ui) and its search/changes endpoints
-    for router in routers:
+    # (router, also under /api/v1), in the order they are included
+    mounted = [(ui_router(services), False), *((router, True) for router in routers)]  # ui: GET /ui and its search
+    mounted += [(ops_router(services, admin.openapi), False),
+                (docs_router(title=admin.title, openapi_url="/openapi.json"), False),
+                (channel_admin_router(services), False)]  # the host's side of the instance<->host channel
+    admin_paths: list[str] = []  # every admin path, aliases included: the front's metric groups
+    for router, versioned in mounted:
         admin.include_router(router)
-        admin.include_router(router, prefix="/api/v1", include_in_schema=False)
-    admin.include_router(ops_router(services, admin.openapi))
-    admin.include_router(docs_router(title=admin.title, openapi_url="/openapi.json"))
-    admin.include_router(channel_admin_router(services))  # the host's side of the instance<->host channel
-    return InstanceFront(services, admin)
+        paths = [str(getattr(route, "path", "")) for route in router.routes]
+        if versioned:
+            admin.include_router(router, prefix=API_V1, include_in_schema=False)
+            paths = [alias for path in paths for alias in aliased(path)]
+        admin_paths += paths
+    return InstanceFront(services, admin, admin_paths=admin_paths)
 
 
 def build_served_app(settings: Settings) -> Bounded:
@@ -181,14 +188,7 @@ def _lookup(
         )
         auth = OAuth2ClientCredentials(discovery.http, credentials, discovery=discovery)
     client = UpstreamClient(discovery.http, up.lookup_url, auth=auth, timeout=up.lookup_timeout)
-    policy = LookupPolicy(
-        timeout=up.lookup_timeout,
-        negative_ttl=up.lookup_negative_ttl,
-        refresh_after=up.lookup_refresh_after,
-        cache_ttl=up.lookup_cache_ttl,
-        concurrency=up.lookup_concurrency,
-        limits=limits_of(settings),
-    )
+    policy = up.fill(LookupPolicy, prefix="lookup_", limits=limits_of(settings))
     breaker = Breaker(failures=settings.lookup.lookup_breaker_failures, reset=settings.lookup.lookup_breaker_reset)
     return Lookup(client, records, catalog, metrics, policy=policy, breaker=breaker)
 
@@ -197,7 +197,7 @@ def _authenticator(settings: Settings, discovery: Discovery) -> Authenticator:
     static = StaticTokens.from_settings(settings.admin.admin_token, settings.admin.admin_tokens_file)
     jwt: Authenticator | None = None
     if settings.admin.oidc_issuer:
-        from imds.services.oidc import OidcVerifier  # noqa: PLC0415 - only when OIDC is configured
+        from imds.services.admission.oidc import OidcVerifier  # noqa: PLC0415 - only when OIDC is configured
 
         jwt = OidcVerifier(settings, discovery)
     if not static and jwt is None:

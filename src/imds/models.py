@@ -31,7 +31,7 @@ class Instance:
     userdata: bytes | None = None
     userdata_updated_at: datetime | None = None
     password: bytes | None = None  # OpenStack: posted once by the instance, cleared by an admin
-    os: OsRecord | None = None  # Ganeti OS installation (secrets are never here: see services/os_secrets.py)
+    os: OsRecord | None = None  # Ganeti OS installation (secrets are never here: see services/ganeti/memory.py)
 
 
 @dataclass(frozen=True)
@@ -142,7 +142,7 @@ class Event:
     created_at: datetime
 
 
-# --- the audit log (services/audit.py) ---------------------------------------------------------
+# --- the audit log (services/records/audit.py) ---------------------------------------------------------
 
 
 @dataclass(frozen=True)

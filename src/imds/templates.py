@@ -1,7 +1,8 @@
 """Template fields (``api_url``, ``phone_home_url``, ``user_state_url``) in hollow's syntax: compiling and rendering.
 
-A leaf (``imds.config`` compiles each configured field at load, so a bad one is refused
-naming its flag; ``imds.services.templates`` applies them to documents).
+A leaf: it imports only the leaves ``imds.errors`` and ``imds.models``, so the leaf
+``imds.config`` may compile each configured field at load (a bad one is refused naming its
+flag); ``imds.services.records.templates`` applies them to documents.
 
 hollow uses Go's text/template over the metadata document; operators write fields such
 as ``https://{{.facility}}.example/{{.id}}``. imds supports that subset: ``{{.key}}`` and

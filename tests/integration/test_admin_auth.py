@@ -16,7 +16,7 @@ from factories import metadata_body, new_id, next_ipv4, userdata_body
 from helpers import ADMIN_TOKEN, admin_client, client_from, make_settings, running_app
 from imds.app import build_app
 from imds.errors import ConfigError
-from imds.services.auth import ALL_SCOPES
+from imds.services.admission.auth import ALL_SCOPES
 from oidc_server import AUDIENCE, ISSUER_PATH, Issuer, dead_url, handmade_token, public_pem, running_issuer
 
 PREFIXES = ("", "/api/v1")
@@ -34,7 +34,7 @@ ROUTES: tuple[tuple[str, str, str, str], ...] = (
 )
 ROUTE_IDS = [f"{method} {path.removesuffix('/{id}')}" for method, path, _, _ in ROUTES]
 
-# hollow's scope table, written out independently of imds.services.auth.
+# hollow's scope table, written out independently of imds.services.admission.auth.
 UPSERT = {("upsert", "metadata"), ("upsert", "userdata")}
 READ = {("read", "metadata"), ("read", "userdata")}
 DELETE = {("delete", "metadata"), ("delete", "userdata")}

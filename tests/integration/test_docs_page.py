@@ -1,4 +1,10 @@
-"""``/docs`` works on an air-gapped host: every asset the page names is served by imds itself."""
+"""``/docs`` works on an air-gapped host: every asset the page names is served by imds itself.
+
+And it shows the API: a headless Chromium (Debian's ``chromium`` and ``chromium-driver``,
+driven by selenium as in ``test_admin_page.py``) opens the page of a real ``imds serve`` and
+reads the operations Swagger UI lists. FastAPI describes the API in OpenAPI 3.1, which
+Swagger UI 4 rendered as an empty page.
+"""
 
 from __future__ import annotations
 
@@ -6,13 +12,14 @@ import re
 
 import pytest
 
+from chromium import WAIT
 from helpers import client_from, running_app
-
-pytestmark = pytest.mark.anyio
+from serve_process import ADMIN_TOKEN, serving
 
 EXPECTED_TYPES = {".js": "text/javascript", ".css": "text/css", ".png": "image/png"}
 
 
+@pytest.mark.anyio
 async def test_docs_page_references_only_local_assets_that_answer():
     """Every src/href in /docs is a local path, and each answers 200 with the right type and real content."""
     async with running_app() as app, client_from(app) as client:
@@ -27,7 +34,7 @@ async def test_docs_page_references_only_local_assets_that_answer():
         assert "?token" not in page.text
         assert not [u for u in urls if "://" in u or u.startswith("//")], urls
         assert "cdn" not in page.text.lower()
-        assert {u.rsplit("/", 1)[1] for u in urls} == {"swagger-ui-bundle.js", "swagger-ui.css", "favicon-32x32.png"}
+        assert {u.rsplit("/", 1)[1] for u in urls} == {"swagger-ui-bundle.js", "swagger-ui.css", "favicon.png"}
         for url in urls:
             response = await client.get(url)
             assert response.status_code == 200, url
@@ -40,6 +47,7 @@ async def test_docs_page_references_only_local_assets_that_answer():
         assert b".swagger-ui" in css.content
 
 
+@pytest.mark.anyio
 async def test_only_the_listed_assets_are_served():
     """Other names (including paths out of the bundle) are 404, in the admin API's JSON error shape."""
     async with running_app() as app, client_from(app) as client:
@@ -47,3 +55,28 @@ async def test_only_the_listed_assets_are_served():
             response = await client.get(f"/docs/assets/{name}")
             assert response.status_code == 404, name
             assert "message" in response.json()
+
+
+def test_docs_page_shows_the_api_in_a_browser(tmp_path, browser):
+    """Swagger UI renders the spec: its title, and the admin operations, ``/device-metadata`` among them."""
+    from selenium.webdriver.common.by import By  # noqa: PLC0415
+    from selenium.webdriver.support import expected_conditions as ec  # noqa: PLC0415
+    from selenium.webdriver.support.ui import WebDriverWait  # noqa: PLC0415
+
+    with serving(tmp_path, "--demo") as server:
+        browser.get(f"{server.url}/healthz")  # same origin: the token the page would prompt for, stored first
+        browser.execute_script("sessionStorage.setItem('imds-admin-token', arguments[0]);", ADMIN_TOKEN)
+        browser.get(f"{server.url}/docs")
+        wait = WebDriverWait(browser, WAIT)
+        wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, ".swagger-ui .opblock-summary-path")))
+        paths = {element.text.replace("\u200b", "")
+                 for element in browser.find_elements(By.CSS_SELECTOR, ".swagger-ui .opblock-summary-path")}
+        title = browser.find_element(By.CSS_SELECTOR, ".swagger-ui .info .title").text
+        errors = browser.find_elements(By.CSS_SELECTOR, ".swagger-ui .errors-wrapper")
+        shot = tmp_path / "docs.png"
+        browser.save_screenshot(str(shot))
+        print(f"screenshot: {shot}")  # noqa: T201 - the path, for a person looking at a failure
+    assert "/device-metadata" in paths, paths
+    assert "/device-userdata/{instance_id}" in paths, paths
+    assert "imds" in title.lower(), title
+    assert errors == [], [e.text for e in errors]

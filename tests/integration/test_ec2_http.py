@@ -8,6 +8,7 @@ import json
 import shutil
 import subprocess
 import time
+import urllib.parse
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -21,11 +22,12 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
 
 from ec2_expected import HOLLOW_SEED, seed
-from helpers import admin_client, client_from, make_settings, running_app
+from helpers import admin_client, client_from, make_settings, push_record, running_app
 from imds import config
 from imds.errors import ConfigError
-from imds.services.tokens import TokenIssuer
+from imds.services.identity.tokens import TokenIssuer
 from imds.web.instance import InstanceFront
+from token_put_cases import FORWARDING, OTHER_PATHS, REFUSED, TOKEN_PATHS
 
 pytestmark = pytest.mark.anyio
 
@@ -47,19 +49,9 @@ OPENSSL = shutil.which("openssl")
 async def seeded(**overrides: Any) -> AsyncIterator[InstanceFront]:
     """A running app holding the seed document + userdata at SEED_IP and a second instance at OTHER_IP."""
     async with running_app(make_settings(**overrides)) as app:
-        await push(app, seed(), SEED_IP)
-        await push(app, {"id": OTHER_ID, "hostname": "other", "plan": "m3.small.x86"}, OTHER_IP)
+        await push_record(app, [SEED_IP], seed(), USERDATA)
+        await push_record(app, [OTHER_IP], {"id": OTHER_ID, "hostname": "other", "plan": "m3.small.x86"}, USERDATA)
         yield app
-
-
-async def push(app: InstanceFront, doc: dict[str, Any], ip: str, userdata: str = USERDATA) -> None:
-    async with admin_client(app) as admin:
-        for path, body in (
-            ("/device-metadata", {"id": doc["id"], "ipAddresses": [ip], "metadata": doc}),
-            ("/device-userdata", {"id": doc["id"], "ipAddresses": [ip], "userdata": userdata}),
-        ):
-            answer = await admin.post(path, json=body)
-            assert answer.json()["applied"] is True, answer.text
 
 
 async def get(app: InstanceFront, path: str, ip: str = SEED_IP, method: str = "GET", **kwargs: Any) -> httpx.Response:
@@ -70,8 +62,11 @@ async def get(app: InstanceFront, path: str, ip: str = SEED_IP, method: str = "G
 Raw = tuple[int, dict[str, str], bytes]
 
 
-async def raw(app: InstanceFront, path: str, ip: str = SEED_IP, method: str = "GET") -> Raw:
-    """Send ``path`` exactly as given (no client-side normalisation of '//' or '..')."""
+async def raw(
+    app: InstanceFront, path: str, ip: str = SEED_IP, method: str = "GET", headers: tuple[tuple[str, str], ...] = ()
+) -> Raw:
+    """Send ``path`` exactly as given (no client-side normalisation of '//' or '..'); a query after '?'."""
+    path, _, query = path.partition("?")
     scope = {
         "type": "http",
         "asgi": {"version": "3.0"},
@@ -79,10 +74,10 @@ async def raw(app: InstanceFront, path: str, ip: str = SEED_IP, method: str = "G
         "method": method,
         "scheme": "http",
         "path": path,
-        "raw_path": path.encode("utf-8"),
-        "query_string": b"",
+        "raw_path": urllib.parse.quote(path).encode(),
+        "query_string": query.encode(),
         "root_path": "",
-        "headers": [(b"host", b"imds.test")],
+        "headers": [(b"host", b"imds.test"), *((k.lower().encode(), v.encode()) for k, v in headers)],
         "client": (ip, 40000),
         "server": ("imds.test", 80),
     }
@@ -159,7 +154,7 @@ async def test_hollow_spot_and_missing_addresses_over_http():
     doc = {**seed(), "spot": {"termination_time": "20220707T13:13:13Z"}}
     doc["network"] = {"addresses": []}
     async with seeded() as app:
-        await push(app, doc, SEED_IP)
+        await push_record(app, [SEED_IP], doc, USERDATA)
         listing = await get(app, "/2009-04-04/meta-data/")
         assert listing.text == "instance-id\nhostname\niqn\nplan\nfacility\ntags\noperating-system\npublic-keys\nspot"
         assert (await get(app, "/2009-04-04/meta-data/spot")).text == "termination-time"
@@ -235,7 +230,7 @@ async def test_tags_and_spot_over_http():
     """Tags 'k=v' appear under tags/instance/ and spot/termination-time is served when set."""
     doc = {**seed(), "tags": ["role=web", "env=prod", "plain"], "spot": {"termination_time": "2030-01-01T00:00:00Z"}}
     async with seeded() as app:
-        await push(app, doc, SEED_IP)
+        await push_record(app, [SEED_IP], doc, USERDATA)
         assert (await get(app, "/latest/meta-data/tags/instance/")).text == "role\nenv"
         assert (await get(app, "/latest/meta-data/tags/instance/role")).text == "web"
         assert (await get(app, "/latest/meta-data/tags/instance/env/")).text == "prod"
@@ -421,6 +416,33 @@ async def test_a_token_put_through_a_proxy_is_refused_even_from_a_trusted_one():
         assert (proxied.status_code, proxied.text) == (200, "cc40301c-4038-4011-af55-6eae3ba60246")
 
 
+@pytest.mark.parametrize("path", TOKEN_PATHS)
+@pytest.mark.parametrize(("name", "value"), FORWARDING)
+async def test_every_forwarding_header_on_every_token_path_is_refused(name, value, path):
+    """The one token-PUT rule on serve itself: any forwarding header, any spelling of the token path → 403.
+
+    ``path`` is what the server decoded (``%74`` is ``t``); without the header the same PUT mints.
+    """
+    decoded = urllib.parse.unquote(path)
+    async with seeded(trusted_proxy=(ipaddress.ip_network(PROXY_NET),)) as app:
+        for peer in (SEED_IP, PROXY):
+            status, headers, body = await raw(app, decoded, ip=peer, method="PUT", headers=((TTL, "60"), (name, value)))
+            assert (status, headers["content-type"], body) == REFUSED
+        status, _, token = await raw(app, decoded, method="PUT", headers=((TTL, "60"),))
+        assert status == 200
+        assert token
+
+
+@pytest.mark.parametrize("path", OTHER_PATHS)
+async def test_other_spellings_of_the_token_path_mint_nothing(path):
+    """``//latest/api/token`` and case variants are not the token path: 404 or 405, with or without a proxy header."""
+    async with seeded() as app:
+        for extra in ((), (("X-Forwarded-For", SEED_IP),)):
+            status, _, body = await raw(app, urllib.parse.unquote(path), method="PUT", headers=((TTL, "60"), *extra))
+            assert (status, body) in {(404, b"404 - Not Found"), (404, b'{"message": "not found"}'),
+                                      (405, b"405 - Method Not Allowed")}
+
+
 async def test_a_token_is_bound_to_the_instance_that_minted_it():
     """Instance B presenting instance A's token is 401; A's own token works for A."""
     async with seeded() as app:
@@ -558,8 +580,8 @@ def openssl_verify(
 async def test_identity_document_fields_match_the_record(version):
     """The JSON document carries the record's id, region, zone, type, private IP, account and architecture."""
     async with seeded() as app:
-        await push(app, {**seed(), "project_id": "acct-42", "region": "us-west-2", "availability_zone": "us-west-2a"},
-                   SEED_IP)
+        zone = {"project_id": "acct-42", "region": "us-west-2", "availability_zone": "us-west-2a"}
+        await push_record(app, [SEED_IP], {**seed(), **zone}, USERDATA)
         document = json.loads((await get(app, f"/{version}/dynamic/instance-identity/document")).content)
         assert {k: document[k] for k in ("instanceId", "region", "availabilityZone", "instanceType", "privateIp",
                                           "accountId", "architecture", "imageId", "version")} == {

@@ -37,7 +37,7 @@ class CountingEvent(asyncio.Event):
 async def write_one(store: SqlStore) -> None:
     async with store.write() as tx:
         instance_id = new_id()
-        await tx.put_metadata(instance_id, {"id": instance_id})
+        await tx.put_records([(instance_id, {"id": instance_id})], [])
         await tx.mark_changed([instance_id])
 
 

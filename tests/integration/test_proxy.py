@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import socket
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,9 +16,19 @@ from typing import Any
 import httpx
 import pytest
 
+from helpers import wait_for
+from imds.services.identity.tokens import FORWARDING_HEADERS
 from imds.signing import sign
 from proxy_process import Proxy, proxying
 from serve_process import Server, client_at, free_port, run_imds, serving
+from token_put_cases import (
+    FORWARDING,
+    OTHER_PATHS,
+    WIRE_TOKEN_PATHS,
+    assert_answers_as_serve,
+    put,
+    recording_upstream,
+)
 
 ALPHA = "6a2f0c1e-1b1d-4d8e-9f00-0000000000a1"
 BETA = "6a2f0c1e-1b1d-4d8e-9f00-0000000000b2"
@@ -113,6 +122,29 @@ def test_forged_identity_headers_from_the_vm_are_overwritten(proxy: Proxy) -> No
     assert answer.json()["id"] == ALPHA
 
 
+def test_identity_and_forwarding_headers_the_vm_sent_never_reach_upstream(files: dict[str, Path]) -> None:
+    """What upstream receives: the proxy's one id, signature, tenant and X-Forwarded-For, none of the VM's copies."""
+    forged = [("X-Instance-ID", BETA), ("x-instance-id", BETA), ("X-Instance-ID-Signature", sign(SECRET, BETA)),
+              ("X-Tenant-ID", "tenant-b"), ("X-Forwarded-For", "10.81.0.2"), ("x-forwarded-for", "10.81.0.3"),
+              *FORWARDING, ("X-Kept", "yes")]
+    with recording_upstream() as recorder:
+        args = ("--upstream", recorder.url, "--shared-secret-file", str(files["secret"]), "--map", str(files["map"]))
+        with proxying(files["base"], *args) as running:
+            for source, instance_id, tenant in ((VM_A, ALPHA, ["tenant-a"]), (VM_B, BETA, [])):
+                answer = vm(source, running, "GET", "/latest/meta-data/instance-id", headers=forged)
+                assert (answer.status_code, answer.text) == (200, "ok")
+                assert recorder.last("x-instance-id") == [instance_id]
+                assert recorder.last("x-instance-id-signature") == [sign(SECRET, instance_id)]
+                assert recorder.last("x-tenant-id") == tenant
+                assert recorder.last("x-forwarded-for") == [source]  # the proxy's own: the peer alone
+                assert recorder.last("x-kept") == ["yes"]  # the VM's other headers pass
+                for name in FORWARDING_HEADERS:
+                    if name != "x-forwarded-for":
+                        assert recorder.last(name) == [], name
+                added = [name for name, _ in recorder.requests[-1] if name.startswith("x-forwarded-")]
+                assert added == ["x-forwarded-for"]
+
+
 def test_an_unknown_source_gets_404_with_a_body(proxy: Proxy, server: Server) -> None:
     answer = vm(UNKNOWN, proxy, "GET", "/metadata", headers={"X-Instance-ID": ALPHA})
     assert answer.status_code == 404
@@ -140,6 +172,25 @@ def test_imdsv2_token_put_then_get_through_the_proxy(proxy: Proxy) -> None:
     # A token PUT relayed by a reverse proxy inside the VM is refused, as AWS refuses it.
     relayed = vm(VM_A, proxy, "PUT", "/latest/api/token", headers={TTL: "120", "X-Forwarded-For": "10.9.9.9"})
     assert relayed.status_code == 403
+
+
+@pytest.mark.parametrize("path", WIRE_TOKEN_PATHS + OTHER_PATHS)
+@pytest.mark.parametrize(("name", "value"), FORWARDING)
+def test_a_token_put_through_the_proxy_answers_what_serve_answers(
+    proxy: Proxy, server: Server, name: str, value: str, path: str
+) -> None:
+    """Any forwarding header, any spelling of the path: the proxy refuses as serve does, or serve itself answers."""
+    assert_answers_as_serve(int(proxy.url.rsplit(":", 1)[1]), int(server.url.rsplit(":", 1)[1]), (name, value), path,
+                            VM_A)
+
+
+@pytest.mark.parametrize("path", WIRE_TOKEN_PATHS)
+def test_without_a_forwarding_header_every_token_path_mints_through_the_proxy(proxy: Proxy, path: str) -> None:
+    """The refusal is the header's doing: the same PUTs without one mint a token bound to the VM."""
+    status, _, token = put("127.0.0.1", int(proxy.url.rsplit(":", 1)[1]), path, {TTL: "60"}, VM_B)
+    assert status == 200
+    read = vm(VM_B, proxy, "GET", "/latest/meta-data/instance-id", headers={TOKEN: token.decode()})
+    assert (read.status_code, read.text) == (200, BETA)
 
 
 def test_botocore_through_the_proxy(proxy: Proxy) -> None:
@@ -170,18 +221,20 @@ def test_map_reloads_on_sighup_and_on_change(files: dict[str, Path], server: Ser
         staged = write(base / "map.json.new", json.dumps({VM_B: {"instance_id": BETA, "tenant_id": None}}))
         staged.replace(mapping)
         proxy.reload()
-        assert poll(lambda: vm(VM_B, proxy, "GET", "/metadata").status_code == 200), proxy.output()
+        wait_for(lambda: vm(VM_B, proxy, "GET", "/metadata").status_code == 200,
+                 what="VM B served after the reload", explain=proxy.output)
         assert vm(VM_A, proxy, "GET", "/metadata").status_code == 404
         # A broken file is logged and the previous table kept.
         write(mapping, "{not json")
         proxy.reload()
-        assert poll(lambda: "proxy.map_invalid" in proxy.output()), proxy.output()
+        wait_for(lambda: "proxy.map_invalid" in proxy.output(), what="proxy.map_invalid logged", explain=proxy.output)
         assert vm(VM_B, proxy, "GET", "/metadata").json()["id"] == BETA
     write(mapping, "{}")  # a file that does not parse at startup is fatal; an empty map is not
     with proxying(base, *args, "--map-poll-interval", "0.1") as proxy:
         assert vm(VM_A, proxy, "GET", "/metadata").status_code == 404
         write(mapping, f"{VM_A} {ALPHA}\n")
-        assert poll(lambda: vm(VM_A, proxy, "GET", "/metadata").status_code == 200), proxy.output()
+        wait_for(lambda: vm(VM_A, proxy, "GET", "/metadata").status_code == 200,
+                 what="VM A served again", explain=proxy.output)
 
 
 def test_tenant_mismatch_from_the_map_is_404(files: dict[str, Path], server: Server) -> None:
@@ -242,27 +295,6 @@ def test_config_errors_name_the_flag(tmp_path: Path) -> None:
     assert "--map" in missing.stderr
 
 
-def poll(check: Any, timeout: float = 10.0) -> bool:
-    """Whether ``check()`` becomes true within ``timeout`` seconds (bounded polling, no fixed sleep)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        time.sleep(0.05)
-    return False
-
-
-def _until(check: Any, what: str, bound: float = 20.0) -> Any:
-    """Poll ``check()`` (bounded) until it returns something truthy; that value."""
-    deadline = time.monotonic() + bound
-    while time.monotonic() < deadline:
-        found = check()
-        if found:
-            return found
-        time.sleep(0.05)
-    pytest.fail(f"not within {bound}s: {what}")
-
-
 def test_one_vm_cannot_hold_more_than_its_requests(files: dict[str, Path], server: Server) -> None:
     """Two unfinished posts fill VM A's share (--max-requests-per-source 2): its next request is refused.
 
@@ -279,14 +311,14 @@ def test_one_vm_cannot_hold_more_than_its_requests(files: dict[str, Path], serve
                          b"Content-Length: 10\r\n\r\n")
             held.append(sock)
         try:
-            refused = _until(lambda: (r := vm(VM_A, running, "GET", "/metadata")).status_code == 429 and r,
-                             "VM A's third request refused")
+            refused = wait_for(lambda: (r := vm(VM_A, running, "GET", "/metadata")).status_code == 429 and r,
+                               what="VM A's third request refused", timeout=20)
             assert refused.headers["retry-after"] == "1"
             assert "--max-requests-per-source 2" in refused.json()["message"]
             assert vm(VM_B, running, "GET", "/metadata").json()["id"] == BETA
         finally:
             for sock in held:
                 sock.close()
-        served = _until(lambda: (r := vm(VM_A, running, "GET", "/metadata")).status_code == 200 and r,
-                        "VM A served again")
+        served = wait_for(lambda: (r := vm(VM_A, running, "GET", "/metadata")).status_code == 200 and r,
+                          what="VM A served again", timeout=20)
         assert served.json()["id"] == ALPHA

@@ -1,8 +1,8 @@
-"""The batch forms of a write transaction (imds import) give what the single forms give, in every store.
+"""The batch forms of a write transaction (imds import) give what their items give one by one, in every store.
 
 Each scenario runs on the store under test (memory, SQLite, PostgreSQL: the ``store``
-fixture) with the batch forms, and on a fresh MemoryStore with the single forms one after
-another (the reference); results and final contents must be equal.
+fixture) with whole batches, and on a fresh MemoryStore with batches of one item, one
+after another (the reference); results and final contents must be equal.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import pytest
 from factories import new_id
 from imds.metrics import Metrics
 from imds.models import MetadataWrite, Network, UserdataWrite
-from imds.services.catalog import Catalog
-from imds.services.upsert import Records
+from imds.services.catalog.catalog import Catalog
+from imds.services.records.upsert import Records
 from imds.store import MemoryStore, Store
 
 pytestmark = pytest.mark.anyio
@@ -31,14 +31,14 @@ async def contents(store: Store) -> dict[str, tuple]:
     return {i.id: (sorted(map(str, i.addresses)), i.metadata, i.userdata) for i in instances}
 
 
-async def test_batch_forms_equal_the_single_forms_in_order(store: Store) -> None:
+async def test_batch_forms_equal_their_items_one_by_one(store: Store) -> None:
     """Records, then addresses that move within the batch and from outside it, a repeated id, dropped ones."""
     x, a, b = new_id(), new_id(), new_id()
     reference = MemoryStore()
     for target in (store, reference):
         async with target.write() as tx:
-            await tx.put_metadata(x, {"id": x})
-            await tx.replace_addresses(x, nets("10.50.0.1/32", "10.50.0.2/32", "fd50::/64"))
+            await tx.put_records([(x, {"id": x})], [])
+            await tx.replace_addresses_many([(x, nets("10.50.0.1/32", "10.50.0.2/32", "fd50::/64"))])
     lists: Sequence[tuple[str, tuple[Network, ...]]] = [
         (a, nets("10.50.0.1/32", "10.50.0.3/32")),  # takes one of x's
         (b, nets("10.50.0.3/32", "fd50::/64")),  # takes a's new one and x's network
@@ -53,11 +53,11 @@ async def test_batch_forms_equal_the_single_forms_in_order(store: Store) -> None
         batch = await tx.replace_addresses_many(lists)
         await tx.mark_changed([x, a, b])
     async with reference.write() as tx:
-        for instance_id, document in metadata:
-            await tx.put_metadata(instance_id, document)
-        for instance_id, data in userdata:
-            await tx.put_userdata(instance_id, data)
-        single = [await tx.replace_addresses(instance_id, addresses) for instance_id, addresses in lists]
+        for item in metadata:
+            await tx.put_records([item], [])
+        for item in userdata:
+            await tx.put_records([], [item])
+        single = [(await tx.replace_addresses_many([item]))[0] for item in lists]
         await tx.mark_changed([x, a, b])
     assert batch == single
     assert batch[2] == ({}, nets("10.50.0.1/32"))

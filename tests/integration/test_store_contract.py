@@ -1,6 +1,6 @@
 """One contract for every Store: memory://, SQLite and PostgreSQL behave the same.
 
-Each test runs once per implementation (the ``store_url`` fixture) through
+Each test runs once per implementation (the ``db_url`` fixture) through
 ``imds.store.open_store``, the way the service opens its store.
 """
 
@@ -14,12 +14,12 @@ from datetime import UTC, datetime
 import pytest
 
 from factories import new_id
-from imds.errors import RecordNotFound
+from imds.errors import InvalidInput, RecordNotFound
 from imds.metrics import Metrics
 from imds.models import METADATA, USERDATA, MetadataWrite, Network, UserdataWrite
-from imds.services.catalog import Catalog
-from imds.services.entry import Entry, RenderCache
-from imds.services.upsert import Records
+from imds.services.catalog.catalog import Catalog
+from imds.services.catalog.entry import Entry, RenderCache
+from imds.services.records.upsert import Records
 from imds.store import Store, WriteTx
 
 pytestmark = pytest.mark.anyio
@@ -47,11 +47,10 @@ async def holders(store: Store) -> dict[Network, str]:
 async def put(store: Store, instance_id: str, addresses: tuple[Network, ...] = (), **records: object):
     """One write transaction that stores the given records and address list and marks the instance changed."""
     async with store.write() as tx:
-        if "metadata" in records:
-            await tx.put_metadata(instance_id, records["metadata"])  # type: ignore[arg-type]
-        if "userdata" in records:
-            await tx.put_userdata(instance_id, records["userdata"])  # type: ignore[arg-type]
-        result = await tx.replace_addresses(instance_id, addresses)
+        metadata = [(instance_id, records["metadata"])] if "metadata" in records else []
+        userdata = [(instance_id, records["userdata"])] if "userdata" in records else []
+        await tx.put_records(metadata, userdata)  # type: ignore[arg-type]
+        (result,) = await tx.replace_addresses_many([(instance_id, addresses)])
         await tx.mark_changed([instance_id, *result[0].values()])
     return result
 
@@ -108,9 +107,26 @@ async def test_one_record_type_leaves_the_other_absent(store: Store) -> None:
         assert not await tx.has_record(METADATA, only_userdata)
         assert await tx.has_record(METADATA, only_metadata)
         assert not await tx.has_record(USERDATA, only_metadata)
-        assert await tx.metadata_of(only_metadata) == {"k": "v"}
-        assert await tx.metadata_of(only_userdata) is None
-        assert await tx.metadata_of(new_id()) is None
+        assert await tx.metadata_of_many([only_metadata]) == {only_metadata: {"k": "v"}}
+        assert await tx.metadata_of_many([only_userdata]) == {}
+        assert await tx.metadata_of_many([new_id()]) == {}
+
+
+async def test_an_unknown_record_kind_is_refused(store: Store) -> None:
+    """has_record and remove_record refuse any kind but metadata and userdata (InvalidInput); no table is guessed."""
+    instance_id = new_id()
+    await put(store, instance_id, metadata={"k": "v"}, userdata=b"u")
+    async with store.write() as tx:
+        for kind in ("password", "os", "Userdata", ""):
+            with pytest.raises(InvalidInput) as refused:
+                await tx.has_record(kind, instance_id)
+            assert [problem.field for problem in refused.value.problems] == ["kind"]
+            assert repr(kind) in refused.value.problems[0].message
+            with pytest.raises(InvalidInput):
+                await tx.remove_record(kind, instance_id)
+    kept = await store.get(instance_id)
+    assert kept is not None
+    assert (kept.metadata, kept.userdata) == ({"k": "v"}, b"u")
 
 
 async def test_put_replaces_the_record(store: Store) -> None:
@@ -258,7 +274,7 @@ async def test_json_metadata_round_trips_exactly(store: Store) -> None:
     assert numbers["big"] == 2**53 + 1
     assert type(numbers["float"]) is float
     async with store.write() as tx:
-        assert await tx.metadata_of(instance_id) == METADATA_DOC
+        assert await tx.metadata_of_many([instance_id]) == {instance_id: METADATA_DOC}
 
 
 async def test_binary_userdata_round_trips_exactly(store: Store) -> None:
@@ -280,7 +296,7 @@ async def test_mark_changed_sequence_strictly_increases(store: Store) -> None:
     """Each marked id gets its own feed entry; seqs strictly increase across and within transactions."""
     a, b, c = new_id(), new_id(), new_id()
     async with store.write() as tx:
-        await tx.put_metadata(a, {})
+        await tx.put_records([(a, {})], [])
         await tx.mark_changed([a, b, a])  # one entry per id, in first-seen order
     async with store.write() as tx:
         await tx.mark_changed([c])
@@ -317,7 +333,7 @@ async def test_changes_since_is_ordered_and_respects_limit(store: Store) -> None
 async def test_write_without_changes_leaves_feed_alone(store: Store) -> None:
     """A transaction that marks nothing changed appends nothing to the feed."""
     async with store.write() as tx:
-        await tx.put_metadata(new_id(), {})
+        await tx.put_records([(new_id(), {})], [])
     instances, position = await store.snapshot()
     assert len(instances) == 1
     assert position == 0
@@ -401,11 +417,11 @@ async def test_exception_in_write_rolls_everything_back(store: Store) -> None:
 
     async def everything_then_fail() -> None:
         async with store.write() as tx:
-            await tx.put_metadata(a, {"v": 2})
-            await tx.put_userdata(a, b"a2")
-            await tx.put_metadata(fresh, {"v": "fresh"})
-            await tx.replace_addresses(fresh, nets("10.2.0.2/32", "10.2.0.9/32"))  # moves one of a's
-            await tx.replace_addresses(a, nets("10.2.0.3/32"))  # drops a's, moves b's
+            await tx.put_records([(a, {"v": 2})], [])
+            await tx.put_records([], [(a, b"a2")])
+            await tx.put_records([(fresh, {"v": "fresh"})], [])
+            await tx.replace_addresses_many([(fresh, nets("10.2.0.2/32", "10.2.0.9/32"))])  # moves one of a's
+            await tx.replace_addresses_many([(a, nets("10.2.0.3/32"))])  # drops a's, moves b's
             await tx.remove_record(METADATA, b)
             await tx.forget_instance(b)
             await tx.mark_changed([a, b, fresh])
@@ -434,7 +450,7 @@ async def test_failed_write_does_not_block_the_next(store: Store) -> None:
 
     async def fail() -> None:
         async with store.write() as tx:
-            await tx.put_userdata(instance_id, b"never")
+            await tx.put_records([], [(instance_id, b"never")])
             await tx.mark_changed([instance_id])
             raise Boom
 
@@ -448,7 +464,7 @@ async def test_failed_write_does_not_block_the_next(store: Store) -> None:
     assert [c.instance_id for c in await store.changes_since(0)] == [instance_id]
 
 
-# --- Records (services/upsert.py) over each store --------------------------------------
+# --- Records (services/records/upsert.py) over each store --------------------------------------
 
 
 @pytest.fixture

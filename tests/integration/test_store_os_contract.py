@@ -36,7 +36,7 @@ def record(generation: str = "g1", **overrides: object) -> OsRecord:
 async def with_instance(store: Store) -> str:
     instance_id = new_id()
     async with store.write() as tx:
-        await tx.put_metadata(instance_id, {"id": instance_id})
+        await tx.put_records([(instance_id, {"id": instance_id})], [])
         await tx.mark_changed([instance_id])
     return instance_id
 

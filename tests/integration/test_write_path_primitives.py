@@ -16,18 +16,12 @@ import pytest
 from factories import new_id
 from imds.metrics import Metrics
 from imds.models import METADATA, USERDATA, AuditEvent, MetadataWrite, Network, UserdataWrite
-from imds.services.catalog import Catalog
-from imds.services.upsert import Records
+from imds.services.catalog.catalog import Catalog
+from imds.services.records.upsert import Records
 from imds.store import Store, open_store
 from sql_counting import counting
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def db_url(request: pytest.FixtureRequest) -> str:
-    """A migrated SQLite file or PostgreSQL database."""
-    return str(request.getfixturevalue("sqlite_url" if request.param == "sqlite" else "postgres_url"))
 
 
 class Boom(Exception):
@@ -80,7 +74,7 @@ async def test_a_block_that_raises_leaves_neither_its_records_nor_its_audit_rows
     async def block(n: int) -> None:
         await gate.wait()
         async with store.write() as tx:
-            await tx.put_metadata(ids[n], {"n": n})
+            await tx.put_records([(ids[n], {"n": n})], [])
             await tx.mark_changed([ids[n]])
             event = AuditEvent(subject="t", instance_id=ids[n], action="write", kind=METADATA, applied=True, detail={})
             await tx.append_audit_many([event])
@@ -98,6 +92,7 @@ async def test_a_block_that_raises_leaves_neither_its_records_nor_its_audit_rows
     assert sorted(await store.get_many(ids)) == audited
 
 
+@pytest.mark.stores("sqlite", "postgres")
 async def test_channel_writes_join_the_groups_of_record_writes(db_url: str) -> None:
     """Events, messages and upserts released at once share commits; each is durable once acknowledged."""
     store, reader = open_store(db_url), open_store(db_url)

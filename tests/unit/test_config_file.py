@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from imds.config import effective, layered, load
+from imds.config import OPTIONS, effective, layered, load
 from imds.errors import ConfigError
 
 
@@ -25,7 +25,7 @@ def test_the_file_sets_options_and_flags_and_env_override_it(tmp_path):
     assert settings.store.migrate is False
     assert [str(n) for n in settings.callers.trusted_proxy] == ["10.0.0.0/8", "10.1.0.0/16"]
     env = {"IMDS_CONFIG": str(path), "IMDS_LOG_LEVEL": "warning", "IMDS_MAX_BODY_BYTES": "4096"}
-    sources = layered({"max_body_bytes": 8192}, env)
+    sources = layered({"max_body_bytes": 8192}, env, OPTIONS)
     assert sources["max_body_bytes"] == (8192, "flag")
     assert sources["log_level"] == ("warning", "env")
     assert sources["listen"] == (("127.0.0.1:9000",), "file")

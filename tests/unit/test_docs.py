@@ -6,12 +6,14 @@ from pathlib import Path
 
 from imds.config import OPTIONS, options_table
 
-README = Path(__file__).parents[2] / "README.md"
+ROOT = Path(__file__).parents[2]
+README = ROOT / "README.md"
+CONFIGURATION = ROOT / "docs" / "configuration.md"
 
 
-def test_readme_configuration_table_is_the_generated_one():
-    """README's table is exactly options_table(): every option, its flag, env var, default and help."""
-    text = README.read_text()
+def test_configuration_table_is_the_generated_one():
+    """docs/configuration.md's table is exactly options_table(): every option, its flag, env var, default and help."""
+    text = CONFIGURATION.read_text()
     start = text.index("| flag | environment |")
     table = text[start : text.index("\n\n", start)]
     assert table == options_table(), "regenerate: python -c 'from imds.config import options_table; ...'"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import tempfile
 import tomllib
@@ -60,3 +61,51 @@ def test_gate_tools_are_pinned_exactly():
     pins = {re.split(r"[=<>~!\[ ]", spec, maxsplit=1)[0].lower(): spec for spec in extra}
     for tool in GATES:
         assert re.fullmatch(rf"{re.escape(tool)}==[0-9][0-9a-z.]*", pins[tool], re.IGNORECASE), pins.get(tool)
+
+FAKE_PYTHON3 = """#!/bin/sh
+# python3 for scripts/serve's install step: "-m venv DIR" makes a venv whose python logs each
+# call (pip's included, and never reaching a network) and whose imds says how it was run.
+[ "$1" = "-c" ] && exit 0
+if [ "$1" = "-m" ] && [ "$2" = "venv" ]; then
+  mkdir -p "$3/bin"
+  printf '#!/bin/sh\\necho "python $*" >> "$CALLS"\\n' > "$3/bin/python"
+  printf '#!/bin/sh\\necho "imds $*" >> "$CALLS"\\n' > "$3/bin/imds"
+  chmod +x "$3/bin/python" "$3/bin/imds"
+  exit 0
+fi
+echo "unexpected python3 $*" >&2
+exit 3
+"""
+
+
+def test_serve_installs_once_then_starts_without_pip(tmp_path):
+    """scripts/serve installs when .venv is missing or pyproject.toml changed, never on a plain restart."""
+    checkout = tmp_path / "checkout"
+    (checkout / "scripts").mkdir(parents=True)
+    for name in ("serve", "lib.sh"):
+        shutil.copy(ROOT / "scripts" / name, checkout / "scripts" / name)
+    shutil.copy(ROOT / "pyproject.toml", checkout / "pyproject.toml")
+    shim = tmp_path / "bin" / "python3"
+    shim.parent.mkdir()
+    shim.write_text(FAKE_PYTHON3)
+    shim.chmod(0o755)
+    calls = tmp_path / "calls.log"
+    env = {"PATH": f"{shim.parent}:/usr/bin:/bin", "HOME": str(tmp_path), "CALLS": str(calls)}
+
+    def serve(*args: str) -> list[str]:
+        before = calls.read_text().splitlines() if calls.exists() else []
+        done = subprocess.run(["bash", "scripts/serve", *args], cwd=checkout, env=env, capture_output=True,
+                              text=True, timeout=60, check=False)
+        assert done.returncode == 0, done.stderr
+        return calls.read_text().splitlines()[len(before):]
+
+    pip = "python -m pip install -q --disable-pip-version-check -e ."
+    assert serve("--demo") == [pip, "imds serve --demo"]
+    assert serve("--demo") == ["imds serve --demo"]  # the restart: no pip, so no network needed
+    assert serve() == ["imds serve"]
+    with (checkout / "pyproject.toml").open("a") as file:
+        file.write("\n# a changed pyproject.toml\n")
+    assert serve() == [pip, "imds serve"]
+    assert serve() == ["imds serve"]
+    shutil.rmtree(checkout / ".venv")
+    assert serve() == [pip, "imds serve"]

@@ -3,10 +3,14 @@
 One frontend listens on tap-meta's addresses (in the metadata namespace when there is one,
 through haproxy's ``namespace`` bind option). Each VM port is one ``acl`` on its Meta IPv4
 and IPv6 source address and one backend that sets the signed identity headers, replacing
-whatever the VM sent, and forwards to ``--upstream``. Anything else gets a 404 from haproxy
-itself. Each port may hold at most ``--max-connections-per-source`` open connections (one
-counter per port, over its Meta IPv4 and IPv6 alike, in a stick table; sources that are no
-port's share one counter); a connection over it is closed as soon as it is accepted. The
+whatever the VM sent, drops every forwarding header the VM sent (``X-Forwarded-For`` and
+the rest of ``imds.services.identity.tokens.FORWARDING_HEADERS``), and forwards to
+``--upstream``. Anything else gets a 404 from haproxy itself. An IMDSv2 token PUT (any
+path serve takes for the token path) carrying a forwarding header is refused by haproxy
+with serve's own answer (403, ``403 - Forbidden``), before those headers are dropped.
+Each port may hold at most ``--max-connections-per-source`` open connections (one counter
+per port, over its Meta IPv4 and IPv6 alike, in a stick table; sources that are no port's
+share one counter); a connection over it is closed as soon as it is accepted. The
 signature is precomputed here (``imds.signing.sign``), so the shared secret is never
 written to disk; the file holds per-instance signatures and is kept mode 0600.
 
@@ -32,9 +36,12 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from imds.errors import ConfigError, HaproxyFailed
+from imds.services.identity.tokens import FORWARDING_HEADERS, FORWARDING_PREFIX, TOKEN_PATH_PATTERN
 
 _TOKEN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$")
 READY_TIMEOUT = 15.0
+# imds serve's answer to a token PUT through a proxy (Refused, as imds.web.errors maps it).
+TOKEN_REFUSED = (403, "text/plain; charset=utf-8", "403 - Forbidden")
 STOP_TIMEOUT = 10.0
 
 
@@ -115,7 +122,8 @@ def _backend(index: int, backend: Backend, upstream: Upstream) -> list[str]:
         f"    http-request set-header X-Instance-ID {backend.instance_id}",
         f"    http-request set-header X-Instance-ID-Signature {backend.signature}",
         tenant,
-        "    http-request del-header X-Forwarded-For",
+        *(f"    http-request del-header {name}" for name in FORWARDING_HEADERS),
+        f"    http-request del-header {FORWARDING_PREFIX} -m beg",
         f"    server imds {upstream.address}{tls}",
         "",
     ]
@@ -134,6 +142,22 @@ def _per_source_cap(ports: int, limit: int) -> list[str]:
         *(f"    tcp-request connection track-sc0 str(vm{index}) if vm{index}" for index in range(ports)),
         "    tcp-request connection track-sc0 str(unknown)",  # the first track-sc0 that applies wins
         f"    tcp-request connection reject if {{ sc0_conn_cur gt {limit} }}",
+    ]
+
+
+def _token_put_through_a_proxy() -> list[str]:
+    """Refuse a token PUT that carries a forwarding header, as serve would (the backends drop those headers).
+
+    The path is matched decoded (``path,url_dec``), as serve sees it; header names
+    (``req.hdr_names``) match whatever their case and value, an empty one included.
+    """
+    names = "|".join([*FORWARDING_HEADERS, FORWARDING_PREFIX + "[^,]*"])
+    status, content_type, body = TOKEN_REFUSED
+    refuse = f'http-request return status {status} content-type "{content_type}" string "{body}"'
+    return [
+        f"    acl token_path path,url_dec -m reg '^{TOKEN_PATH_PATTERN}\\z'",
+        f"    acl forwarding req.hdr_names -m reg -i (^|,)({names})(,|$)",
+        f"    {refuse} if METH_PUT token_path forwarding",
     ]
 
 
@@ -158,6 +182,7 @@ def render(frontend: Frontend, backends: Sequence[Backend], upstream: Upstream) 
     ]
     lines += [f"    acl vm{index} src {' '.join(backend.sources)}" for index, backend in enumerate(ordered)]
     lines += _per_source_cap(len(ordered), frontend.max_connections_per_source)
+    lines += _token_put_through_a_proxy()
     lines += [f"    use_backend vm{index} if vm{index}" for index in range(len(ordered))]
     lines += [
         "    default_backend unknown",

@@ -8,8 +8,8 @@ from typing import Any
 import click
 
 from imds import log
-from imds.cli.options import settings_options
-from imds.config import AGENT_OPTIONS, load_agent
+from imds.cli.options import resolve_command, settings_options
+from imds.config import AGENT, AGENT_OPTIONS
 from imds.errors import ConfigError, ImdsError
 from imds.signing import read_secret
 
@@ -25,8 +25,8 @@ def agent(**flags: Any) -> None:
     """Give each VM port a Meta IP/MAC, program br-int/br-meta and serve them through one haproxy."""
     from imds.agent.loop import Agent  # noqa: PLC0415 - loads only when the agent runs
 
+    settings = resolve_command(AGENT, flags)
     try:
-        settings = load_agent(flags)
         secret = read_secret(settings.shared_secret_file, "--shared-secret-file")
         runner = Agent(settings, secret)
     except ConfigError as exc:

@@ -1,14 +1,16 @@
-"""Click options generated from ``imds.config.OPTIONS`` so flags and env vars cannot drift."""
+"""Click options generated from a command's option table (``imds.config``) so flags and env vars cannot drift."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 
-from imds.config import CONFIG_OPTION, OPTIONS, Option, Settings, load
+from imds.config import CONFIG_OPTION, OPTIONS, SERVE, Command, Option, Settings, load_command
 from imds.errors import ConfigError
+
+T = TypeVar("T")
 
 _TYPES: dict[str, Any] = {"int": int, "float": float, "path": click.Path(), "str": str, "list": str}
 
@@ -28,10 +30,8 @@ def _decorator(option: Option) -> Callable[[Any], Any]:
 
 
 def settings_options(names: tuple[str, ...] | None = None, table: tuple[Option, ...] = OPTIONS) -> Callable[[Any], Any]:
-    """Add the flags for ``names`` (all options of ``table`` when None) to a click command."""
-    chosen = [o for o in table if names is None or o.name in names]
-    if table is OPTIONS:  # every command that reads Settings also reads the config file
-        chosen.insert(0, CONFIG_OPTION)
+    """Add ``--config`` and the flags for ``names`` (all options of ``table`` when None) to a click command."""
+    chosen = [CONFIG_OPTION, *(o for o in table if names is None or o.name in names)]
 
     def apply(command: Any) -> Any:
         for option in reversed(chosen):
@@ -42,11 +42,16 @@ def settings_options(names: tuple[str, ...] | None = None, table: tuple[Option, 
 
 
 def resolve(flags: dict[str, Any]) -> Settings:
-    """Settings from these flags plus the environment; a config error exits with status 2.
+    """``imds serve``'s Settings from these flags plus the environment and config file; errors exit with status 2.
 
-    ``load`` checks everything, the template fields included (each must compile).
+    Everything is checked, the template fields included (each must compile).
     """
+    return resolve_command(SERVE, flags)
+
+
+def resolve_command(command: Command[T], flags: dict[str, Any]) -> T:
+    """``command``'s settings from these flags plus the environment and config file; errors exit with status 2."""
     try:
-        return load(flags)
+        return load_command(command, flags)
     except ConfigError as exc:
         raise click.UsageError(exc.message) from exc

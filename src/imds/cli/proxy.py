@@ -8,10 +8,10 @@ from typing import Any
 import click
 
 from imds import log
-from imds.cli.options import settings_options
+from imds.cli.options import resolve_command, settings_options
 from imds.cli.serve import bind
 from imds.cli.servers import run_uvicorn
-from imds.config import PROXY_OPTIONS, ProxySettings, load_proxy
+from imds.config import PROXY, PROXY_OPTIONS, ProxySettings
 from imds.errors import ConfigError
 from imds.proxy.forward import ForwardPolicy, ProxyApp
 from imds.proxy.identify import Identifier
@@ -35,15 +35,7 @@ def identifier_for(settings: ProxySettings) -> Identifier:
 def build(settings: ProxySettings) -> ProxyApp:
     """The proxy app for ``settings``; the secret is read here, once, and never logged."""
     secret = read_secret(settings.shared_secret_file, "--shared-secret-file")
-    policy = ForwardPolicy(
-        upstream=settings.upstream,
-        timeout=settings.timeout,
-        connect_timeout=settings.connect_timeout,
-        max_connections=settings.max_connections,
-        max_body_bytes=settings.max_body_bytes,
-        max_requests_per_source=settings.max_requests_per_source,
-    )
-    return ProxyApp(identifier_for(settings), secret, policy)
+    return ProxyApp(identifier_for(settings), secret, settings.fill(ForwardPolicy))
 
 
 def run(settings: ProxySettings) -> None:
@@ -72,10 +64,7 @@ def run(settings: ProxySettings) -> None:
 @settings_options(table=PROXY_OPTIONS)
 def proxy(**flags: Any) -> None:
     """Per-host proxy: identify the calling VM, sign its id, forward to imds serve."""
-    try:
-        settings = load_proxy(flags)
-    except ConfigError as exc:
-        raise click.UsageError(exc.message) from exc
+    settings = resolve_command(PROXY, flags)
     log.configure(settings.log_level)
     # httpx narrates every forwarded request at INFO: that is an access log, which the proxy does not keep.
     logging.getLogger("httpx").setLevel(logging.WARNING)

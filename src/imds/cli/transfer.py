@@ -3,7 +3,7 @@
 Input: JSON lines, a JSON array, or a directory of per-instance ``*.json`` files, each
 object one instance (``id``, ``ipAddresses``, ``metadata`` and/or ``userdata``, as ``imds
 export`` writes and ``POST /device-metadata`` / ``/device-userdata`` take). Items go in
-batches, each one transaction (``imds.services.bulk``); an item that would change nothing
+batches, each one transaction (``imds.services.records.bulk``); an item that would change nothing
 is ``unchanged`` and not written, so a re-run reports everything unchanged. Progress goes to
 stderr (a bar on a terminal, a line every few seconds otherwise); the summary and every
 rejected item (with its line and reason) go to stdout.
@@ -23,7 +23,7 @@ import click
 
 from imds.cli.records import SUBJECT, Target, target_options
 from imds.errors import InvalidInput
-from imds.services.bulk import OUTCOMES, Item, Result, parse_item, rejected
+from imds.services.records.bulk import OUTCOMES, Item, Result, parse_item, rejected
 
 BATCH_BYTES = 512 * 1024  # per POST /device-records, under the default --max-body-bytes (1 MiB)
 
@@ -205,7 +205,7 @@ def _run(  # noqa: PLR0913 - the pieces of one import
 
 def _item_object(item: Item) -> dict[str, Any]:
     """The wire object of a parsed item, for POST /device-records (normalised, so parsed once more the same)."""
-    from imds.services.addresses import display  # noqa: PLC0415
+    from imds.services.catalog.addresses import display  # noqa: PLC0415
 
     first = item.metadata or item.userdata
     assert first is not None  # noqa: S101 - parse_item guarantees one part
@@ -217,7 +217,7 @@ def _item_object(item: Item) -> dict[str, Any]:
 
         obj["userdata"], obj["userdata_encoding"] = base64.b64encode(item.userdata.userdata).decode(), "base64"
     if item.os is not None:
-        from imds.services.os_transfer import os_write_to_wire  # noqa: PLC0415
+        from imds.services.ganeti.transfer import os_write_to_wire  # noqa: PLC0415
 
         obj["os"] = os_write_to_wire(item.os)
     return obj
@@ -267,7 +267,7 @@ def export(destination: str, fmt: str, no_private: bool, **flags: Any) -> None:
             records: Iterator[dict[str, Any]] = target.remote.lines(f"/device-records{query}")
             count = _write(records, destination, fmt)
         else:
-            from imds.services.records_io import to_wire  # noqa: PLC0415
+            from imds.services.records.readout import to_wire  # noqa: PLC0415
 
             async def read(offline: Any) -> list[Any]:
                 cipher = offline.os.cipher

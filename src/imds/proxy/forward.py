@@ -4,12 +4,14 @@ Raw ASGI (no framework) on the hot path. For every request:
 
 - the socket peer (never a header) goes to the ``Identifier``; unknown → 404 with a body,
   without contacting upstream;
-- every copy the VM sent of ``X-Instance-ID``, ``X-Instance-ID-Signature``, ``X-Tenant-ID``,
-  ``X-Forwarded-For``, ``Forwarded`` and ``X-Real-IP`` is dropped, with the hop-by-hop
-  headers, and the proxy's own are added (``X-Forwarded-For`` is the peer alone);
-- an IMDSv2 token PUT that carried ``X-Forwarded-For`` from the VM is refused (403) here,
-  as AWS refuses it: the VM's own header is about to be overwritten, so ``imds serve``
-  could no longer tell (the rule is in ``imds.services.proxied``);
+- every copy the VM sent of ``X-Instance-ID``, ``X-Instance-ID-Signature``, ``X-Tenant-ID``
+  and of every forwarding header (``imds.services.identity.tokens.FORWARDING_HEADERS``,
+  any ``X-Forwarded-*``) is dropped, with the hop-by-hop headers, and the proxy's own are
+  added (``X-Forwarded-For`` is the peer alone);
+- an IMDSv2 token PUT (any path serve takes for the token path) that carried a forwarding
+  header from the VM is refused here with serve's own answer (403, ``403 - Forbidden``),
+  as AWS refuses it: the VM's headers are about to be dropped, so ``imds serve`` could no
+  longer tell (the rule is in ``imds.services.identity.tokens``);
 - the request (and its body, read whole up to ``max_body_bytes``) goes over a keep-alive
   pool (``imds.proxy.upstream``); status, headers (minus hop-by-hop) and body stream back;
 - an upstream that cannot be reached or times out → 503 (504 is not used: instances
@@ -26,8 +28,9 @@ from typing import Any
 from imds import log
 from imds.proxy.identify import Identifier, Identity
 from imds.proxy.upstream import UpstreamFailed, UpstreamPool, UpstreamTimeout
-from imds.services.addresses import parse_host
-from imds.services.ratelimit import InFlight
+from imds.services.admission.ratelimit import InFlight
+from imds.services.catalog.addresses import parse_host
+from imds.services.identity.tokens import FORWARDING_HEADERS, FORWARDING_PREFIX, forwarding, is_token_path
 from imds.signing import INSTANCE_ID_HEADER, SIGNATURE_HEADER, TENANT_HEADER, sign
 
 Scope = MutableMapping[str, Any]
@@ -39,13 +42,16 @@ HOP_BY_HOP = frozenset(
     {b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"proxy-connection",
      b"te", b"trailer", b"transfer-encoding", b"upgrade"}
 )
-# What only the proxy may say about who is calling: every client-sent copy is dropped.
+# What only the proxy may say about who is calling: every client-sent copy is dropped
+# (and so is any other ``X-Forwarded-*``).
 IDENTITY_HEADERS = frozenset(
     {INSTANCE_ID_HEADER.encode(), SIGNATURE_HEADER.encode(), TENANT_HEADER.encode(),
-     b"x-forwarded-for", b"forwarded", b"x-real-ip"}
+     *(name.encode() for name in FORWARDING_HEADERS)}
 )
 _DROPPED = HOP_BY_HOP | IDENTITY_HEADERS | {b"content-length", b"host", b"expect"}
-_TOKEN_PATH = "/latest/api/token"  # noqa: S105 - a path, not a secret
+_FORWARDED_PREFIX = FORWARDING_PREFIX.encode()
+# imds serve's answer to a token PUT through a proxy (Refused, as imds.web.errors maps it).
+TOKEN_REFUSED = (403, b"403 - Forbidden", b"text/plain; charset=utf-8")
 JSON = b"application/json"
 
 
@@ -106,8 +112,8 @@ class ProxyApp:
             _log.debug("proxy.unknown_peer", peer=str(peer) if peer else None, path=scope["path"])
             await _answer(send, *_reply(404, f"no instance is associated with {peer or 'an unidentified caller'}"))
             return
-        if scope["method"] == "PUT" and scope["path"] == _TOKEN_PATH and _has(scope, b"x-forwarded-for"):
-            await _answer(send, 403, b"403 - Forbidden", b"text/plain; charset=utf-8")
+        if scope["method"] == "PUT" and is_token_path(scope["path"]) and forwarding(scope["headers"]):
+            await _answer(send, *TOKEN_REFUSED)
             return
         source = str(peer)
         if not self._in_flight.enter(source):
@@ -153,7 +159,7 @@ class ProxyApp:
             response.close()
 
     def _headers(self, scope: Scope, identity: Identity, peer: str) -> list[tuple[bytes, bytes]]:
-        headers = [(k, v) for k, v in scope["headers"] if k not in _DROPPED]
+        headers = [(k, v) for k, v in scope["headers"] if k not in _DROPPED and not k.startswith(_FORWARDED_PREFIX)]
         instance_id = identity.instance_id
         signature = self._signatures.get(instance_id)
         if signature is None:

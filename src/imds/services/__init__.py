@@ -17,18 +17,18 @@ from imds import log
 from imds.config import Settings
 from imds.errors import StoreUnavailable
 from imds.metrics import Metrics
-from imds.services.auth import Authenticator
-from imds.services.catalog import Catalog
+from imds.services.admission.auth import Authenticator
+from imds.services.catalog.catalog import Catalog
 from imds.services.channel import Channel
-from imds.services.identity import IdentitySigner
-from imds.services.limits import Limits
-from imds.services.lookup import Lookup
-from imds.services.os_records import OsRecords
-from imds.services.proxied import SignedIdentity
-from imds.services.proxytrust import warn_stored
-from imds.services.templates import Template
-from imds.services.tokens import TokenIssuer
-from imds.services.upsert import Records
+from imds.services.ganeti.records import OsRecords
+from imds.services.identity.document import IdentitySigner
+from imds.services.identity.proxied import SignedIdentity
+from imds.services.identity.proxytrust import warn_stored
+from imds.services.identity.tokens import TokenIssuer
+from imds.services.lookup.pull import Lookup
+from imds.services.records.limits import Limits
+from imds.services.records.templates import Template
+from imds.services.records.upsert import Records
 from imds.store import Store
 
 _log = log.get("services")
@@ -48,8 +48,8 @@ class Services:
     http: httpx.AsyncClient
     tokens: TokenIssuer
     channel: Channel
+    os: OsRecords  # Ganeti OS records: always there (no OS definition is loaded without --os-definitions-dir)
     lookup: Lookup | None = None
-    os: OsRecords | None = None  # Ganeti OS records; always set by build_services
     limits: Limits = field(default_factory=Limits)
     signed: SignedIdentity | None = None
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)

@@ -25,7 +25,7 @@ from typing import Any
 from imds import log
 from imds.errors import Conflict, InvalidInput, NotFound, PayloadTooLarge, Problem, StoreUnavailable
 from imds.models import Event
-from imds.services.ratelimit import RateLimiter
+from imds.services.admission.ratelimit import RateLimiter
 from imds.store.interface import Store
 
 _log = log.get("channel")

@@ -7,7 +7,7 @@ import json
 from importlib import resources
 
 from imds.models import MetadataWrite, UserdataWrite
-from imds.services.upsert import Records
+from imds.services.records.upsert import Records
 
 DEMO_ADDRESSES = (ipaddress.ip_network("127.0.0.1/32"), ipaddress.ip_network("::1/128"))
 DEMO_USERDATA = b"#!/bin/sh\necho 'hello from imds'\n"

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from imds.configdrive import MEDIA_TYPE, iso_bytes
 from imds.errors import InvalidInput
 from imds.models import METADATA, Instance
+from imds.services.records.upsert import Records
 from imds.services.render.drive import CONFIG_2, FORMATS, LABELS, NOCLOUD, Format, layout
-from imds.services.upsert import Records
 
 __all__ = ["CONFIG_2", "FORMATS", "LABELS", "MEDIA_TYPE", "NOCLOUD", "Drive", "build_drive", "drive_format", "image"]
 

@@ -18,16 +18,16 @@ from collections.abc import Callable
 from typing import Any
 
 from imds.models import PRIVATE, PUBLIC, SECRET, Address, Instance, Network
-from imds.services.addresses import AddressIndex, display
-from imds.services.os_records import active
-from imds.services.records_io import InstanceNotStored
+from imds.services.catalog.addresses import AddressIndex, display
+from imds.services.ganeti.records import active
+from imds.services.records.readout import InstanceNotStored
+from imds.services.records.templates import Template
+from imds.services.records.wire import parse_instance_id
 from imds.services.render.ec2 import aws_meta_data
 from imds.services.render.json import metadata_bytes
 from imds.services.render.nocloud import nocloud_tree
 from imds.services.render.openstack import meta_data_document
 from imds.services.render.tree import body, resolve
-from imds.services.templates import Template
-from imds.services.wire import parse_instance_id
 
 PREVIEW_BYTES = 200
 MASKED = {PRIVATE: "<private>", SECRET: "<secret>"}

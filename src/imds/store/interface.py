@@ -1,7 +1,7 @@
 """The storage protocol that ``imds.services`` owns and the stores implement.
 
 A store holds primitives only; the rules (full IP lists, last write wins, the staleness
-guard, delete semantics) live in ``imds.services.upsert`` and run inside ``write()``.
+guard, delete semantics) live in ``imds.services.records.upsert`` and run inside ``write()``.
 
 Every ``write()`` block is all-or-nothing: it is serialised against every other writer
 (across processes too), durable when the block exits, and leaves nothing behind if the
@@ -22,7 +22,8 @@ from contextlib import AbstractAsyncContextManager
 from datetime import datetime
 from typing import NamedTuple, Protocol, runtime_checkable
 
-from imds.models import AuditEntry, AuditEvent, Change, Event, Instance, JsonObject, Network, OsRecord
+from imds.errors import InvalidInput
+from imds.models import RECORD_KINDS, AuditEntry, AuditEvent, Change, Event, Instance, JsonObject, Network, OsRecord
 from imds.store.journal import Journal
 
 
@@ -55,39 +56,45 @@ def stored_form(instance: Instance) -> StoredInstance:
 
 @runtime_checkable
 class WriteTx(Protocol):
-    """The operations available inside one write transaction."""
+    """The operations available inside one write transaction: exactly those the services call.
+
+    Records and addresses are written in batch form (one statement per step for many
+    instances; a batch of one is a single write): the results are those of applying the
+    items one after another, in order.
+    """
 
     journal: Journal  # what this block did, complete once the block has exited
 
-    async def metadata_of(self, instance_id: str) -> JsonObject | None:
-        """The stored metadata document, or None when there is none."""
-        ...
-
     async def has_record(self, kind: str, instance_id: str) -> bool:
-        """Whether a ``metadata`` or ``userdata`` record exists for the instance."""
+        """Whether a ``metadata`` or ``userdata`` record exists for the instance (another kind: InvalidInput)."""
         ...
 
-    async def put_metadata(self, instance_id: str, document: JsonObject) -> None:
-        """Create or replace the metadata record (creating the instance if needed)."""
+    async def metadata_of_many(self, instance_ids: Sequence[str]) -> dict[str, JsonObject]:
+        """The stored metadata documents of those instances that have one."""
         ...
 
-    async def put_userdata(self, instance_id: str, userdata: bytes) -> None:
-        """Create or replace the userdata record (creating the instance if needed)."""
+    async def put_records(
+        self, metadata: Sequence[tuple[str, JsonObject]], userdata: Sequence[tuple[str, bytes]]
+    ) -> None:
+        """Create or replace each (instance, record) pair's record, creating the instance if needed.
+
+        The last pair for an id wins.
+        """
+        ...
+
+    async def replace_addresses_many(
+        self, lists: Sequence[tuple[str, Sequence[Network]]]
+    ) -> list[tuple[dict[Network, str], tuple[Network, ...]]]:
+        """Make each (instance, addresses) the instance's whole address list, in order; each one's (moved, dropped).
+
+        Addresses held by other instances move to this one (creating it if needed): ``moved``
+        maps each taken address to its previous holder, ``dropped`` lists the instance's
+        former addresses that are no longer listed.
+        """
         ...
 
     async def remove_record(self, kind: str, instance_id: str) -> bool:
-        """Delete one record type; False when it was absent."""
-        ...
-
-    async def replace_addresses(
-        self, instance_id: str, addresses: Sequence[Network]
-    ) -> tuple[dict[Network, str], tuple[Network, ...]]:
-        """Make ``addresses`` the instance's whole address list.
-
-        Addresses held by other instances move to this one. Returns (moved, dropped):
-        ``moved`` maps each taken address to its previous holder, ``dropped`` lists the
-        instance's former addresses that are no longer listed.
-        """
+        """Delete one record type (``metadata`` or ``userdata``; another kind: InvalidInput); False when absent."""
         ...
 
     async def forget_instance(self, instance_id: str) -> None:
@@ -121,25 +128,6 @@ class WriteTx(Protocol):
         """Delete the OS record; False when there was none."""
         ...
 
-    # Batch forms (imds import): one statement per step for many instances, same results
-    # as calling the single forms one after another.
-
-    async def metadata_of_many(self, instance_ids: Sequence[str]) -> dict[str, JsonObject]:
-        """The stored metadata documents of those instances that have one."""
-        ...
-
-    async def put_records(
-        self, metadata: Sequence[tuple[str, JsonObject]], userdata: Sequence[tuple[str, bytes]]
-    ) -> None:
-        """``put_metadata`` / ``put_userdata`` for each pair (the last pair for an id wins)."""
-        ...
-
-    async def replace_addresses_many(
-        self, lists: Sequence[tuple[str, Sequence[Network]]]
-    ) -> list[tuple[dict[Network, str], tuple[Network, ...]]]:
-        """``replace_addresses`` for each (instance, addresses) in order; each one's (moved, dropped)."""
-        ...
-
     async def append_audit(self, event: AuditEvent) -> None:
         """Record an admin change in the audit log, in this transaction."""
         ...
@@ -147,6 +135,16 @@ class WriteTx(Protocol):
     async def append_audit_many(self, events: Sequence[AuditEvent]) -> None:
         """``append_audit`` for each event, in order (one statement)."""
         ...
+
+
+def record_kind(kind: str) -> str:
+    """``kind`` when it names a record type a store keeps (``metadata``, ``userdata``); InvalidInput otherwise.
+
+    A store never guesses: an unknown kind is a caller's mistake, not a table to fall back to.
+    """
+    if kind not in RECORD_KINDS:
+        raise InvalidInput.one("kind", f"unknown record kind {kind!r}: expected one of {', '.join(RECORD_KINDS)}")
+    return kind
 
 
 @runtime_checkable

@@ -1,14 +1,31 @@
 """What a write block did, so the writing process can update its catalog without re-reading.
 
 Each ``Store.write()`` block records its primitive operations in a ``Journal`` as the
-store carried them out (values as the store holds them, its own timestamps). Blocks
-committed together (group commit) share one ordered ``group`` list. ``start`` is the
-change-feed position the block began from and ``end`` the position after it: a catalog
-that has applied everything up to ``start`` reaches exactly the store's state at ``end``
-by replaying ``ops``; otherwise it must catch up from the feed instead. ``before`` is the
-group this process committed just before, when this one follows on from it: a caller
-that hears of its commit first replays the earlier group too, rather than re-reading
-the store (their callers resume in any order).
+store carried them out (values as the store holds them, its own timestamps). ``start``
+is the change-feed position the block began from and ``end`` the position after it: a
+catalog that has applied everything up to ``start`` reaches exactly the store's state at
+``end`` by replaying ``ops``; otherwise it must catch up from the feed instead.
+
+The journal chain, and its one owner type, ``Group``:
+
+- Who appends: the store. Every journal that commits joins exactly one ``Group`` (the
+  blocks committed in one transaction; a group commit may hold many, the memory store
+  makes one group per block) with ``Group.add``, in commit order. Once a group is
+  committed, the SQL group commit calls ``Group.follow(previous)`` with the group it
+  committed just before; the group links to it (``before``) only when it starts exactly
+  where that one ended. (The memory store links nothing: a journal of it that does not
+  start at the catalog's position makes the catalog catch up from the feed instead.)
+- Who walks: the writing process's catalog (``Catalog.written``), after the block's
+  ``write()`` has exited. ``Group.pending()`` hands it the groups it has not fully
+  applied yet, from the journal's own group back along ``before``, oldest first, and
+  cuts the links it walked.
+- The invariant: along ``before``, groups are contiguous in the feed (each starts where
+  the one before it ended) and in commit order, and their members are in commit order;
+  so a catalog at the start of the oldest pending group reaches the end of the newest by
+  replaying every member in turn. Blocks' callers resume in any order: one that hears of
+  its commit first replays the earlier groups too, rather than re-reading the store.
+  Links are cut once walked, so the chain only ever holds groups whose callers have not
+  all resumed.
 """
 
 from __future__ import annotations
@@ -18,8 +35,10 @@ from datetime import datetime
 
 from imds.models import Network
 
-# Record fields an operation can set or clear ("metadata", "userdata", "password", "os").
+# Operation kinds. The fields a put or remove sets or clears are ``Instance`` fields:
+# the record kinds ("metadata", "userdata"), PASSWORD and OS.
 PUT, REMOVE, ADDRESSES, FORGET = "put", "remove", "addresses", "forget"
+PASSWORD, OS = "password", "os"
 
 
 @dataclass(frozen=True)
@@ -46,9 +65,8 @@ class Journal:
     start: int = 0
     end: int = 0
     ops: list[Op] = field(default_factory=list)
-    group: list[Journal] = field(default_factory=list)
+    group: Group | None = None  # the group it committed in (set by ``Group.add``)
     applied: bool = False  # set by the catalog that replayed it (or caught up past it)
-    before: list[Journal] | None = None  # the group committed just before, if this follows on from it
 
     def touched(self) -> list[str]:
         """Every instance id an operation of this block changed, first-seen order."""
@@ -57,3 +75,43 @@ class Journal:
             ids[op.instance_id] = None
             ids.update(dict.fromkeys((op.moved or {}).values()))
         return list(ids)
+
+    def pending(self) -> list[Group]:
+        """``Group.pending`` of this journal's group (a journal that joined none stands alone)."""
+        return (self.group or Group(self.start).add(self)).pending()
+
+
+class Group:
+    """The journals committed in one transaction, in commit order; one link of the journal chain."""
+
+    __slots__ = ("before", "end", "members", "start")
+
+    def __init__(self, start: int) -> None:
+        self.start = self.end = start
+        self.members: list[Journal] = []
+        self.before: Group | None = None  # the group committed just before, when this one follows on from it
+
+    def add(self, journal: Journal) -> Group:
+        """Writer: ``journal`` committed (or is committing) in this group, after the members so far."""
+        journal.group = self
+        self.members.append(journal)
+        self.end = journal.end
+        return self
+
+    def follow(self, previous: Group | None) -> None:
+        """Writer: this group was committed right after ``previous``; link them if the feed runs on."""
+        if previous is not None and previous.end == self.start:
+            self.before = previous
+
+    def pending(self) -> list[Group]:
+        """Walker: this group and those before it holding a journal not yet applied, oldest first.
+
+        The links walked are cut: whatever the caller does with them, they are not needed again.
+        """
+        chain: list[Group] = []
+        group: Group | None = self
+        while group is not None and not all(member.applied for member in group.members):
+            chain.append(group)
+            group, chain[-1].before = group.before, None
+        chain.reverse()
+        return chain

@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 
 from imds.models import (
     METADATA,
+    RECORD_KINDS,
     USERDATA,
     AuditEntry,
     AuditEvent,
@@ -26,8 +27,8 @@ from imds.models import (
     Network,
     OsRecord,
 )
-from imds.store.interface import StoredInstance, stored_form
-from imds.store.journal import ADDRESSES, FORGET, PUT, REMOVE, Journal, Op
+from imds.store.interface import StoredInstance, record_kind, stored_form
+from imds.store.journal import ADDRESSES, FORGET, OS, PASSWORD, PUT, REMOVE, Group, Journal, Op
 
 
 @dataclass
@@ -61,42 +62,34 @@ class _MemoryTx:
     def __init__(self, state: _State) -> None:
         self._s = state
         self.journal = Journal(start=_head(state), end=_head(state))
-        self.journal.group.append(self.journal)
-
-    async def metadata_of(self, instance_id: str) -> JsonObject | None:
-        row = self._s.rows.get(instance_id)
-        return copy.deepcopy(row.metadata) if row else None
 
     async def has_record(self, kind: str, instance_id: str) -> bool:
         row = self._s.rows.get(instance_id)
-        if row is None:
-            return False
-        return (row.metadata if kind == METADATA else row.userdata) is not None
+        return row is not None and getattr(row, record_kind(kind)) is not None
 
-    async def put_metadata(self, instance_id: str, document: JsonObject) -> None:
-        row = self._s.rows.setdefault(instance_id, _Row())
-        row.metadata = copy.deepcopy(document)
-        row.metadata_updated_at = datetime.now(UTC)
-        self.journal.ops.append(Op(PUT, instance_id, METADATA, copy.deepcopy(document), row.metadata_updated_at))
+    async def metadata_of_many(self, instance_ids: Sequence[str]) -> dict[str, JsonObject]:
+        rows = ((instance_id, self._s.rows.get(instance_id)) for instance_id in instance_ids)
+        return {i: copy.deepcopy(row.metadata) for i, row in rows if row is not None and row.metadata is not None}
 
-    async def put_userdata(self, instance_id: str, userdata: bytes) -> None:
-        row = self._s.rows.setdefault(instance_id, _Row())
-        row.userdata = bytes(userdata)
-        row.userdata_updated_at = datetime.now(UTC)
-        self.journal.ops.append(Op(PUT, instance_id, USERDATA, row.userdata, row.userdata_updated_at))
+    async def put_records(
+        self, metadata: Sequence[tuple[str, JsonObject]], userdata: Sequence[tuple[str, bytes]]
+    ) -> None:
+        now = datetime.now(UTC)
+        for instance_id, document in metadata:
+            row = self._s.rows.setdefault(instance_id, _Row())
+            row.metadata, row.metadata_updated_at = copy.deepcopy(document), now
+            self.journal.ops.append(Op(PUT, instance_id, METADATA, copy.deepcopy(document), now))
+        for instance_id, data in userdata:
+            row = self._s.rows.setdefault(instance_id, _Row())
+            row.userdata, row.userdata_updated_at = bytes(data), now
+            self.journal.ops.append(Op(PUT, instance_id, USERDATA, row.userdata, now))
 
-    async def remove_record(self, kind: str, instance_id: str) -> bool:
-        if not await self.has_record(kind, instance_id):
-            return False
-        row = self._s.rows[instance_id]
-        if kind == METADATA:
-            row.metadata, row.metadata_updated_at = None, None
-        else:
-            row.userdata, row.userdata_updated_at = None, None
-        self.journal.ops.append(Op(REMOVE, instance_id, kind))
-        return True
+    async def replace_addresses_many(
+        self, lists: Sequence[tuple[str, Sequence[Network]]]
+    ) -> list[tuple[dict[Network, str], tuple[Network, ...]]]:
+        return [self._replace_addresses(instance_id, addresses) for instance_id, addresses in lists]
 
-    async def replace_addresses(
+    def _replace_addresses(
         self, instance_id: str, addresses: Sequence[Network]
     ) -> tuple[dict[Network, str], tuple[Network, ...]]:
         wanted = set(addresses)
@@ -110,6 +103,9 @@ class _MemoryTx:
         self._s.rows.setdefault(instance_id, _Row())
         self.journal.ops.append(Op(ADDRESSES, instance_id, value=tuple(addresses), moved=moved))
         return moved, dropped
+
+    async def remove_record(self, kind: str, instance_id: str) -> bool:
+        return self._clear(instance_id, record_kind(kind))
 
     async def forget_instance(self, instance_id: str) -> None:
         self._s.rows.pop(instance_id, None)
@@ -128,16 +124,11 @@ class _MemoryTx:
         if row.password is not None:
             return False
         row.password = bytes(password)
-        self.journal.ops.append(Op(PUT, instance_id, "password", row.password))
+        self.journal.ops.append(Op(PUT, instance_id, PASSWORD, row.password))
         return True
 
     async def remove_password(self, instance_id: str) -> bool:
-        row = self._s.rows.get(instance_id)
-        if row is None or row.password is None:
-            return False
-        row.password = None
-        self.journal.ops.append(Op(REMOVE, instance_id, "password"))
-        return True
+        return self._clear(instance_id, PASSWORD)
 
     async def os_of(self, instance_id: str) -> OsRecord | None:
         row = self._s.rows.get(instance_id)
@@ -145,40 +136,29 @@ class _MemoryTx:
 
     async def put_os(self, instance_id: str, record: OsRecord) -> None:
         self._s.rows[instance_id].os = record
-        self.journal.ops.append(Op(PUT, instance_id, "os", record))
+        self.journal.ops.append(Op(PUT, instance_id, OS, record))
 
     async def remove_os(self, instance_id: str) -> bool:
+        return self._clear(instance_id, OS)
+
+    def _clear(self, instance_id: str, name: str) -> bool:
+        """Clear one field of the instance's row (and a record's time); False when it was not set."""
         row = self._s.rows.get(instance_id)
-        if row is None or row.os is None:
+        if row is None or getattr(row, name) is None:
             return False
-        row.os = None
-        self.journal.ops.append(Op(REMOVE, instance_id, "os"))
+        setattr(row, name, None)
+        if name in RECORD_KINDS:
+            setattr(row, f"{name}_updated_at", None)
+        self.journal.ops.append(Op(REMOVE, instance_id, name))
         return True
 
-    async def metadata_of_many(self, instance_ids: Sequence[str]) -> dict[str, JsonObject]:
-        found = {instance_id: await self.metadata_of(instance_id) for instance_id in instance_ids}
-        return {instance_id: document for instance_id, document in found.items() if document is not None}
-
-    async def put_records(
-        self, metadata: Sequence[tuple[str, JsonObject]], userdata: Sequence[tuple[str, bytes]]
-    ) -> None:
-        for instance_id, document in metadata:
-            await self.put_metadata(instance_id, document)
-        for instance_id, data in userdata:
-            await self.put_userdata(instance_id, data)
-
-    async def replace_addresses_many(
-        self, lists: Sequence[tuple[str, Sequence[Network]]]
-    ) -> list[tuple[dict[Network, str], tuple[Network, ...]]]:
-        return [await self.replace_addresses(instance_id, addresses) for instance_id, addresses in lists]
-
     async def append_audit(self, event: AuditEvent) -> None:
-        seq = self._s.audit[-1].seq + 1 if self._s.audit else 1
-        self._s.audit.append(AuditEntry(seq, datetime.now(UTC), event))
+        await self.append_audit_many([event])
 
     async def append_audit_many(self, events: Sequence[AuditEvent]) -> None:
         for event in events:
-            await self.append_audit(event)
+            seq = self._s.audit[-1].seq + 1 if self._s.audit else 1
+            self._s.audit.append(AuditEntry(seq, datetime.now(UTC), event))
 
 
 def _head(state: _State) -> int:
@@ -201,6 +181,7 @@ class MemoryStore:
             tx = _MemoryTx(staged)
             yield tx
             self._state = staged
+            Group(tx.journal.start).add(tx.journal)  # a group of one: memory commits each block alone
 
     async def changed(self, within: float) -> None:
         """Wait ``within`` seconds: this process's own writes are its only writes."""

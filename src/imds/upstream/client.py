@@ -2,7 +2,7 @@
 
 ``GET {base}/device-metadata/{id}``, ``{base}/device-metadata?ip_address={ip}`` and the
 same for ``device-userdata``. 200 → the JSON body (``{"id", "ipAddresses", "metadata" |
-"userdata"}``, parsed by ``imds.services.wire``); 404 → None; anything else, a timeout or a
+"userdata"}``, parsed by ``imds.services.records.wire``); 404 → None; anything else, a timeout or a
 transport failure → ``UpstreamError``. A base URL with or without a trailing slash works.
 """
 

@@ -1,31 +1,26 @@
-"""Wraps the handlers of the flavors listed in ``--instance-auth`` with the anti-SSRF check.
+"""Wraps the guarded routes (``imds.web.routes``) of the flavors listed in ``--instance-auth``.
 
-The check itself lives in ``imds.services.instance_auth``; this module reads the headers
+The check itself lives in ``imds.services.identity.instance_auth``; this module reads the headers
 and answers a refusal in the flavor's own error style (JSON for the Equinix flavor, plain
 text ``401 - Unauthorized`` for the others).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 from imds import log
 from imds.config import INSTANCE_AUTH_FLAVORS
 from imds.errors import ImdsError
 from imds.services import Services
-from imds.services.instance_auth import InstanceAuth
-from imds.web.errors import error_parts
+from imds.services.identity.instance_auth import InstanceAuth
+from imds.web.errors import status_for
 from imds.web.replies import plain
-from imds.web.routing import JSON, Handler, Locator, Reply, Scope, header
+from imds.web.routing import Handler, InstanceCall, Locator, Reply, error_reply, header
 
 _log = log.get("instance_auth")
 
 
 def _refusal(flavor: str, exc: ImdsError) -> Reply:
-    if flavor == "json":
-        status, body, headers = error_parts(exc)
-        return Reply(status, body, JSON, tuple(headers))
-    return plain(error_parts(exc)[0])
+    return error_reply(exc) if flavor == "json" else plain(status_for(exc))
 
 
 class FlavorGuard:
@@ -41,21 +36,19 @@ class FlavorGuard:
             _log.warning("instance_auth.partial", imdsv2="required", open_flavors=open_flavors,
                          hint="--instance-auth all (breaks cloud-init's OpenStack and NoCloud-Net datasources)")
 
-    def wrap(self, flavor: str, handlers: Mapping[str, Handler]) -> dict[str, Handler]:
-        """``handlers`` as they are, or guarded when ``flavor`` is protected."""
+    def wrap(self, flavor: str, handler: Handler) -> Handler:
+        """The handler of a guarded route of ``flavor``: as it is, or checked first when ``flavor`` is protected."""
         if flavor not in self._protected:
-            return dict(handlers)
-        return {key: self._guarded(flavor, handler) for key, handler in handlers.items()}
+            return handler
 
-    def _guarded(self, flavor: str, handler: Handler) -> Handler:
-        async def caller_id(scope: Scope) -> str:
-            return (await self._locator.entry(scope, count=False)).instance.id
+        async def caller_id(call: InstanceCall) -> str:
+            return (await self._locator.entry(call, count=False)).instance.id
 
-        async def guarded(scope: Scope) -> Reply:
+        async def guarded(call: InstanceCall) -> Reply:
             try:
-                await self._auth.check(lambda name: header(scope, name.encode()), lambda: caller_id(scope))
+                await self._auth.check(lambda name: header(call.scope, name.encode()), lambda: caller_id(call))
             except ImdsError as exc:
                 return _refusal(flavor, exc)
-            return await handler(scope)
+            return await handler(call)
 
         return guarded

@@ -16,10 +16,10 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.responses import Response
 
 from imds.services import Services
-from imds.services.auth import ops_scopes
-from imds.services.readiness import readiness
+from imds.services.admission.auth import ops_scopes
+from imds.services.catalog.readiness import readiness
 from imds.services.render.json import encode
-from imds.web.adminauth import authorize
+from imds.web.admin.auth import authorize
 from imds.web.errors import JSON
 
 

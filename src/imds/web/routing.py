@@ -1,29 +1,58 @@
-"""What the instance-facing flavors share: the reply type and finding the calling instance."""
+"""What the instance-facing flavors share: the request, the reply type and finding the calling instance."""
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from enum import Enum
+from typing import Any, Final, Literal
 
+from imds.errors import ImdsError
 from imds.models import METADATA, Address, Network
-from imds.services.addresses import parse_host
-from imds.services.catalog import Entry
-from imds.services.identify import caller_address
-from imds.services.proxied import Claim, SignedIdentity
-from imds.services.resolve import Resolver
+from imds.services.catalog.addresses import parse_host
+from imds.services.catalog.catalog import Entry
+from imds.services.catalog.resolve import Resolver
+from imds.services.identity.identify import caller_address
+from imds.services.identity.proxied import Claim, SignedIdentity
 from imds.signing import INSTANCE_ID_HEADER, SIGNATURE_HEADER, TENANT_HEADER
+from imds.web.errors import error_parts
 
 Scope = MutableMapping[str, Any]
 TEXT = b"text/plain; charset=utf-8"
 JSON = b"application/json"
 BINARY = b"application/octet-stream"
 READ_METHODS = frozenset({"GET", "HEAD"})
-# Set in the scope once the signed-identity headers were checked: the Claim, or False.
-CLAIM = "imds.claim"
 _SIGNED = tuple(name.encode() for name in (INSTANCE_ID_HEADER, SIGNATURE_HEADER, TENANT_HEADER))
-# Set in the scope by the Locator: the caller's catalog entry (the front adds its ETag).
-ENTRY = "imds.entry"
+
+
+class Unknown(Enum):
+    """The value of an ``InstanceCall`` field the ``Locator`` has not looked at yet."""
+
+    UNKNOWN = "unknown"
+
+
+UNKNOWN: Final = Unknown.UNKNOWN
+
+
+class InstanceCall:
+    """One instance request as the flavors see it: made once by the front, handed to the handler.
+
+    ``scope`` is the ASGI scope (method, path, headers). The ``Locator`` fills in the rest,
+    each at most once per request (``UNKNOWN`` until then): ``address``, the caller's
+    address; ``claim``, what a trusted proxy signed for (or None); and ``entry``, the
+    caller's catalog entry when found by address: the front sends its ETag with a 200 read
+    and the change watch holds on it. A handler whose answer is no instance document sets
+    ``entry`` back to None. Slotted, four fields: it costs what the scope keys it replaced did.
+    """
+
+    __slots__ = ("address", "claim", "entry", "scope")
+
+    def __init__(self, scope: Scope) -> None:
+        self.scope = scope
+        self.entry: Entry | None = None
+        self.claim: Claim | Literal[Unknown.UNKNOWN] | None
+        self.address: Address | Literal[Unknown.UNKNOWN] | None
+        self.claim = self.address = UNKNOWN
 
 
 @dataclass(frozen=True)
@@ -36,7 +65,13 @@ class Reply:
     headers: tuple[tuple[bytes, bytes], ...] = ()
 
 
-Handler = Callable[[Scope], Awaitable[Reply]]
+Handler = Callable[[InstanceCall], Awaitable[Reply]]
+
+
+def error_reply(exc: ImdsError) -> Reply:
+    """The JSON reply for an imds error (status from ``imds.web.errors``): the one place making it."""
+    status, body, headers = error_parts(exc)
+    return Reply(status, body, JSON, tuple(headers))
 
 
 def header(scope: Scope, name: bytes) -> str | None:
@@ -50,7 +85,7 @@ def header(scope: Scope, name: bytes) -> str | None:
 class Locator:
     """Finds the calling instance from the socket peer (and trusted proxies only).
 
-    The web side of ``imds.services.resolve.Resolver``: it reads the peer, the forwarded
+    The web side of ``imds.services.catalog.resolve.Resolver``: it reads the peer, the forwarded
     addresses and the signed-identity headers from the scope; the resolver does the rest
     (catalog, lookup cache, upstream lookup in pull mode, hollow's counters).
     """
@@ -62,34 +97,44 @@ class Locator:
         self._trusted = tuple(trusted)
         self._signed = signed if trusted else None  # without trusted proxies nobody may claim an id
 
-    def claim(self, scope: Scope) -> Claim | None:
-        """The instance a trusted proxy signed for (``imds.services.proxied``), or None.
+    def claim(self, call: InstanceCall) -> Claim | None:
+        """The instance a trusted proxy signed for (``imds.services.identity.proxied``), or None.
 
         Checked once per request; a bad claim raises each time it is asked for.
         """
         if self._signed is None:
             return None
-        known = scope.get(CLAIM)
-        if known is not None:
-            return known or None
+        known = call.claim
+        if known is not UNKNOWN:
+            return known
+        scope = call.scope
         peer = scope.get("client")
         peer_address = parse_host(peer[0]) if peer else None
         values = [header(scope, name) for name in _SIGNED]
-        claim = self._signed.claim(peer_address, *values)
-        scope[CLAIM] = claim or False
+        claim = call.claim = self._signed.claim(peer_address, *values)
         return claim
 
-    def address(self, scope: Scope) -> Address | None:
-        """The caller's address (see ``imds.services.identify``)."""
+    def address(self, call: InstanceCall) -> Address | None:
+        """The caller's address (see ``imds.services.identity.identify``), found once per request.
+
+        A bad ``X-Forwarded-For`` raises each time it is asked for.
+        """
+        known = call.address
+        if known is not UNKNOWN:
+            return known
+        scope = call.scope
         client = scope.get("client")
         peer = client[0] if client else None
         if not self._trusted:
-            return caller_address(peer, (), ())
-        forwarded = [v.decode("latin-1") for k, v in scope["headers"] if k == b"x-forwarded-for"]
-        return caller_address(peer, forwarded, self._trusted)
+            address = caller_address(peer, (), ())
+        else:
+            forwarded = [v.decode("latin-1") for k, v in scope["headers"] if k == b"x-forwarded-for"]
+            address = caller_address(peer, forwarded, self._trusted)
+        call.address = address
+        return address
 
     async def entry(
-        self, scope: Scope, kind: str = METADATA, *, count: bool = True, needs_record: bool = False
+        self, call: InstanceCall, kind: str = METADATA, *, count: bool = True, needs_record: bool = False
     ) -> Entry:
         """The calling instance, or InstanceNotFound (or the upstream lookup's error in pull mode).
 
@@ -98,18 +143,18 @@ class Locator:
         ``*_cache_miss_total``) unless ``count`` is False; the flavor counts the hit once it
         has answered (``served``).
         """
-        claim = self.claim(scope)
-        address = self.address(scope) if claim is None else None
+        claim = self.claim(call)
+        address = self.address(call) if claim is None else None
         entry = await self._resolver.caller(kind, address=address, claim=claim, count=count, needs_record=needs_record)
         if claim is None:
-            scope[ENTRY] = entry
+            call.entry = entry
         return entry
 
-    async def record(self, scope: Scope, entry: Entry, kind: str) -> Entry:
+    async def record(self, call: InstanceCall, entry: Entry, kind: str) -> Entry:
         """The caller holding its ``kind`` record (looked up by id in pull mode), else RecordNotFound."""
         found = await self._resolver.record(entry, kind)
-        if found is not entry and ENTRY in scope:
-            scope[ENTRY] = found
+        if found is not entry and call.entry is not None:
+            call.entry = found
         return found
 
     def served(self, kind: str) -> None:

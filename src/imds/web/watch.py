@@ -1,7 +1,7 @@
 """``?wait_for_change=true&last_etag=E&timeout_sec=N`` on instance documents.
 
 The front parses the query only when there is one, so plain reads pay nothing. A held
-request costs one future in its catalog entry's ``waiters`` and one timer; the catalog
+request costs one future held by its catalog entry (``Entry.watch``) and one timer; the catalog
 resolves the future when it applies a change to the instance (a local write or the feed
 follower), and the request runs its handler again. A task waiting on ``receive`` ends
 the hold as soon as the client disconnects. It answers at once when ``last_etag``
@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from urllib.parse import parse_qs
 
 from imds.errors import InvalidInput
-from imds.services.catalog import Entry
-from imds.web.routing import ENTRY, Receive, Reply, Scope
+from imds.services.catalog.catalog import Entry
+from imds.web.routing import InstanceCall, Receive, Reply
 
 _TRUE = frozenset({"true", "1"})
 _FALSE = frozenset({"false", "0"})
@@ -68,12 +68,12 @@ async def _until_disconnect(receive: Receive) -> None:
 
 
 async def hold(
-    scope: Scope, reply: Reply, watch: Watch, rerun: Callable[[], Awaitable[Reply]], receive: Receive
+    call: InstanceCall, reply: Reply, watch: Watch, rerun: Callable[[], Awaitable[Reply]], receive: Receive
 ) -> Reply:
     """Wait until the caller's instance has an ETag other than ``last_etag`` (or the timeout, or a disconnect)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + watch.timeout
-    entry: Entry | None = scope.get(ENTRY)
+    entry: Entry | None = call.entry
     last = watch.last_etag if watch.last_etag is not None else entry.etag if entry is not None else None
     if entry is None or reply.status != 200 or entry.etag != last:
         return reply
@@ -87,20 +87,17 @@ async def hold(
                 break
             waiter: asyncio.Future[None] = loop.create_future()
             current.append(waiter)
-            if entry.waiters is None:
-                entry.waiters = set()
-            entry.waiters.add(waiter)
+            entry.watch(waiter)
             timer = loop.call_later(remaining, _expire, waiter)
             try:
                 await waiter
             finally:
                 timer.cancel()
                 current.clear()
-                if entry.waiters is not None:
-                    entry.waiters.discard(waiter)
-            scope.pop(ENTRY, None)
+                entry.unwatch(waiter)
+            call.entry = None
             reply = await rerun()
-            entry = scope.get(ENTRY)
+            entry = call.entry
     finally:
         gone.cancel()
     return reply

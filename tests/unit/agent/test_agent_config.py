@@ -80,10 +80,10 @@ def test_snapshot_finds_vm_ports_with_tag_tenant_and_stored_addresses():
     assert snap.vm_ports("br-other") == []
 
 
-def test_readme_lists_every_agent_option():
-    """README's "On a hypervisor" table is exactly options_table(AGENT_OPTIONS)."""
+def test_docs_list_every_agent_option():
+    """docs/hypervisor.md's ``imds agent`` table is exactly options_table(AGENT_OPTIONS)."""
     from imds.config import options_table  # noqa: PLC0415 - kept beside the one test that needs it
 
-    text = (Path(__file__).parents[3] / "README.md").read_text().split("## On a hypervisor: `imds agent`", 1)[1]
+    text = (Path(__file__).parents[3] / "docs" / "hypervisor.md").read_text().split("## `imds agent`", 1)[1]
     start = text.index("| flag | environment |")
     assert text[start : text.index("\n\n", start)] == options_table(AGENT_OPTIONS)

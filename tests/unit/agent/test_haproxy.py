@@ -8,6 +8,7 @@ import pytest
 
 from imds.agent.haproxy import Backend, Frontend, Haproxy, Upstream, render, safe_token
 from imds.errors import ConfigError, HaproxyFailed
+from imds.services.identity.tokens import FORWARDING_HEADERS, TOKEN_PATH_PATTERN
 from imds.signing import sign
 
 UPSTREAM = Upstream.parse("http://127.0.0.1:8000")
@@ -54,6 +55,31 @@ def test_each_vm_has_an_acl_on_its_meta_addresses_and_signed_headers():
     assert "http-request del-header X-Tenant-ID" in backend_b
     assert "default_backend unknown" in text
     assert "http-request return status 404" in text
+
+
+def test_each_backend_drops_every_forwarding_header_the_vm_sent():
+    """X-Forwarded-For and the rest of the rule's list (and any X-Forwarded-*) never reach serve from a VM."""
+    text = render(FRONT, [VM_A, VM_B], UPSTREAM)
+    backends = text.split("\nbackend vm")[1:]
+    assert len(backends) == 2
+    for backend in backends:
+        for name in FORWARDING_HEADERS:
+            assert f"    http-request del-header {name}\n" in backend
+        assert "    http-request del-header x-forwarded- -m beg\n" in backend
+
+
+def test_a_token_put_carrying_a_forwarding_header_is_refused_in_the_frontend():
+    """Before any backend: PUT to serve's token path (decoded) with any listed header name → serve's 403."""
+    text = render(FRONT, [VM_A], UPSTREAM)
+    frontend = text.split("frontend metadata\n", 1)[1].split("\n\n", 1)[0]
+    # \z, not $: a path ending in a (decoded) newline is not the token path, as on serve.
+    assert f"    acl token_path path,url_dec -m reg '^{TOKEN_PATH_PATTERN}\\z'\n" in frontend
+    names = frontend.split("acl forwarding req.hdr_names -m reg -i (^|,)(", 1)[1].split(")(,|$)\n", 1)[0]
+    assert names.split("|") == [*FORWARDING_HEADERS, "x-forwarded-[^,]*"]
+    refuse = ('    http-request return status 403 content-type "text/plain; charset=utf-8" string "403 - Forbidden"'
+              " if METH_PUT token_path forwarding\n")
+    assert refuse in frontend
+    assert frontend.index(refuse) < frontend.index("use_backend vm0")
 
 
 def test_rendering_is_deterministic_and_secret_free():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 
-from imds.services.addresses import AddressIndex, parse_network
+from imds.services.catalog.addresses import AddressIndex, parse_network
 
 
 def test_every_containing_entry_longest_first_v4_and_v6():

@@ -6,7 +6,7 @@ import ipaddress
 
 import pytest
 
-from imds.services.addresses import AddressIndex, display, parse_host, parse_network
+from imds.services.catalog.addresses import AddressIndex, display, parse_host, parse_network
 
 
 def net(text: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network:

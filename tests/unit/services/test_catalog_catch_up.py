@@ -13,9 +13,9 @@ import pytest
 
 from imds.metrics import Metrics
 from imds.models import MetadataWrite
-from imds.services import catalog as catalog_module
-from imds.services.catalog import Catalog
-from imds.services.upsert import Records
+from imds.services.catalog import catalog as catalog_module
+from imds.services.catalog.catalog import Catalog
+from imds.services.records.upsert import Records
 from imds.store.interface import Change
 from imds.store.memory import MemoryStore
 

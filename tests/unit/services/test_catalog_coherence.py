@@ -18,8 +18,8 @@ import pytest
 from imds.errors import RecordNotFound
 from imds.metrics import Metrics
 from imds.models import METADATA, USERDATA, Address, MetadataWrite, Network, UserdataWrite
-from imds.services.catalog import Catalog
-from imds.services.upsert import Records
+from imds.services.catalog.catalog import Catalog
+from imds.services.records.upsert import Records
 from imds.store import Store, open_store
 
 pytestmark = pytest.mark.anyio

@@ -8,7 +8,7 @@ import ipaddress
 import pytest
 from structlog.testing import capture_logs
 
-from imds.services.catalog import LOAD_CHUNK, Catalog
+from imds.services.catalog.catalog import LOAD_CHUNK, Catalog
 from imds.store.memory import MemoryStore
 
 pytestmark = pytest.mark.anyio
@@ -21,8 +21,9 @@ async def test_loading_logs_progress_and_lets_other_tasks_run():
     async with store.write() as tx:
         for n in range(total):
             instance_id = f"00000000-0000-4000-8000-{n:012d}"
-            await tx.put_metadata(instance_id, {"id": instance_id})
-            await tx.replace_addresses(instance_id, [ipaddress.ip_network(f"10.{n >> 16}.{n >> 8 & 255}.{n & 255}")])
+            await tx.put_records([(instance_id, {"id": instance_id})], [])
+            address = ipaddress.ip_network(f"10.{n >> 16}.{n >> 8 & 255}.{n & 255}")
+            await tx.replace_addresses_many([(instance_id, [address])])
     catalog = Catalog(store)
     assert catalog.progress() == {"phase": "waiting", "indexed": 0, "total": 0}
     seen: list[dict[str, object]] = []

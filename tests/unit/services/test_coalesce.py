@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import pytest
 
 from imds.errors import StoreUnavailable
-from imds.services.coalesce import Coalescer
+from imds.services.records.coalesce import Coalescer
 
 pytestmark = pytest.mark.anyio
 

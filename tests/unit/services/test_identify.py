@@ -7,7 +7,7 @@ import ipaddress
 import pytest
 
 from imds.errors import InvalidInput
-from imds.services.identify import caller_address, is_trusted
+from imds.services.identity.identify import caller_address, is_trusted
 
 PROXIES = (ipaddress.ip_network("192.0.2.0/24"), ipaddress.ip_network("2001:db8:ffff::/48"))
 

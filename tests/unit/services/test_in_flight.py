@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from imds.services.ratelimit import InFlight
+from imds.services.admission.ratelimit import InFlight
 
 
 def test_an_address_gets_at_most_limit_slots_and_others_are_not_affected():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from imds.services.keys import load_or_create
+from imds.services.identity.keys import load_or_create
 
 
 def test_concurrent_creators_all_get_the_one_key_on_disk(tmp_path):

@@ -7,8 +7,8 @@ import pickle
 import pytest
 
 from imds.errors import InvalidInput
-from imds.services.os_secrets import Held, PackageAuth, Secret, SecretVault
-from imds.services.os_wire import parse_os_write
+from imds.services.ganeti.memory import Held, PackageAuth, Secret, SecretVault
+from imds.services.ganeti.wire import parse_os_write
 
 ID = "3f2504e0-4f89-11d3-9a0c-0305e82c3301"
 

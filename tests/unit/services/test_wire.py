@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta, timezone
 import pytest
 
 from imds.errors import InvalidInput
-from imds.services.wire import (
+from imds.services.records.wire import (
     document_timestamp,
     parse_instance_id,
     parse_json,

@@ -43,7 +43,7 @@ VERSIONS = (HOLLOW_VERSION, *AWS_VERSIONS)
 
 
 class Signer(Protocol):
-    """Signs identity documents (see ``imds.services.identity``)."""
+    """Signs identity documents (see ``imds.services.identity.document``)."""
 
     def signature(self, data: bytes) -> str:
         """Base64 RSA-SHA256 signature of ``data``."""

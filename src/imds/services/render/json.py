@@ -7,7 +7,7 @@ import math
 
 from imds.errors import RecordNotFound
 from imds.models import METADATA, USERDATA, Instance, JsonObject
-from imds.services.templates import Template, apply
+from imds.services.records.templates import Template, apply
 
 
 def metadata_document(instance: Instance, templates: tuple[Template, ...]) -> JsonObject:

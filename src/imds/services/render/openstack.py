@@ -23,7 +23,7 @@ Mapping from the Equinix-shaped document: ``uuid`` is the instance id; ``hostnam
 unique); ``meta`` from ``key=value`` tags plus an explicit ``meta`` object (which wins);
 ``project_id``, ``launch_index`` (default 0) and ``dedicated_cpus`` when the document has
 them; ``devices``, ``network_data`` and ``vendor_data`` from the document's OpenStack parts
-(see ``imds.services.parts``; ``network_data.json`` is derived from ``network`` otherwise).
+(see ``imds.services.records.parts``; ``network_data.json`` is derived from ``network`` otherwise).
 
 ``meta_data.json`` leaves are ``SeededJson``: the document is rendered (and cached) once,
 and whoever serves it splices a fresh ``random_seed`` in with ``with_seed``.

@@ -17,7 +17,7 @@ from typing import Any, Generic, Protocol, TypeVar
 from sqlalchemy.exc import SQLAlchemyError
 
 from imds.errors import StoreUnavailable
-from imds.store.journal import Journal
+from imds.store.journal import Group, Journal
 from imds.store.sql import statements
 from imds.store.sql.writeconn import Savepoint, WriteConnection
 
@@ -59,7 +59,7 @@ class _Batch:
         self.start = self.seq = seq
         self.feed_rows: list[dict[str, Any]] = []
         self.audit_rows: list[dict[str, Any]] = []
-        self.group: list[Journal] = []
+        self.group = Group(seq)
         self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
 
@@ -87,7 +87,7 @@ class GroupCommit(Generic[_Tx]):
         self._turn = asyncio.Lock()
         self._waiting = 0
         self._batch: _Batch | None = None
-        self._last: tuple[list[Journal], int] | None = None  # the group committed last, and its end
+        self._last: Group | None = None  # the group committed last
         self._flushes: set[asyncio.Task[None]] = set()
 
     @asynccontextmanager
@@ -103,7 +103,7 @@ class GroupCommit(Generic[_Tx]):
         try:
             batch = self._batch if self._batch is not None else await self._open()
             tx = self._make_tx(batch.conn, batch.seq)
-            savepoint = await self._guard(batch.conn.begin_nested()) if batch.group else None
+            savepoint = await self._guard(batch.conn.begin_nested()) if batch.group.members else None
             try:
                 yield tx
             except (SQLAlchemyError, OSError) as exc:
@@ -117,8 +117,7 @@ class GroupCommit(Generic[_Tx]):
             batch.seq = tx.seq
             batch.feed_rows += tx.feed_rows
             batch.audit_rows += tx.audit_rows
-            tx.journal.group = batch.group
-            batch.group.append(tx.journal)
+            batch.group.add(tx.journal)
             await self._settle()
         finally:
             self._turn.release()
@@ -159,7 +158,8 @@ class GroupCommit(Generic[_Tx]):
     async def _settle(self) -> None:
         """Commit the open batch unless another block is waiting to join it (and it has room)."""
         batch = self._batch
-        if batch is not None and batch.group and (self._waiting == 0 or len(batch.group) >= GROUP_MAX):
+        members = 0 if batch is None else len(batch.group.members)
+        if batch is not None and members and (self._waiting == 0 or members >= GROUP_MAX):
             await self._commit(batch)
 
     async def _commit(self, batch: _Batch) -> None:
@@ -182,10 +182,8 @@ class GroupCommit(Generic[_Tx]):
                 raise
 
         await self._guard(finish(), batch)
-        if self._last is not None and self._last[1] == batch.start:
-            for journal in batch.group:
-                journal.before = self._last[0]
-        self._last = (batch.group, batch.seq)
+        batch.group.follow(self._last)
+        self._last = batch.group
         self._batch = None
         await batch.conn.close()
         batch.done.set_result(None)
@@ -210,7 +208,7 @@ class GroupCommit(Generic[_Tx]):
             await batch.conn.close()  # closing rolls back whatever is open
         if batch.done.done():
             return
-        if batch.group:
+        if batch.group.members:
             batch.done.set_exception(error or StoreUnavailable("database write failed"))
             batch.done.exception()  # retrieved here: the committing block may be its only member
         else:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import sqlalchemy as sa
 
 metadata_obj = sa.MetaData(
@@ -23,21 +25,20 @@ instances = sa.Table(
     sa.Column("created_at", sa.DateTime(timezone=True), nullable=False, server_default=_NOW),
 )
 
-instance_metadata = sa.Table(
-    "instance_metadata",
-    metadata_obj,
-    sa.Column("instance_id", _ID, sa.ForeignKey("instances.id", ondelete="CASCADE"), primary_key=True),
-    sa.Column("document", sa.JSON(none_as_null=True), nullable=False),
-    sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
-)
 
-instance_userdata = sa.Table(
-    "instance_userdata",
-    metadata_obj,
-    sa.Column("instance_id", _ID, sa.ForeignKey("instances.id", ondelete="CASCADE"), primary_key=True),
-    sa.Column("userdata", sa.LargeBinary, nullable=False),
-    sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
-)
+def _one_per_instance(name: str, column: str, kind: sa.types.TypeEngine[Any]) -> sa.Table:
+    """A table of at most one row per instance: its value ``column`` and when it was written."""
+    return sa.Table(
+        name,
+        metadata_obj,
+        sa.Column("instance_id", _ID, sa.ForeignKey("instances.id", ondelete="CASCADE"), primary_key=True),
+        sa.Column(column, kind, nullable=False),
+        sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
+    )
+
+
+instance_metadata = _one_per_instance("instance_metadata", "document", sa.JSON(none_as_null=True))
+instance_userdata = _one_per_instance("instance_userdata", "userdata", sa.LargeBinary())
 
 # One row per address: the primary key is what makes an address belong to one instance.
 instance_ip_addresses = sa.Table(
@@ -70,24 +71,12 @@ feed_head = sa.Table(
 )
 
 # The OpenStack password an instance posts once (revision 0002); an admin may clear it.
-instance_passwords = sa.Table(
-    "instance_passwords",
-    metadata_obj,
-    sa.Column("instance_id", _ID, sa.ForeignKey("instances.id", ondelete="CASCADE"), primary_key=True),
-    sa.Column("password", sa.LargeBinary, nullable=False),
-    sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
-)
+instance_passwords = _one_per_instance("instance_passwords", "password", sa.LargeBinary())
 
 # The Ganeti OS record (revision 0003): os type, mode and the public and private parameters.
 # Secret parameters and package credentials are never stored; ``document`` lists only
 # their names. Private values are Fernet tokens when the service has a key file.
-instance_os = sa.Table(
-    "instance_os",
-    metadata_obj,
-    sa.Column("instance_id", _ID, sa.ForeignKey("instances.id", ondelete="CASCADE"), primary_key=True),
-    sa.Column("document", sa.JSON(none_as_null=True), nullable=False),
-    sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
-)
+instance_os = _one_per_instance("instance_os", "document", sa.JSON(none_as_null=True))
 
 # The instance<->host channel (revision 0004). No foreign keys: an event posted while an
 # admin deletes the instance must not fail, and the host may read events of a gone instance.

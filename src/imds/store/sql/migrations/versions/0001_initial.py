@@ -12,6 +12,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
+from imds.store.sql.migrations.shapes import create_one_per_instance
+
 revision = "0001"
 down_revision = None
 branch_labels = None
@@ -28,28 +30,8 @@ def upgrade() -> None:
         sa.Column("created_at", _TS, server_default=sa.func.current_timestamp(), nullable=False),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_instances")),
     )
-    op.create_table(
-        "instance_metadata",
-        sa.Column("instance_id", _ID, nullable=False),
-        sa.Column("document", sa.JSON(none_as_null=True), nullable=False),
-        sa.Column("updated_at", _TS, nullable=False),
-        sa.ForeignKeyConstraint(
-            ["instance_id"], ["instances.id"], name=op.f("fk_instance_metadata_instance_id_instances"),
-            ondelete="CASCADE",
-        ),
-        sa.PrimaryKeyConstraint("instance_id", name=op.f("pk_instance_metadata")),
-    )
-    op.create_table(
-        "instance_userdata",
-        sa.Column("instance_id", _ID, nullable=False),
-        sa.Column("userdata", sa.LargeBinary(), nullable=False),
-        sa.Column("updated_at", _TS, nullable=False),
-        sa.ForeignKeyConstraint(
-            ["instance_id"], ["instances.id"], name=op.f("fk_instance_userdata_instance_id_instances"),
-            ondelete="CASCADE",
-        ),
-        sa.PrimaryKeyConstraint("instance_id", name=op.f("pk_instance_userdata")),
-    )
+    create_one_per_instance("instance_metadata", "document", sa.JSON(none_as_null=True))
+    create_one_per_instance("instance_userdata", "userdata", sa.LargeBinary())
     op.create_table(
         "instance_ip_addresses",
         sa.Column("address", sa.String(64), nullable=False),

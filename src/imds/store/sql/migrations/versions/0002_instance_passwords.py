@@ -15,6 +15,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
+from imds.store.sql.migrations.shapes import create_one_per_instance
+
 revision = "0002"
 down_revision = "0001"
 branch_labels = None
@@ -22,17 +24,7 @@ depends_on = None
 
 
 def upgrade() -> None:
-    op.create_table(
-        "instance_passwords",
-        sa.Column("instance_id", sa.String(36), nullable=False),
-        sa.Column("password", sa.LargeBinary(), nullable=False),
-        sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
-        sa.ForeignKeyConstraint(
-            ["instance_id"], ["instances.id"], name=op.f("fk_instance_passwords_instance_id_instances"),
-            ondelete="CASCADE",
-        ),
-        sa.PrimaryKeyConstraint("instance_id", name=op.f("pk_instance_passwords")),
-    )
+    create_one_per_instance("instance_passwords", "password", sa.LargeBinary())
 
 
 def downgrade() -> None:

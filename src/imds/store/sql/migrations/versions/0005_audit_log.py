@@ -12,7 +12,8 @@ userdata, password or parameter value. Downgrading drops the log.
 from __future__ import annotations
 
 import sqlalchemy as sa
-from alembic import op
+
+from imds.store.sql.migrations.shapes import create_instance_log, drop_instance_log
 
 revision = "0005"
 down_revision = "0004"
@@ -21,7 +22,7 @@ depends_on = None
 
 
 def upgrade() -> None:
-    op.create_table(
+    create_instance_log(
         "audit_log",
         sa.Column("seq", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), autoincrement=True, nullable=False),
         sa.Column("at", sa.DateTime(timezone=True), nullable=False),
@@ -31,11 +32,8 @@ def upgrade() -> None:
         sa.Column("kind", sa.String(16), nullable=False),
         sa.Column("applied", sa.Boolean(), nullable=False),
         sa.Column("detail", sa.JSON(none_as_null=True), nullable=False),
-        sa.PrimaryKeyConstraint("seq", name=op.f("pk_audit_log")),
     )
-    op.create_index(op.f("ix_audit_log_instance_id"), "audit_log", ["instance_id"])
 
 
 def downgrade() -> None:
-    op.drop_index(op.f("ix_audit_log_instance_id"), table_name="audit_log")
-    op.drop_table("audit_log")
+    drop_instance_log("audit_log")

@@ -1,0 +1,157 @@
+"""``imds serve``'s options: one row per setting (``OPTIONS``), grouped by concern.
+
+The CLI builds ``imds serve``'s flags from this table; ``imds.config.settings`` holds the groups
+(one frozen dataclass per ``group``, fields named as the rows) and ``imds.config.checks`` the
+checks that need several options.
+"""
+
+from __future__ import annotations
+
+from imds.config.option import Option, Rows, flavors, listen, networks, redact_url, template
+
+_http = Rows("http")
+_store = Rows("store")
+_callers = Rows("callers")
+_templates = Rows("templates")
+_admin = Rows("admin")
+_ec2 = Rows("ec2")
+_lookup = Rows("lookup")
+_limits = Rows("limits")
+_logging = Rows("logging")
+_ganeti = Rows("ganeti")
+_channel = Rows("channel")
+
+OPTIONS: tuple[Option, ...] = (
+    _http("listen", "list", ("127.0.0.1:8000", "[::1]:8000"),
+        "HOST:PORT to listen on (repeatable; [v6]:PORT for IPv6; env: comma-separated; "
+        "the default's [::1] is skipped on a host without IPv6 loopback).", parse=listen),
+    _http("admin_listen", "list", (),
+        "HOST:PORT for the admin API alone (repeatable; [v6]:PORT). When set, the --listen addresses "
+        "serve instances only and answer admin paths 404.", parse=listen),
+    _store("data_dir", "path", None,
+        "Directory for the embedded database and generated keys "
+        "(default: $XDG_DATA_HOME/imds or ~/.local/share/imds)."),
+    _store("db", "str", None,
+        "Database URL: sqlite:///PATH, postgresql://USER:PASS@HOST:PORT/DB or memory:// "
+        "(default: an SQLite file in the data directory).", redact=redact_url),
+    _store("migrate", "bool", True,  # noqa: FBT003 - a table row, not a call site
+        "Apply database migrations at startup."),
+    _callers("trusted_proxy", "list", (),
+        "CIDR of a proxy whose X-Forwarded-For is believed (repeatable; default: none).",
+        env="IMDS_TRUSTED_PROXIES", parse=networks),
+    _callers("proxy_shared_secret_file", "path", None,
+        "File holding the secret a trusted proxy signs X-Instance-ID with (unset: signed ids are refused)."),
+    _callers("proxy_previous_secret_file", "path", None,
+        "The previous proxy secret, still accepted during a rotation (remove it when every proxy has the new one)."),
+    _templates("api_url", "str", None,
+        "Template for the api_url field, e.g. https://{{.facility}}.example/{{.id}}.", parse=template),
+    _templates("phone_home_url", "str", None, "Template for the phone_home_url field.", parse=template),
+    _templates("user_state_url", "str", None, "Template for the user_state_url field.", parse=template),
+    _admin("admin_token", "str", None,
+        "Static bearer token with every admin scope (prefer the env var: flags show in ps).", secret=True),
+    _admin("admin_tokens_file", "path", None, "JSON file of admin tokens with their scopes (see docs/admin-auth.md)."),
+    _admin("oidc_issuer", "str", None, "OIDC issuer whose JWTs the admin API accepts."),
+    _admin("oidc_jwks_url", "str", None, "JWKS URL (default: discovered from the issuer's openid-configuration)."),
+    _admin("oidc_audience", "str", None, "Audience the JWTs must carry."),
+    _admin("oidc_roles_claim", "str", "scope", "JWT claim holding the scopes (a list, or a space-separated string)."),
+    _admin("oidc_username_claim", "str", "sub", "JWT claim logged as the subject of each admin write."),
+    _ec2("imdsv2", "str", "optional", "EC2 IMDSv2 tokens: optional (tokenless GETs allowed) or required."),
+    _ec2("token_hop_limit", "int", 0,
+        "IP TTL / hop limit of every response on the listeners (AWS's PUT hop limit; 0: system default)."),
+    _ec2("imdsv2_key_file", "path", None,
+        "HMAC key for IMDSv2 tokens (default: imdsv2.key in the data directory; replicas must share it)."),
+    _ec2("identity_key", "path", None,
+        "RSA private key (PEM) signing EC2 identity documents (default: generated into the data directory)."),
+    _ec2("identity_cert", "path", None, "Certificate (PEM) for --identity-key (default: self-signed)."),
+    _lookup("lookup_url", "str", None,
+        "Upstream source of truth (hollow's lookup contract); unknown callers are fetched from it."),
+    _lookup("lookup_token", "str", None,
+        "Static bearer token for the upstream (prefer the env var: flags show in ps).", secret=True),
+    _lookup("lookup_oidc_issuer", "str", None,
+        "OIDC issuer whose token endpoint grants upstream access tokens (client credentials)."),
+    _lookup("lookup_client_id", "str", None, "OAuth2 client id for the upstream."),
+    _lookup("lookup_client_secret", "str", None,
+        "OAuth2 client secret for the upstream (prefer the env var: flags show in ps).", secret=True),
+    _lookup("lookup_scope", "list", (),
+        "OAuth2 scope to request (repeatable; env: comma-separated).", env="IMDS_LOOKUP_SCOPES"),
+    _lookup("lookup_audience", "str", None, "OAuth2 audience to request."),
+    _lookup("lookup_timeout", "float", 2.0, "Seconds one upstream call may take."),
+    _lookup("lookup_negative_ttl", "float", 30.0, "Seconds an upstream 404 is remembered."),
+    _lookup("lookup_refresh_after", "float", 0.0,
+        "Refresh records fetched by lookup in the background after this many seconds (0: off)."),
+    _lookup("lookup_cache_ttl", "float", 300.0,
+        "Seconds a by-IP answer that does not list the asking address is reused."),
+    _lookup("lookup_concurrency", "int", 16, "Most upstream calls in flight at once."),
+    _lookup("lookup_breaker_failures", "int", 5, "Consecutive upstream failures that open the circuit breaker."),
+    _lookup("lookup_breaker_reset", "float", 10.0,
+        "Seconds the breaker first stays open (doubling on each reopening, jittered, at most 120)."),
+    _limits("max_body_bytes", "int", 1024 * 1024, "Largest admin request body accepted, in bytes."),
+    _limits("max_addresses", "int", 4096, "Most entries in one write's ipAddresses list."),
+    _limits("max_document_depth", "int", 64, "Deepest nesting of objects and lists accepted in a metadata document."),
+    _limits("max_document_keys", "int", 20000,
+        "Most object keys (counted over every level) accepted in a metadata document."),
+    _admin("metrics_public", "bool", False,  # noqa: FBT003 - a table row, not a call site
+        "Serve /metrics without a token (hollow-compatible scraping); off: it needs a metrics or read scope."),
+    _store("demo", "bool", False,  # noqa: FBT003 - a table row, not a call site
+        "Load a demo instance bound to 127.0.0.1 and ::1 at startup."),
+    _logging.log_level_row(),
+    _logging("log_instance_reads", "bool", False,  # noqa: FBT003 - a table row, not a call site
+        "Log every instance read (off by default)."),
+    _store("feed_poll_interval", "float", 1.0, "Seconds between polls of the change feed written by other replicas."),
+    _store("render_cache_bytes", "int", 256 << 20,
+        "Approximate bytes of parsed documents and rendered replies kept for recently read instances."),
+    _http("shutdown_timeout", "float", 10.0, "Seconds to let in-flight requests finish on shutdown."),
+    # Ganeti OS installation (services/ganeti/records.py)
+    _ganeti("private_key_file", "path", None,
+        "Fernet keys (one per line; the first encrypts, all decrypt) encrypting private OS parameters at rest."),
+    _ganeti("os_definitions_dir", "path", None,
+        "Directory of Ganeti OS definitions (DIR/<os>/create, export, import, rename, verify, parameters.list, "
+        "ganeti_api_version)."),
+    _ganeti("os_param_max_bytes", "int", 4096, "Largest OS parameter value accepted, in bytes (UTF-8)."),
+    _ganeti("os_package_max_bytes", "int", 64 * 1024 * 1024,
+        "Largest personalization package fetched for /ganeti/.../os/package, in bytes (held in memory, "
+        "never on disk)."),
+    _ganeti("os_package_timeout", "float", 30.0, "Seconds a personalization package fetch may take."),
+    # The instance<->host channel and change watch (README: "The instance↔host channel").
+    _channel("event_rate", "float", 1.0,
+        "Events (and phone-homes) an instance may post per second, on average, per replica."),
+    _channel("event_burst", "int", 10, "Events an instance may post at once before --event-rate applies."),
+    _channel("event_max_bytes", "int", 4096, "Largest event body an instance may post, in bytes."),
+    _channel("event_retain", "int", 1000, "Events kept per instance; older ones are dropped."),
+    _channel("message_max_bytes", "int", 65536, "Largest message the host may queue for an instance, in bytes."),
+    _channel("message_max_queued", "int", 100, "Messages that may wait for one instance; one more is refused (409)."),
+    _channel("watch_max_timeout", "int", 300,
+        "Largest timeout_sec a wait_for_change request may ask for (and the default)."),
+    # Anti-SSRF policy per flavor and database fault bounds (services/identity/instance_auth.py, store/sql/engine.py)
+    _callers("instance_auth", "list", (),
+        "Flavors whose paths need 'Metadata: true', a Metadata-Flavor header or an IMDSv2 token "
+        "(json, openstack, nocloud, ganeti or all; repeatable; env: comma-separated; default: none).", parse=flavors),
+    _store("db_connect_timeout", "float", 5.0, "Seconds to wait for a database connection before answering 503."),
+    _store("db_statement_timeout", "float", 5.0,
+        "Seconds one database statement (or SQLite's write lock) may take before answering 503."),
+    # Server and listener limits (docs/server.md).
+    _http("server", "str", "granian",
+        "HTTP server: granian (fastest, every limit below) or uvicorn (no header read timeout)."),
+    _http("workers", "int", 1, "Server processes sharing the listeners (each loads the catalog; not with memory://)."),
+    _http("max_header_bytes", "int", 16384,
+        "Largest request line plus headers, in bytes (larger: 431 or the connection is closed)."),
+    _http("max_headers", "int", 100, "Most header lines in one request (more: 431)."),
+    _http("header_timeout", "float", 10.0,
+        "Seconds a connection may take to send a request's headers, idle keep-alive included."),
+    _http("body_timeout", "float", 10.0, "Seconds the server waits for each part of a request body."),
+    _http("keepalive_timeout", "float", 5.0,
+        "Seconds uvicorn keeps an idle keep-alive connection (granian closes it after --header-timeout)."),
+    _http("max_connections", "int", 512,
+        "Most open connections per listener and worker; more wait in the kernel's backlog."),
+    _callers("rate_limit", "float", 50.0,
+        "Instance requests per second per caller address (token bucket; 0: off; over: 429)."),
+    _callers("rate_burst", "int", 200,
+        "Instance requests a caller address may make at once before --rate-limit applies."),
+    _callers("max_requests_per_source", "int", 32,
+        "Instance requests one caller address may have in flight at once (0: off; over: 429)."),
+)
+
+
+SERVERS = ("granian", "uvicorn")
+MIN_HEADER_BYTES = 8192  # granian's (hyper's) smallest read buffer
+IMDSV2_MODES = ("optional", "required")

@@ -1,0 +1,60 @@
+"""What the admin page asks for: instances matching a search, and the recent change feed.
+
+Both read the catalog (this replica's in-memory view) and the store's change feed; no
+private or secret value is in either answer.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from typing import Any
+
+from imds.models import Instance
+from imds.services.catalog.catalog import Catalog
+from imds.services.explain import summary
+from imds.store import Store
+
+SEARCH_LIMIT = 100
+
+
+def search(catalog: Catalog, query: str, *, limit: int = SEARCH_LIMIT) -> list[dict[str, Any]]:
+    """Instances whose id starts with, or hostname contains, ``query``; for an IP, the ones whose entries contain it.
+
+    An empty query lists the first ``limit`` instances by id. Longest-prefix holder first for an IP.
+    """
+    text = query.strip().lower()
+    try:
+        address = ipaddress.ip_address(text)
+    except ValueError:
+        address = None
+    if address is not None:
+        ids = list(dict.fromkeys(holder for _network, holder in catalog.containing(address)))
+    else:
+        ids = sorted(
+            instance_id for instance_id, _ in catalog.holdings()
+            if not text or instance_id.startswith(text) or text in (_hostname(catalog, instance_id) or "").lower()
+        )
+    found = [entry.instance for instance_id in ids[:limit] if (entry := catalog.get(instance_id)) is not None]
+    return [summary(instance) for instance in found]
+
+
+async def recent_changes(store: Store, catalog: Catalog, *, limit: int = 50) -> list[dict[str, Any]]:
+    """The last ``limit`` change-feed entries this replica has seen, newest first, with the hostname now."""
+    changes = await store.changes_since(max(catalog.position - limit, 0), limit)
+    rows = []
+    for change in reversed(changes[-limit:]):
+        entry = catalog.get(change.instance_id)
+        rows.append({"seq": change.seq, "instance_id": change.instance_id,
+                     "hostname": _name(entry.instance) if entry is not None else None,
+                     "present": entry is not None})
+    return rows
+
+
+def _hostname(catalog: Catalog, instance_id: str) -> str | None:
+    entry = catalog.get(instance_id)
+    return _name(entry.instance) if entry is not None else None
+
+
+def _name(instance: Instance) -> str | None:
+    hostname = instance.metadata.get("hostname") if instance.metadata is not None else None
+    return hostname if isinstance(hostname, str) else None

@@ -1,0 +1,1 @@
+"""Ganeti OS installation: OS records, definitions, the package, private and secret parameters."""

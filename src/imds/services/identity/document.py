@@ -1,0 +1,111 @@
+"""Signing of EC2 instance identity documents.
+
+The signing key is the operator's (``--identity-key``) or one generated into the data
+directory (``identity-key.pem``); the certificate is ``--identity-cert`` or a self-signed
+one for that key. The admin API publishes the certificate so relying parties can verify
+``signature`` (RSA-SHA256) and ``pkcs7``/``rsa2048`` (PKCS#7 detached, SHA-256).
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import textwrap
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import padding, rsa
+from cryptography.hazmat.primitives.serialization import pkcs7
+from cryptography.x509.oid import NameOID
+
+from imds.errors import ConfigError
+from imds.services.identity.keys import load_or_create, read
+
+KEY_FILE = "identity-key.pem"
+CERT_FILE = "identity-cert.pem"
+_RSA_BITS = 2048
+
+
+class IdentitySigner:
+    """Signs identity documents with an RSA key and publishes its certificate."""
+
+    def __init__(self, key: rsa.RSAPrivateKey, certificate: x509.Certificate) -> None:
+        self._key = key
+        self.certificate = certificate
+
+    @property
+    def certificate_pem(self) -> bytes:
+        """The certificate relying parties verify with, PEM-encoded."""
+        return self.certificate.public_bytes(serialization.Encoding.PEM)
+
+    def signature(self, data: bytes) -> str:
+        """Base64 RSA-SHA256 (PKCS#1 v1.5) signature of ``data``."""
+        return base64.b64encode(self._key.sign(data, padding.PKCS1v15(), hashes.SHA256())).decode()
+
+    def pkcs7(self, data: bytes) -> str:
+        """Base64 DER PKCS#7 detached signature of ``data``, in 64-character lines like AWS."""
+        der = (
+            pkcs7.PKCS7SignatureBuilder()
+            .set_data(data)
+            .add_signer(self.certificate, self._key, hashes.SHA256())
+            .sign(serialization.Encoding.DER, [pkcs7.PKCS7Options.DetachedSignature, pkcs7.PKCS7Options.Binary])
+        )
+        return "\n".join(textwrap.wrap(base64.b64encode(der).decode(), 64))
+
+    @classmethod
+    def load(cls, *, key_file: Path | None, cert_file: Path | None, data_dir: Path | None) -> IdentitySigner:
+        """From configured files, else from (or into) ``data_dir``, else ephemeral (in memory)."""
+        if key_file is not None:
+            pem = read(key_file, "identity key")
+        elif data_dir is not None:
+            pem = load_or_create(data_dir / KEY_FILE, _new_key_pem)
+        else:
+            pem = _new_key_pem()
+        try:
+            key = serialization.load_pem_private_key(pem, password=None)
+        except (ValueError, TypeError) as exc:
+            msg = f"identity key {key_file or KEY_FILE}: not an unencrypted PEM private key"
+            raise ConfigError(msg) from exc
+        if not isinstance(key, rsa.RSAPrivateKey):
+            msg = f"identity key {key_file or KEY_FILE}: must be an RSA key"
+            raise ConfigError(msg)
+        if cert_file is not None:
+            try:
+                certificate = x509.load_pem_x509_certificate(read(cert_file, "identity certificate"))
+            except ValueError as exc:
+                msg = f"identity certificate {cert_file}: not a PEM certificate"
+                raise ConfigError(msg) from exc
+            if certificate.public_key().public_numbers() != key.public_key().public_numbers():  # type: ignore[union-attr]
+                msg = f"identity certificate {cert_file} does not match the identity key"
+                raise ConfigError(msg)
+        elif data_dir is not None and key_file is None:
+            certificate = x509.load_pem_x509_certificate(
+                load_or_create(data_dir / CERT_FILE, lambda: _self_signed(key).public_bytes(serialization.Encoding.PEM))
+            )
+        else:
+            certificate = _self_signed(key)
+        return cls(key, certificate)
+
+
+def _new_key_pem() -> bytes:
+    key = rsa.generate_private_key(public_exponent=65537, key_size=_RSA_BITS)
+    return key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+
+
+def _self_signed(key: rsa.RSAPrivateKey) -> x509.Certificate:
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "imds instance identity")])
+    now = dt.datetime.now(dt.UTC)
+    return (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(days=1))
+        .not_valid_after(now + dt.timedelta(days=3650))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )

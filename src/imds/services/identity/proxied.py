@@ -1,0 +1,95 @@
+"""Who is asking, when a trusted host-side proxy says so: the signed instance id.
+
+``imds proxy`` (or the haproxy ``imds agent`` renders) knows which VM is calling from
+something the VM cannot forge (its isolated network, its OVS port) and names it in
+``X-Instance-ID``, signed in ``X-Instance-ID-Signature`` (``imds.signing``). The rules:
+
+- Only a socket peer inside a ``--trusted-proxy`` network is heard; from any other peer
+  these headers are ignored entirely and the peer address decides, as without a proxy.
+- An id without a signature is malformed (400, naming the header); a signature that
+  verifies under neither the current nor the previous secret is refused (403, logged with
+  the id and the peer only); with no secret configured every signed id is refused (403).
+- ``X-Tenant-ID``, when sent, must equal the record's ``project_id`` when it has one; a
+  mismatch answers as if the instance did not exist (404).
+- IMDSv2: a token PUT through a proxy is refused (AWS's rule against in-guest reverse
+  proxies), except from a trusted proxy with a valid signature whose ``X-Forwarded-For``
+  names exactly one address, the VM it saw; the token is bound to the signed id. ``imds
+  proxy`` overwrites what the VM sent and itself refuses a token PUT that carried
+  ``X-Forwarded-For`` from the VM, so the AWS rule still holds end to end.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from imds import log
+from imds.errors import BadSignature, InvalidInput, ProxyNotConfigured
+from imds.models import Address, Instance, Network
+from imds.services.identity.identify import is_trusted
+from imds.signing import verify
+
+_log = log.get("proxied")
+_SIGNATURE_FIELD = "X-Instance-ID-Signature"
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A verified statement from a trusted proxy: this request comes from ``instance_id``."""
+
+    instance_id: str
+    tenant_id: str | None = None
+
+    def admits(self, instance: Instance) -> bool:
+        """Whether the claimed tenant (if any) matches the record's ``project_id`` (if any)."""
+        if self.tenant_id is None or instance.metadata is None:
+            return True
+        project = instance.metadata.get("project_id")
+        return project is None or str(project) == self.tenant_id
+
+
+class SignedIdentity:
+    """Checks ``X-Instance-ID`` claims against the trusted networks and the shared secrets.
+
+    ``secrets`` holds the current secret first, then the previous one during a rotation;
+    they are read once at startup and never logged.
+    """
+
+    def __init__(self, trusted: Sequence[Network], secrets: Sequence[bytes]) -> None:
+        self._trusted = tuple(trusted)
+        self._secrets = tuple(secrets)
+
+    def claim(
+        self, peer: Address | None, instance_id: str | None, signature: str | None, tenant_id: str | None
+    ) -> Claim | None:
+        """The verified claim of this request, or None when it makes none the peer may make.
+
+        ``peer`` is the socket peer; the other arguments are the raw header values.
+        """
+        if instance_id is None or peer is None or not self._trusted or not is_trusted(peer, self._trusted):
+            return None
+        instance_id = instance_id.strip()
+        if not instance_id:
+            raise InvalidInput.one("X-Instance-ID", "is empty")
+        if not self._secrets:
+            raise ProxyNotConfigured
+        if signature is None or not signature.strip():
+            raise InvalidInput.one(_SIGNATURE_FIELD, "required with X-Instance-ID from a trusted proxy")
+        if not verify(self._secrets, instance_id, signature):
+            # The id and the peer only: never the secret, the signature sent or the one expected.
+            _log.warning("proxy.bad_signature", instance_id=instance_id, peer=str(peer))
+            raise BadSignature(instance_id)
+        tenant = tenant_id.strip() if tenant_id is not None else None
+        return Claim(instance_id, tenant or None)
+
+
+def may_mint_through(claim: Claim | None, forwarded_for: Sequence[str]) -> bool:
+    """Whether an IMDSv2 token PUT carrying these ``X-Forwarded-For`` values may mint a token.
+
+    Without the header: yes. With it: only for a verified claim, and only when the header
+    names exactly one address (the VM the proxy saw, not a hop the VM added).
+    """
+    if not forwarded_for:
+        return True
+    hops = [item for value in forwarded_for for item in value.split(",") if item.strip()]
+    return claim is not None and len(hops) == 1

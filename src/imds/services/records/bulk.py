@@ -1,0 +1,156 @@
+"""Many upserts at once (``imds import``, ``POST /device-records``): parse, compare, write in batches.
+
+Each item is one instance in the upsert wire format (``imds.services.records.readout``): ``id``,
+``ipAddresses`` and ``metadata`` and/or ``userdata``, and optionally ``os`` (the Ganeti OS
+record, written after the others through ``OsRecords.put``). A batch is compared with what is
+stored first, so an item that would change nothing is reported ``unchanged`` and not
+written (a re-run of the same import writes nothing); the rest go through
+``Records.put_many`` (the admin API's rules, one transaction per batch).
+
+::
+
+    items = [parse_item(obj, label=f"line {n}") for n, obj in enumerate(objects, 1)]
+    outcomes = await apply_batch(records, store, items, subject="imds-cli")
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from imds.errors import InvalidInput, Problem
+from imds.models import Instance, MetadataWrite, UserdataWrite
+from imds.services.ganeti.records import OsRecords
+from imds.services.ganeti.transfer import os_unchanged, parse_os_item
+from imds.services.ganeti.wire import OsWrite
+from imds.services.records.upsert import Records
+from imds.services.records.wire import parse_metadata_write, parse_userdata_write
+from imds.store import Store
+
+Outcome = Literal["created", "updated", "unchanged", "stale", "rejected"]
+OUTCOMES: tuple[Outcome, ...] = ("created", "updated", "unchanged", "stale", "rejected")
+
+
+@dataclass(frozen=True)
+class Item:
+    """One parsed upsert; ``label`` says where it came from (``line 12``, ``web-1.json``)."""
+
+    label: str
+    id: str
+    metadata: MetadataWrite | None
+    userdata: UserdataWrite | None
+    os: OsWrite | None = None
+
+
+@dataclass(frozen=True)
+class Result:
+    """What happened to one item (``reason`` for stale and rejected ones)."""
+
+    label: str
+    id: str | None
+    outcome: Outcome
+    reason: str | None = None
+
+
+def parse_item(obj: Any, *, label: str, max_os_value_bytes: int = 4096) -> Item:
+    """An upsert object → Item, or InvalidInput naming every offending field."""
+    if not isinstance(obj, dict):
+        raise InvalidInput.one("item", "must be a JSON object")
+    if "metadata" not in obj and "userdata" not in obj:
+        raise InvalidInput([Problem("metadata", "or userdata is required (an item carries at least one)")])
+    problems: list[Problem] = []
+    metadata = userdata = None
+    if "metadata" in obj:
+        try:
+            metadata = parse_metadata_write({k: obj.get(k) for k in ("id", "ipAddresses", "metadata")})
+        except InvalidInput as exc:
+            problems += exc.problems
+    if "userdata" in obj:
+        try:
+            userdata = parse_userdata_write(obj)
+        except InvalidInput as exc:
+            problems += [p for p in exc.problems if p not in problems]
+    first = metadata or userdata
+    os_write = None
+    if "os" in obj and first is not None:
+        try:
+            os_write = parse_os_item(obj["os"], first.id, max_value_bytes=max_os_value_bytes)
+        except InvalidInput as exc:
+            problems += exc.problems
+    if problems or first is None:
+        raise InvalidInput(problems)
+    return Item(label, first.id, metadata, userdata, os_write)
+
+
+def rejected(label: str, obj: Any, exc: InvalidInput) -> Result:
+    """The Result for an item that did not parse (its id, when it has a readable one)."""
+    instance_id = obj.get("id") if isinstance(obj, dict) and isinstance(obj.get("id"), str) else None
+    reason = "; ".join(f"{p.field}: {p.message}" for p in exc.problems) or exc.message
+    return Result(label, instance_id, "rejected", reason)
+
+
+def _unchanged(item: Item, stored: Instance, os_records: OsRecords | None) -> bool:
+    if item.os is not None and (os_records is None or not os_unchanged(item.os, stored.os, os_records.cipher)):
+        return False
+    first = item.metadata or item.userdata
+    assert first is not None  # noqa: S101 - parse_item guarantees one part
+    if set(first.addresses) != set(stored.addresses):
+        return False
+    if item.metadata is not None and item.metadata.metadata != stored.metadata:
+        return False
+    return item.userdata is None or item.userdata.userdata == stored.userdata
+
+
+async def apply_batch(  # noqa: PLR0913 - the pieces of one batch
+    records: Records, store: Store, items: Sequence[Item], *, subject: str, dry_run: bool = False,
+    os_records: OsRecords | None = None,
+) -> list[Result]:
+    """Compare ``items`` with the store and write the ones that change something (unless ``dry_run``).
+
+    Items are applied in order; a later item for the same id sees the earlier one's write.
+    An item's ``os`` record is written after the batch's metadata and userdata (``os_records``
+    is required for items that carry one).
+    """
+    stored = await store.get_many({item.id for item in items})
+    results: dict[int, Result] = {}
+    pending: list[tuple[int, Item]] = []
+    seen: set[str] = set()
+    for index, item in enumerate(items):
+        before = stored.get(item.id)
+        if item.id not in seen and before is not None and _unchanged(item, before, os_records):
+            results[index] = Result(item.label, item.id, "unchanged")
+        else:
+            pending.append((index, item))
+        seen.add(item.id)
+    if dry_run:
+        for index, item in pending:
+            results[index] = Result(item.label, item.id, "updated" if item.id in stored else "created")
+    elif pending:
+        written = await records.put_many([(item.metadata, item.userdata) for _, item in pending], subject=subject)
+        created: set[str] = set()
+        for (index, item), result in zip(pending, written, strict=True):
+            if not result.applied:
+                results[index] = Result(item.label, item.id, "stale", result.reason)
+            elif item.id in stored or item.id in created:
+                results[index] = Result(item.label, item.id, "updated")
+            else:
+                created.add(item.id)
+                results[index] = Result(item.label, item.id, "created")
+        await _write_os(os_records, pending, results, subject=subject)
+    return [results[index] for index in range(len(items))]
+
+
+async def _write_os(
+    os_records: OsRecords | None, pending: list[tuple[int, Item]], results: dict[int, Result], *, subject: str,
+) -> None:
+    """The OS records of the written items (a stale OS write makes the item ``stale``)."""
+    for index, item in pending:
+        if item.os is None or results[index].outcome == "stale":
+            continue
+        if os_records is None:
+            results[index] = Result(item.label, item.id, "rejected", "os: OS records are not available here")
+            continue
+        written = await os_records.put(item.os, subject=subject)
+        if not written.applied:
+            results[index] = Result(item.label, item.id, "stale", f"os: {written.reason}")

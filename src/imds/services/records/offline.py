@@ -1,0 +1,79 @@
+"""Records straight from the database, for commands that run without a server.
+
+``imds configdrive build``, ``imds get|list|delete`` and ``imds import|export`` with
+``--db`` / ``--data-dir`` open the store through here (the CLI never opens it itself), and
+every write takes the admin API's path (``Records``: the same rules, one transaction, the
+change feed that a running ``imds serve`` follows).
+
+::
+
+    async with offline_records("sqlite:///var/lib/imds/imds.db") as offline:
+        instance = await offline.get("7d0ab2bc-3a53-4d5e-8f44-2b2b9c1f6a10")
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterable, Sequence
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+from imds.errors import ConfigError
+from imds.metrics import Metrics
+from imds.models import Instance
+from imds.services.catalog.catalog import Catalog
+from imds.services.ganeti.crypto import PrivateCipher
+from imds.services.ganeti.definitions import OsDefinitions
+from imds.services.ganeti.records import OsRecords
+from imds.services.records.bulk import Item, Result, apply_batch
+from imds.services.records.readout import stored_instance, stored_instances
+from imds.services.records.upsert import Records
+from imds.store import Store, open_store
+
+
+class _Detached(Catalog):
+    """No in-memory index outside a server: servers see these writes through the change feed."""
+
+    async def refresh(self, instance_ids: Iterable[str]) -> None:  # noqa: ARG002 - the overridden signature
+        return None
+
+
+class OfflineRecords:
+    """Reads and writes on one opened store, outside a server."""
+
+    def __init__(self, store: Store, cipher: PrivateCipher | None = None) -> None:
+        self.store = store
+        self.records = Records(store, _Detached(store), Metrics())
+        self.os = OsRecords(store, _Detached(store), cipher=cipher or PrivateCipher([]),
+                            definitions=OsDefinitions.load(None))
+
+    async def get(self, instance_id: str) -> Instance:
+        """The stored instance (both record types, addresses), or InstanceNotStored."""
+        return await stored_instance(self.store, instance_id)
+
+    async def all(self) -> list[Instance]:
+        """Every stored instance, by id."""
+        return await stored_instances(self.store)
+
+    async def delete(self, kind: str, instance_id: str, *, subject: str) -> None:
+        """Delete one record type, as ``DELETE /device-{kind}/{id}`` does (RecordNotFound when absent)."""
+        await self.records.delete(kind, instance_id, subject=subject)
+
+    async def upsert(self, items: Sequence[Item], *, subject: str, dry_run: bool = False) -> list[Result]:
+        """Compare and write one batch (see ``imds.services.records.bulk``)."""
+        return await apply_batch(self.records, self.store, items, subject=subject, dry_run=dry_run,
+                                 os_records=self.os)
+
+
+@asynccontextmanager
+async def offline_records(url: str, *, private_key_file: Path | None = None) -> AsyncIterator[OfflineRecords]:
+    """The records in the database at ``url`` (migrated); the store is closed on exit.
+
+    ``private_key_file`` (``--private-key-file``) opens and seals private OS values.
+    """
+    if url.startswith("memory://"):
+        raise ConfigError("memory:// holds nothing outside a running server: give --db / --data-dir, or --url")
+    store = open_store(url)
+    try:
+        yield OfflineRecords(store, PrivateCipher.from_file(private_key_file))
+    finally:
+        await store.close()

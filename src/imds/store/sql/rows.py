@@ -1,0 +1,31 @@
+"""Small helpers shared by the SQL store's reads and writes: stored values back to models, chunking."""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Iterable, Sequence
+from datetime import UTC, datetime
+from typing import TypeVar
+
+from imds.models import Network
+
+_T = TypeVar("_T")
+CHUNK = 500  # stays far below SQLite's bound-parameter limit
+
+
+def stored_network(text: str) -> Network:
+    """A stored (normalised) address; the class is picked up front, so IPv6 rows skip a failed IPv4 parse."""
+    return ipaddress.IPv6Network(text) if ":" in text else ipaddress.IPv4Network(text)
+
+
+def utc(value: datetime | None) -> datetime | None:
+    """SQLite hands back naive datetimes; every datetime imds stores is UTC."""
+    if value is None or value.tzinfo is not None:
+        return value
+    return value.replace(tzinfo=UTC)
+
+
+def chunks(items: Sequence[_T]) -> Iterable[Sequence[_T]]:
+    """``items`` in slices of at most ``CHUNK``."""
+    for start in range(0, len(items), CHUNK):
+        yield items[start : start + CHUNK]

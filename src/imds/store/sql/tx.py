@@ -1,0 +1,234 @@
+"""``SqlTx``: the ``WriteTx`` protocol inside a (possibly shared) SQL write transaction.
+
+Fewer statements than one per primitive: instance rows are created with an upsert and
+remembered, records are upserted a batch at a time, an address list is read in one
+query, and change-feed and audit rows are written by the group's commit (one insert
+each for the whole group; see ``group``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import ipaddress
+import itertools
+from collections.abc import Iterable, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+from imds.models import METADATA, USERDATA, AuditEvent, JsonObject, Network, OsRecord
+from imds.store.interface import record_kind
+from imds.store.journal import ADDRESSES, FORGET, OS, PASSWORD, PUT, REMOVE, Journal, Op
+from imds.store.sql import statements
+from imds.store.sql.os_rows import os_document, os_record
+from imds.store.sql.rows import chunks
+from imds.store.sql.tables import (
+    instance_ip_addresses,
+    instance_metadata,
+    instance_os,
+    instance_passwords,
+    instance_userdata,
+    instances,
+)
+from imds.store.sql.writeconn import WriteConnection
+
+_RECORD_TABLES = {METADATA: instance_metadata, USERDATA: instance_userdata}
+
+
+def _replay_address_lists(
+    before: dict[str, str], lists: Sequence[tuple[str, Sequence[Network]]]
+) -> tuple[dict[str, str], list[tuple[dict[Network, str], tuple[Network, ...]]]]:
+    """The address lists applied in order in memory: the final holders, and each list's (moved, dropped)."""
+    owners = dict(before)
+    holding: dict[str, set[str]] = {}
+    for address, holder in owners.items():
+        holding.setdefault(holder, set()).add(address)
+    results: list[tuple[dict[Network, str], tuple[Network, ...]]] = []
+    for instance_id, addresses in lists:
+        wanted = {str(a): a for a in addresses}
+        mine = holding.setdefault(instance_id, set())
+        dropped = sorted(a for a in mine if a not in wanted)
+        for address in dropped:
+            del owners[address]
+            mine.discard(address)
+        moved: dict[Network, str] = {}
+        for address, network in wanted.items():
+            previous = owners.get(address)
+            if previous is not None and previous != instance_id:
+                moved[network] = previous
+                holding[previous].discard(address)
+            owners[address] = instance_id
+            mine.add(address)
+        results.append((moved, tuple(ipaddress.ip_network(a) for a in dropped)))
+    return owners, results
+
+
+class SqlTx:
+    """One write block inside a (possibly shared) transaction; ``seq`` is the feed head so far."""
+
+    def __init__(self, conn: WriteConnection, seq: int) -> None:
+        self.conn = conn
+        self.seq = seq
+        self.journal = Journal(start=seq, end=seq)
+        self.feed_rows: list[dict[str, Any]] = []
+        self.audit_rows: list[dict[str, Any]] = []
+        self._known: set[str] = set()  # instance rows known to exist in this transaction
+        self._dialect = conn.dialect.name
+        self._insert = pg_insert if self._dialect == "postgresql" else sqlite_insert
+
+    async def has_record(self, kind: str, instance_id: str) -> bool:
+        table = _RECORD_TABLES[record_kind(kind)]
+        row = await self.conn.execute(sa.select(table.c.instance_id).where(table.c.instance_id == instance_id))
+        found = row.first() is not None
+        if found:
+            self._known.add(instance_id)
+        return found
+
+    async def metadata_of_many(self, instance_ids: Sequence[str]) -> dict[str, JsonObject]:
+        documents: dict[str, JsonObject] = {}
+        for chunk in chunks(list(dict.fromkeys(instance_ids))):
+            rows = await self.conn.execute(statements.documents_of(self._dialect), {"ids": list(chunk)})
+            documents.update({row.instance_id: row.document for row in rows})
+        self._known.update(documents)  # a metadata row means the instance row exists
+        return documents
+
+    async def put_records(
+        self, metadata: Sequence[tuple[str, JsonObject]], userdata: Sequence[tuple[str, bytes]]
+    ) -> None:
+        if self._dialect != "postgresql":  # PostgreSQL's upserts insert the instance rows themselves
+            await self._ensure_instances([i for i, _ in metadata] + [i for i, _ in userdata])
+        at = await self._put_many(instance_metadata, "document", dict(metadata))
+        self.journal.ops += [Op(PUT, i, METADATA, copy.deepcopy(document), at) for i, document in metadata]
+        at = await self._put_many(instance_userdata, "userdata", dict(userdata))
+        self.journal.ops += [Op(PUT, i, USERDATA, bytes(data), at) for i, data in userdata]
+
+    async def replace_addresses_many(
+        self, lists: Sequence[tuple[str, Sequence[Network]]]
+    ) -> list[tuple[dict[Network, str], tuple[Network, ...]]]:
+        ids = list(dict.fromkeys(instance_id for instance_id, _ in lists))
+        await self._ensure_instances(ids)
+        before: dict[str, str] = {}  # address → holder, for every address this batch touches
+        wanted_all = list(dict.fromkeys(str(a) for _, addresses in lists for a in addresses))
+        # One query per chunk finds both the batch's instances' addresses and the wanted ones' holders.
+        pairs = itertools.zip_longest(chunks(ids), chunks(wanted_all), fillvalue=())
+        for number, (id_chunk, address_chunk) in enumerate(pairs):
+            if number:
+                await asyncio.sleep(0)  # SQLite runs these on the event loop: let reads in between chunks
+            rows = await self.conn.execute(statements.addresses_touched(self._dialect),
+                                           {"ids": list(id_chunk), "addresses": list(address_chunk)})
+            before.update({row.address: row.instance_id for row in rows})
+        owners, results = _replay_address_lists(before, lists)
+        gone = [a for a in before if a not in owners]
+        for chunk in chunks(gone):
+            await self.conn.execute(statements.drop_addresses(self._dialect), {"addresses": list(chunk)})
+        moved = [{"key": a, "holder": owners[a]} for a in before if a in owners and owners[a] != before[a]]
+        if moved:
+            await self.conn.execute(statements.MOVE_ADDRESS, moved)
+        new = [{"address": a, "instance_id": holder} for a, holder in owners.items() if a not in before]
+        if new:
+            await self.conn.execute(statements.ADD_ADDRESSES, new)
+        for (instance_id, addresses), (moved_from, _) in zip(lists, results, strict=True):
+            wanted = tuple({str(a): a for a in addresses}.values())
+            self.journal.ops.append(Op(ADDRESSES, instance_id, value=wanted, moved=moved_from))
+        return results
+
+    async def remove_record(self, kind: str, instance_id: str) -> bool:
+        return await self._remove(_RECORD_TABLES[record_kind(kind)], instance_id, kind)
+
+    async def forget_instance(self, instance_id: str) -> None:
+        await self.conn.execute(
+            instance_ip_addresses.delete().where(instance_ip_addresses.c.instance_id == instance_id)
+        )
+        await self.remove_password(instance_id)  # the foreign key cascades too; this does not rely on it
+        await self.remove_os(instance_id)
+        await self.conn.execute(instances.delete().where(instances.c.id == instance_id))
+        self._known.discard(instance_id)
+        self.journal.ops.append(Op(FORGET, instance_id))
+
+    async def mark_changed(self, instance_ids: Iterable[str]) -> None:
+        # The rows are inserted when the group commits (one insert), so a block that
+        # raises later leaves none behind.
+        for instance_id in dict.fromkeys(instance_ids):
+            self.seq += 1
+            self.feed_rows.append({"seq": self.seq, "instance_id": instance_id})
+        self.journal.end = self.seq
+
+    async def put_password(self, instance_id: str, password: bytes) -> bool:
+        t = instance_passwords
+        held = await self.conn.execute(sa.select(t.c.instance_id).where(t.c.instance_id == instance_id))
+        if held.first() is not None:
+            return False
+        await self.conn.execute(
+            t.insert().values(instance_id=instance_id, password=password, updated_at=datetime.now(UTC))
+        )
+        self.journal.ops.append(Op(PUT, instance_id, PASSWORD, bytes(password)))
+        return True
+
+    async def remove_password(self, instance_id: str) -> bool:
+        return await self._remove(instance_passwords, instance_id, PASSWORD)
+
+    async def os_of(self, instance_id: str) -> OsRecord | None:
+        t = instance_os
+        row = await self.conn.execute(sa.select(t.c.document).where(t.c.instance_id == instance_id))
+        document: JsonObject | None = row.scalar_one_or_none()
+        return None if document is None else os_record(document)
+
+    async def put_os(self, instance_id: str, record: OsRecord) -> None:
+        t, document = instance_os, os_document(record)
+        await self._ensure_instance(instance_id)
+        values = {"document": document, "updated_at": datetime.now(UTC)}
+        statement = self._insert(t).values(instance_id=instance_id, **values)
+        await self.conn.execute(statement.on_conflict_do_update(index_elements=[t.c.instance_id], set_=values))
+        self.journal.ops.append(Op(PUT, instance_id, OS, os_record(copy.deepcopy(document))))
+
+    async def remove_os(self, instance_id: str) -> bool:
+        return await self._remove(instance_os, instance_id, OS)
+
+    async def append_audit(self, event: AuditEvent) -> None:
+        await self.append_audit_many([event])
+
+    async def append_audit_many(self, events: Sequence[AuditEvent]) -> None:
+        # Inserted by the group's commit, in this transaction, with the other blocks' rows.
+        now = datetime.now(UTC)
+        self.audit_rows += [
+            {"at": now, "subject": e.subject, "instance_id": e.instance_id, "action": e.action, "kind": e.kind,
+             "applied": e.applied, "detail": e.detail}
+            for e in events
+        ]
+
+    # --- helpers -----------------------------------------------------------------------
+
+    async def _remove(self, table: sa.Table, instance_id: str, name: str) -> bool:
+        """Delete the instance's row of ``table`` and journal clearing ``name``; False when there was none."""
+        result = await self.conn.execute(table.delete().where(table.c.instance_id == instance_id))
+        if result.rowcount:
+            self.journal.ops.append(Op(REMOVE, instance_id, name))
+        return bool(result.rowcount)
+
+    async def _ensure_instance(self, instance_id: str) -> None:
+        if instance_id in self._known:
+            return
+        await self.conn.execute(self._insert(instances).values(id=instance_id).on_conflict_do_nothing())
+        self._known.add(instance_id)
+
+    async def _ensure_instances(self, instance_ids: Iterable[str]) -> None:
+        ids = [i for i in dict.fromkeys(instance_ids) if i not in self._known]
+        if ids:  # one statement: the rows that exist already are left alone
+            await self.conn.execute(statements.ensure_instances(self._dialect), [{"id": i} for i in ids])
+        self._known.update(ids)
+
+    async def _put_many(self, table: sa.Table, column: str, values: dict[str, Any]) -> datetime:
+        now = datetime.now(UTC)
+        if values and self._dialect == "postgresql":  # one statement: the instance rows and the records
+            new = [i for i in values if i not in self._known]
+            await self.conn.execute(statements.PG_UPSERT_RECORDS[table.name],
+                                    statements.pg_upsert_records(new, values, now))
+            self._known.update(new)
+        elif values:  # one upsert for the whole batch
+            await self.conn.execute(statements.upsert_record(self._dialect, table.name),
+                                    [{"instance_id": i, column: v, "updated_at": now} for i, v in values.items()])
+        return now

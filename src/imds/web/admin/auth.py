@@ -1,0 +1,36 @@
+"""What every admin router shares: the bearer-token check, the ``{instance_id}`` path parameter, record schemas."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import Request
+
+from imds.services import Services
+from imds.services.admission.auth import require
+
+UUID = {"type": "string", "format": "uuid"}
+ID_PARAM = {"name": "instance_id", "in": "path", "required": True, "schema": UUID}
+ID_EXTRA: dict[str, Any] = {"parameters": [ID_PARAM]}  # openapi_extra for a route taking {instance_id}
+
+
+def record_schema(required: tuple[str, ...], **properties: Any) -> dict[str, Any]:
+    """The JSON schema of a record write: an object with its ``id`` (a UUID), ``required`` and ``properties``."""
+    return {"type": "object", "required": ["id", *required], "properties": {"id": UUID, **properties}}
+
+
+def request_body(schema: dict[str, Any]) -> dict[str, Any]:
+    """``openapi_extra`` for a route whose required JSON body follows ``schema``."""
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
+
+
+def _bearer(request: Request) -> str | None:
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    return token.strip() or None if scheme.lower() == "bearer" else None
+
+
+async def authorize(services: Services, request: Request, needed: tuple[str, ...]) -> str:
+    """The caller's subject, if its bearer token holds one of ``needed``; else an AuthError."""
+    principal = await services.auth.authenticate(_bearer(request))
+    require(principal, needed)
+    return principal.subject

@@ -1,0 +1,103 @@
+"""Whole records by id, for operators' tools (``imds get|list|export --url``).
+
+``GET /device-records`` streams every stored instance as JSON lines, and
+``GET /device-records/{id}`` answers one, each in the upsert wire format
+(``imds.services.records.readout``): what ``POST /device-metadata`` / ``/device-userdata``
+accept, so an export is also an import. Both need a read scope for metadata *and* one for
+userdata, since both come back. ``GET /device-records`` includes each Ganeti OS record
+(``"os"``) with private values decrypted, which also needs an ``os`` read scope;
+``?private=false`` leaves them out (``imds export --no-private``); ``GET
+/device-records/{id}`` never shows them. ``POST /device-records[?dry_run=true]`` takes a JSON array of
+such objects (at most ``--max-body-bytes``) and applies them in one transaction, answering
+``{"results": [{"id", "outcome": created|updated|unchanged|stale|rejected, "reason"}]}`` in
+order; it needs write scopes for both kinds.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+from fastapi import APIRouter, Request
+from starlette.responses import Response, StreamingResponse
+
+from imds.errors import InvalidInput
+from imds.models import METADATA, OS_KIND, USERDATA, Instance
+from imds.services import Services
+from imds.services.admission.auth import read_scopes, upsert_scopes
+from imds.services.records.bulk import Item, apply_batch, parse_item, rejected
+from imds.services.records.readout import stored_instance, stored_instances, to_wire
+from imds.services.records.wire import parse_instance_id, parse_json
+from imds.services.render.json import encode
+from imds.web.admin.auth import ID_EXTRA, authorize
+from imds.web.body import read_limited
+from imds.web.errors import JSON, documented
+
+NDJSON = "application/x-ndjson"
+
+
+def records_admin_router(services: Services) -> APIRouter:
+    """``/device-records`` and ``/device-records/{id}``, bound to ``services``."""
+    router = APIRouter(tags=["admin"], responses=documented(400, 401, 403, 404, 413, 503))
+
+    async def authorize_both(request: Request) -> None:
+        await authorize(services, request, read_scopes(METADATA))
+        await authorize(services, request, read_scopes(USERDATA))
+
+    @router.get("/device-records", summary="Every instance record, as JSON lines in the upsert format",
+                response_class=StreamingResponse)
+    async def list_records(request: Request, private: bool = True) -> StreamingResponse:
+        await authorize_both(request)
+        instances = await stored_instances(services.store)
+        await _authorize_private(services, request, instances, private=private)
+        cipher = services.os.cipher
+        wire = [to_wire(instance, cipher, private=private) for instance in instances]  # errors before streaming
+
+        def lines() -> Iterator[bytes]:
+            for record in wire:
+                yield json.dumps(record, separators=(",", ":")).encode() + b"\n"
+
+        return StreamingResponse(lines(), media_type=NDJSON)
+
+    @router.post("/device-records", summary="Create or replace many records in one transaction (imds import)")
+    async def post_records(request: Request, dry_run: bool = False) -> Response:
+        subject = await authorize(services, request, upsert_scopes(METADATA))
+        await authorize(services, request, upsert_scopes(USERDATA))
+        objects = parse_json(await read_limited(request, services.settings.limits.max_body_bytes))
+        if not isinstance(objects, list):
+            raise InvalidInput.one("body", "must be a JSON array of upsert objects")
+        items, results = [], {}
+        for index, obj in enumerate(objects):
+            label = f"item {index}"
+            try:
+                items.append((index, parse_item(obj, label=label,
+                                                max_os_value_bytes=services.settings.ganeti.os_param_max_bytes)))
+            except InvalidInput as exc:
+                results[index] = rejected(label, obj, exc)
+        await _authorize_os_writes(services, request, [item for _, item in items])
+        written = await apply_batch(services.records, services.store, [item for _, item in items],
+                                    subject=subject, dry_run=dry_run, os_records=services.os)
+        results.update({index: result for (index, _), result in zip(items, written, strict=True)})
+        body = [{"id": r.id, "outcome": r.outcome, "reason": r.reason} for _, r in sorted(results.items())]
+        return Response(encode({"results": body}), media_type=JSON)
+
+    @router.get("/device-records/{instance_id}", summary="One instance record in the upsert format",
+                openapi_extra=ID_EXTRA)
+    async def get_record(request: Request, instance_id: str) -> Response:
+        await authorize_both(request)
+        instance = await stored_instance(services.store, parse_instance_id(instance_id))
+        return Response(encode(to_wire(instance, private=False)), media_type=JSON)
+
+    return router
+
+
+async def _authorize_private(services: Services, request: Request, instances: list[Instance], *, private: bool) -> None:
+    """Decrypted private OS values go out only to a token with an ``os`` read scope."""
+    if private and any(instance.os is not None for instance in instances):
+        await authorize(services, request, read_scopes(OS_KIND))
+
+
+async def _authorize_os_writes(services: Services, request: Request, items: list[Item]) -> None:
+    """Items that carry a Ganeti OS record need an ``os`` write scope too."""
+    if any(item.os is not None for item in items):
+        await authorize(services, request, upsert_scopes(OS_KIND))

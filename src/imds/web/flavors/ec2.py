@@ -1,0 +1,100 @@
+"""The EC2 flavor: ``/<version>/meta-data/…``, ``user-data``, ``dynamic/…``, IMDSv2 tokens.
+
+Errors answer with EC2's plain-text bodies (``404 - Not Found``), never JSON, never 500.
+IMDSv2: ``PUT /latest/api/token`` mints a token bound to the caller; a request that
+carries ``X-aws-ec2-metadata-token`` must carry a valid one for the same instance, and
+with ``--imdsv2 required`` every read must. A token PUT that came through a proxy (any
+header of ``imds.services.identity.tokens.FORWARDING_HEADERS``) is refused, as AWS does,
+unless a trusted proxy signed the instance id and sent only ``X-Forwarded-For`` naming the
+VM (rule in ``imds.services.identity.proxied``).
+"""
+
+from __future__ import annotations
+
+import re
+
+from imds.errors import ImdsError, NotFound, Refused, Unauthenticated
+from imds.models import METADATA, USERDATA
+from imds.services import Services
+from imds.services.identity.proxied import may_mint_through
+from imds.services.identity.tokens import TOKEN_HEADER, TTL_HEADER, forwarding, is_token_path, parse_ttl
+from imds.services.render.ec2 import VERSIONS, version_root, versions_listing
+from imds.services.render.tree import body, resolve
+from imds.web.errors import status_for
+from imds.web.replies import plain
+from imds.web.routing import READ_METHODS, InstanceCall, Locator, Reply, header
+
+_TTL = TTL_HEADER.encode()
+_NEEDS_METADATA = frozenset({"meta-data", "dynamic"})
+_COUNTED = frozenset({"meta-data", "user-data"})  # reads that count as hollow's metadata/userdata hits
+_VERSION_SHAPE = re.compile(r"^(?:\d{4}-\d{2}-\d{2}|1\.0|latest.*)$")
+
+
+class Ec2Flavor:
+    """Serves the EC2 trees rendered from the caller's record."""
+
+    def __init__(self, services: Services, locator: Locator) -> None:
+        self._services = services
+        self._locator = locator
+        self._tokens = services.tokens
+        self._required = services.settings.ec2.imdsv2 == "required"
+
+    def claims(self, segment: str) -> bool:
+        """Whether an unknown first segment looks like an EC2 version (so 404s are EC2-style)."""
+        return _VERSION_SHAPE.match(segment) is not None
+
+    async def versions(self, call: InstanceCall) -> Reply:
+        """``GET /``: the versions served, one per line."""
+        if call.scope["method"] not in READ_METHODS:
+            return plain(405)
+        return Reply(200, versions_listing().encode())
+
+    async def handle(self, call: InstanceCall) -> Reply:
+        """Any path under ``/<version>``."""
+        scope = call.scope
+        _, version, *rest = scope["path"].split("/", 2)
+        subpath = rest[0] if rest else ""
+        method = scope["method"]
+        if version not in VERSIONS:
+            return plain(404)
+        try:
+            if method == "PUT" and is_token_path(scope["path"]):
+                return await self._mint(call)
+            if method not in READ_METHODS:
+                return plain(405)
+            return await self._read(call, version, subpath)
+        except ImdsError as exc:
+            return plain(status_for(exc))
+
+    async def _mint(self, call: InstanceCall) -> Reply:
+        scope = call.scope
+        headers = scope["headers"]
+        forwarded = [v.decode("latin-1") for k, v in headers if k == b"x-forwarded-for"]
+        others = forwarding(h for h in headers if h[0] != b"x-forwarded-for")  # all but a trusted proxy's own
+        if others or not may_mint_through(self._locator.claim(call), forwarded):
+            raise Refused("IMDSv2 tokens cannot be requested through a proxy")
+        ttl = parse_ttl(header(scope, _TTL))
+        entry = await self._locator.entry(call)
+        token = self._tokens.issue(entry.instance.id, ttl)
+        return Reply(200, token.encode(), headers=((_TTL, str(ttl).encode()),))
+
+    async def _read(self, call: InstanceCall, version: str, subpath: str) -> Reply:
+        kind = subpath.split("/", 1)[0]
+        record = USERDATA if kind == "user-data" else METADATA
+        needs_record = kind in _NEEDS_METADATA or kind == "user-data"
+        entry = await self._locator.entry(call, record, count=kind in _COUNTED, needs_record=needs_record)
+        headers: tuple[tuple[bytes, bytes], ...] = ()
+        token = header(call.scope, TOKEN_HEADER.encode())
+        if token is not None:
+            left = self._tokens.check(token, entry.instance.id)
+            headers = ((_TTL, str(left).encode()),)
+        elif self._required:
+            raise Unauthenticated("an IMDSv2 token is required")
+        signer = self._services.signer
+        root = entry.render(f"ec2/{version}", lambda instance: version_root(instance, version, signer))
+        node = resolve(root, subpath)
+        if node is None:
+            raise NotFound(f"no {subpath!r} under /{version}")
+        if kind in _COUNTED:
+            self._locator.served(record)
+        return Reply(200, body(node), headers=headers)

@@ -1,0 +1,93 @@
+"""The OpenStack flavor: ``/openstack``, ``/openstack/<version>/…`` and the instance's password.
+
+Reads answer from the catalog's per-version trees (``imds.services.render.openstack``);
+``meta_data.json`` gets a fresh ``random_seed`` on every request. ``POST
+/openstack/<version>/password`` (2013-04-04 and later) stores the password the instance
+posts, once: 200 with an empty body, 409 when one is already set, 400 over 1020 bytes.
+Errors are plain text (``404 - Not Found``), never JSON, never 500.
+"""
+
+from __future__ import annotations
+
+from imds.errors import Conflict, ImdsError, InvalidInput, NotFound
+from imds.models import METADATA, USERDATA
+from imds.services import Services
+from imds.services.records.upsert import PASSWORD_MAX_BYTES
+from imds.services.render.openstack import (
+    GRIZZLY,
+    PASSWORD,
+    USER_DATA,
+    VERSIONS,
+    SeededJson,
+    SeedPool,
+    since,
+    version_dir,
+    versions_listing,
+)
+from imds.services.render.tree import body, resolve
+from imds.web.replies import declared_over, plain, plain_error, read_body, userdata_type
+from imds.web.routing import JSON, READ_METHODS, InstanceCall, Locator, Pending, Receive, Reply
+
+
+class OpenStackFlavor:
+    """Serves Nova's metadata layout rendered from the caller's record."""
+
+    def __init__(self, services: Services, locator: Locator) -> None:
+        self._records = services.records
+        self._locator = locator
+        self._seeds = SeedPool()
+
+    async def handle(self, call: InstanceCall) -> Reply:
+        """Any path under ``/openstack``."""
+        scope = call.scope
+        parts = [part for part in scope["path"].split("/")[2:] if part]
+        method = scope["method"]
+        try:
+            if not parts:
+                return Reply(200, versions_listing().encode()) if method in READ_METHODS else plain(405)
+            version, rest = parts[0], "/".join(parts[1:])
+            if version not in VERSIONS:
+                raise NotFound(f"no OpenStack metadata version {version!r}")
+            if rest == PASSWORD and not since(version, GRIZZLY):
+                raise NotFound(f"/openstack/{version} has no password")
+            if method == "POST" and rest == PASSWORD:
+                return await self._post_password(call)
+            if method not in READ_METHODS:
+                return plain(405)
+            return await self._read(call, version, rest)
+        except ImdsError as exc:
+            return plain_error(exc)
+
+    async def _read(self, call: InstanceCall, version: str, rest: str) -> Reply:
+        kind = USERDATA if rest == USER_DATA else METADATA
+        entry = await self._locator.entry(call, kind, needs_record=True)
+        root = entry.render(f"openstack/{version}", lambda found: version_dir(found, version))
+        node = resolve(root, rest)
+        if node is None:
+            raise NotFound(f"no {rest!r} under /openstack/{version}")
+        self._locator.served(kind)
+        if isinstance(node, SeededJson):
+            return Reply(200, node.with_seed(self._seeds.take()), JSON)
+        if rest.endswith(".json"):
+            return Reply(200, body(node), JSON)
+        if kind == USERDATA:
+            return Reply(200, body(node), entry.render("openstack/user_data:type", userdata_type))
+        return Reply(200, body(node))
+
+    async def _post_password(self, call: InstanceCall) -> Reply:
+        instance = (await self._locator.entry(call)).instance
+        if instance.password is not None:  # the store checks again, inside the write
+            raise Conflict(f"instance {instance.id} already has a password")
+        if declared_over(call.scope, PASSWORD_MAX_BYTES):
+            raise InvalidInput.one("body", f"a password is at most {PASSWORD_MAX_BYTES} bytes")
+        records, instance_id = self._records, instance.id
+
+        async def complete(receive: Receive) -> Reply:
+            try:
+                await records.set_password(instance_id, await read_body(receive, PASSWORD_MAX_BYTES))
+            except ImdsError as exc:
+                return plain_error(exc)
+            return Reply(200, b"")
+
+        return Pending(complete=complete)
+
