@@ -217,6 +217,9 @@ OPTIONS: tuple[Option, ...] = (
            "Deepest nesting of objects and lists accepted in a metadata document.", group="limits"),
     Option("max_document_keys", "IMDS_MAX_DOCUMENT_KEYS", "int", 20000,
            "Most object keys (counted over every level) accepted in a metadata document.", group="limits"),
+    Option("strict_records", "IMDS_STRICT_RECORDS", "bool", False,  # noqa: FBT003 - a table row, not a call site
+           "Refuse what hollow accepts: host bits in a CIDR, a metadata id not the record id, no ipAddresses.",
+           group="limits"),
     Option("metrics_public", "IMDS_METRICS_PUBLIC", "bool", False,  # noqa: FBT003 - a table row, not a call site
            "Serve /metrics without a token (hollow-compatible scraping); off: it needs a metrics or read scope.",
            group="admin"),
@@ -394,6 +397,7 @@ class LimitSettings(Group):
     max_addresses: int
     max_document_depth: int
     max_document_keys: int
+    strict_records: bool
 
 
 @dataclass(frozen=True, repr=False)

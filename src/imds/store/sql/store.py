@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import copy
 import functools
-import ipaddress
 import itertools
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -34,6 +33,7 @@ from imds.models import (
     JsonObject,
     Network,
     OsRecord,
+    stored_network,
 )
 from imds.store.interface import StoredInstance
 from imds.store.journal import ADDRESSES, FORGET, PUT, REMOVE, Journal, Op
@@ -65,8 +65,8 @@ _ABSENT: tuple[None, None] = (None, None)
 
 
 def _stored_network(text: str) -> Network:
-    """A stored (normalised) address; the class is picked up front, so IPv6 rows skip a failed IPv4 parse."""
-    return ipaddress.IPv6Network(text) if ":" in text else ipaddress.IPv4Network(text)
+    """A stored address (normalised, or an address with a prefix kept as sent: ``models.stored_network``)."""
+    return stored_network(text)
 
 _RECORD_TABLES = {METADATA: instance_metadata}
 
@@ -132,7 +132,7 @@ def _replay_address_lists(
                 holding[previous].discard(address)
             owners[address] = instance_id
             mine.add(address)
-        results.append((moved, tuple(ipaddress.ip_network(a) for a in dropped)))
+        results.append((moved, tuple(stored_network(a) for a in dropped)))
     return owners, results
 
 
@@ -231,7 +231,7 @@ class _SqlTx:
         for batch in _chunks(new):  # in batches: 60,000 rows' parameters built at once held the event loop
             await self.conn.execute(t.insert(), batch)
         self.journal.ops.append(Op(ADDRESSES, instance_id, value=tuple(wanted.values()), moved=moved))
-        return moved, tuple(ipaddress.ip_network(a) for a in dropped)
+        return moved, tuple(stored_network(a) for a in dropped)
 
     async def forget_instance(self, instance_id: str) -> None:
         await self.conn.execute(
