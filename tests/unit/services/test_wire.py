@@ -147,9 +147,9 @@ def test_updated_at_inside_a_string_document_is_checked_too():
 
 @pytest.mark.parametrize("body", [[], "x", 1, None, True])
 def test_body_must_be_an_object(body):
-    """A JSON body that is not an object names ``body`` and every required field (--strict-records)."""
+    """A JSON body that is not an object names ``body`` and every required field."""
     with pytest.raises(InvalidInput) as caught:
-        parse_metadata_write(body, STRICT)
+        parse_metadata_write(body)
     assert list(problems(caught)) == ["body", "id", "ipAddresses", "metadata"]
     assert problems(caught)["body"] == "must be a JSON object"
 

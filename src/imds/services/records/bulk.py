@@ -128,7 +128,7 @@ def _unchanged(item: Item, stored: Instance, os_records: OsRecords | None) -> bo
         return False
     first = item.metadata or item.userdata
     assert first is not None  # noqa: S101 - parse_item guarantees one part
-    if set(first.addresses) != set(stored.addresses):
+    if {str(a) for a in first.addresses} != {str(a) for a in stored.addresses}:  # spellings too (kept as sent)
         return False
     if item.metadata is not None and item.metadata.metadata != stored.metadata:
         return False

@@ -146,7 +146,6 @@ class _Array:
 
     def items(self) -> Iterator[Raw]:
         """Each element as a Raw labelled ``item N``; UnreadableInput when the array does not parse."""
-        self._skip_space()
         self._text = self._text.removeprefix(_BOM)
         self._skip_space()
         self._advance(self._pos + 1)  # the "[" (read_stream checked it)
@@ -203,8 +202,7 @@ class _Array:
 
     def _skip_space(self) -> None:
         while True:
-            match = _SPACE.match(self._text, self._pos)
-            self._advance(match.end() if match else self._pos)
+            self._advance(_SPACE.match(self._text, self._pos).end())  # type: ignore[union-attr] # "*" always matches
             if self._pos < len(self._text) or self._eof:
                 return
             self._fill()

@@ -182,7 +182,7 @@ def _instance_id(value: Any, field: str, problems: list[Problem]) -> str | None:
 
 def _addresses(fields: dict[str, Any], problems: list[Problem], limits: Limits) -> tuple[Network, ...]:
     if "ipAddresses" not in fields or fields["ipAddresses"] is None:
-        if limits.strict_records:
+        if limits.strict_records or not fields:  # a body that is not an object has none of its fields
             problems.append(Problem("ipAddresses", "is required: the complete list (send [] to remove every address)"))
         return ()  # hollow's reading: no list is the empty list (the answer's "dropped" names what went)
     values = fields["ipAddresses"]
