@@ -17,6 +17,7 @@ import httpx
 import pytest
 
 from factories import new_id
+from fake_upstream import running_upstream
 from helpers import admin_client, client_from, make_settings, running_app
 from imds.web.instance import InstanceFront
 
@@ -174,3 +175,20 @@ async def test_explaining_an_address_no_entry_holds_is_an_answer_not_a_500():
         body = answer.json()
         assert (body["instance_id"], body["matched"], body["upstream"]) == (None, None, {"configured": False})
         assert body["why"] == "no stored entry contains it: no instance holds 10.70.99.1"
+
+
+async def test_pull_mode_lookups_read_the_same_way(local_store_url):
+    """An upstream (hollow) answer listing 10.70.17.9/31 serves the caller .8 and is stored as sent."""
+    instance_id = new_id()
+    record = body_of(instance_id, [SPELLED])
+    with running_upstream() as upstream:
+        upstream.answer("/device-metadata", 200, record)
+        async with admin_app(local_store_url, lookup_url=upstream.base, lookup_timeout=2.0) as (app, admin):
+            served = await guest_get(app, "10.70.17.8", "/metadata")
+            assert (served.status_code, served.json()["id"]) == (200, instance_id)
+            assert (await admin.get(f"/device-records/{instance_id}")).json()["ipAddresses"] == [SPELLED]
+        async with admin_app("memory://", lookup_url=upstream.base, lookup_timeout=2.0, strict_records=True) as (
+                app, _admin):
+            refused = await guest_get(app, "10.70.17.8", "/metadata")
+            assert refused.status_code == 502
+            assert "ipAddresses[0]" in refused.text
