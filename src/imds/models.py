@@ -66,7 +66,8 @@ RECORD_KINDS = (METADATA, USERDATA)
 class Instance:
     """The canonical record of one instance, as the store holds it.
 
-    ``addresses`` are normalised networks (a host address is a /32 or /128).
+    ``addresses`` are normalised networks (a host address is a /32 or /128), or an address
+    with a prefix kept as sent (``SpelledIPv4Network``: ``10.70.17.9/31`` covering ``10.70.17.8/31``).
     ``metadata`` and ``userdata`` are ``None`` when that record type is absent.
     """
 

@@ -1,7 +1,10 @@
 """IP address parsing, normalisation and the longest-prefix-match index.
 
 Addresses are stored as networks: a host address is a /32 (or /128). IPv4-mapped IPv6
-addresses (``::ffff:10.0.0.5``) are the IPv4 address they carry, everywhere.
+addresses (``::ffff:10.0.0.5``) are the IPv4 address they carry, everywhere. An address
+written with a prefix and host bits set (``10.70.17.9/31``, as Equinix and hollow list them)
+is, unless ``--strict-records``, the network it names (``10.70.17.8/31``) for matching, and
+keeps its spelling for storage and display (``imds.models.SpelledIPv4Network``).
 """
 
 from __future__ import annotations
