@@ -151,7 +151,7 @@ def build_services(
 
 def limits_of(settings: Settings) -> Limits:
     """The write limits configured in ``settings``."""
-    return Limits(settings.limits.max_addresses, settings.limits.max_document_depth, settings.limits.max_document_keys)
+    return Limits.of(settings.limits)
 
 
 def _signed_identity(settings: Settings) -> SignedIdentity:

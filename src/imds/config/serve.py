@@ -90,6 +90,8 @@ OPTIONS: tuple[Option, ...] = (
     _limits("max_document_depth", "int", 64, "Deepest nesting of objects and lists accepted in a metadata document."),
     _limits("max_document_keys", "int", 20000,
         "Most object keys (counted over every level) accepted in a metadata document."),
+    _limits("strict_records", "bool", False,  # noqa: FBT003 - a table row, not a call site
+        "Refuse what hollow accepts: host bits in a CIDR, a metadata id not the record id, no ipAddresses."),
     _admin("metrics_public", "bool", False,  # noqa: FBT003 - a table row, not a call site
         "Serve /metrics without a token (hollow-compatible scraping); off: it needs a metrics or read scope."),
     _store("demo", "bool", False,  # noqa: FBT003 - a table row, not a call site

@@ -93,6 +93,7 @@ class LimitSettings(Group, rows=OPTIONS):
     max_addresses: int
     max_document_depth: int
     max_document_keys: int
+    strict_records: bool
 
 
 @dataclass(frozen=True, repr=False)
