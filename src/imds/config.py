@@ -247,6 +247,9 @@ OPTIONS: tuple[Option, ...] = (
            "never on disk).", group="ganeti"),
     Option("os_package_timeout", "IMDS_OS_PACKAGE_TIMEOUT", "float", 30.0,
            "Seconds a personalization package fetch may take.", group="ganeti"),
+    Option("ganeti_metad_socket", "IMDS_GANETI_METAD_SOCKET", "path", None,
+           "Unix socket taking ganeti-metad's place: Ganeti's node daemon pushes instances here (Luxi, mode 0600).",
+           group="ganeti"),
     # The instance<->host channel and change watch (README: "The instance↔host channel").
     Option("event_rate", "IMDS_EVENT_RATE", "float", 1.0,
            "Events (and phone-homes) an instance may post per second, on average, per replica.", group="channel"),
@@ -455,6 +458,7 @@ class GanetiSettings(Group):
     os_param_max_bytes: int
     os_package_max_bytes: int
     os_package_timeout: float
+    ganeti_metad_socket: Path | None
 
 
 @dataclass(frozen=True, repr=False)
