@@ -13,6 +13,7 @@ import gzip
 import io
 import json
 import shutil
+import socket
 import tarfile
 import tempfile
 import uuid
@@ -26,7 +27,7 @@ import pytest
 from ganeti_metad import SOCKET, metad_running, node_root, push, require_ganeti
 from serve_process import Server, client_at, serving
 
-INSTANCE_IP, STRANGER_IP = "127.0.0.5", "127.0.0.6"
+INSTANCE_IP, STRANGER_IP, MOVED_IP = "127.0.0.5", "127.0.0.6", "127.0.0.7"
 SCRIPTS = ("create", "export", "import", "rename")  # no "verify": both answer 404 for it
 PARAMETERS = ("dhcp", "os-install-package", "root-password", "api-key")
 PUBLIC = "/ganeti/latest/os/parameters.json"
@@ -103,6 +104,9 @@ def test_imds_answers_as_ganeti_metad(base: Path) -> None:
         assert_documented_differences(metad.url, imds.url, install_package)
         assert_audited(imds, spec["instance"]["uuid"])
         assert_skipped_alike(metad_root, imds_root, imds)
+        assert unterminated(metad_root / SOCKET) == b""  # metad closes without a word
+        assert unterminated(imds_root / SOCKET) == (
+            b'{"success":false,"result":"message ended without its 0x03 terminator"}\x03')
         served = read(metad.url, PUBLIC).json()
     assert served == {"dhcp": ["yes", "public"], "os-install-package": [str(install_package), "public"],
                       "root-password": ["hunter2-private", "private"], "api-key": ["s3cr3t-secret", "secret"]}
@@ -115,6 +119,28 @@ def test_imds_answers_as_ganeti_metad(base: Path) -> None:
         with httpx.Client(timeout=5.0) as admin:
             view = admin.get(f"{imds.url}/device-os/{spec['instance']['uuid']}", headers=imds.admin_headers).json()
         assert view["parameters"]["api-key"] == {"visibility": "secret", "secret_state": "lost"}
+        assert_moves_alike(metad_root, imds_root, metad.url, imds.url, spec)
+
+
+def assert_moves_alike(metad_root: Path, imds_root: Path, metad: str, imds: str, spec: dict[str, Any]) -> None:
+    """A re-push with another address, an OS variant and a name in two sections (the docs' rows for each)."""
+    assert push(metad_root, spec)["result"] == []  # metad learns the instance again after its restart
+    moved = json.loads(json.dumps(spec))
+    moved["nics"][1]["ip"] = MOVED_IP
+    moved["instance"]["os"] = "debootstrap+default"
+    moved["instance"]["osparams"]["root-password"] = "public-too"
+    assert push(metad_root, moved)["result"] == push(imds_root, moved)["result"] == []
+    # The old address: metad's map only grows, imds's address list is replaced.
+    assert read(metad, PUBLIC).status_code == 200
+    assert read(imds, PUBLIC).status_code == 404
+    # An OS variant: metad looks for the directory "debootstrap+default", imds uses "debootstrap".
+    theirs, ours = (read(url, "/ganeti/latest/os/scripts/create", source=MOVED_IP) for url in (metad, imds))
+    assert (theirs.status_code, ours.status_code, ours.content) == (404, 200, b"#!/bin/sh\necho create\n")
+    # A name in two sections: metad writes it twice, imds once with the later section's visibility.
+    theirs, ours = (read(url, PUBLIC, source=MOVED_IP) for url in (metad, imds))
+    assert theirs.content.count(b'"root-password"') == 2
+    assert ours.content.count(b'"root-password"') == 1
+    assert ours.json()["root-password"] == theirs.json()["root-password"] == ["hunter2-private", "private"]
 
 
 def assert_same_reads(metad: str, imds: str) -> None:
@@ -186,6 +212,19 @@ def assert_documented_differences(metad: str, imds: str, install_package: Path) 
     theirs, ours = (read(url, "/ganeti/latest/os") for url in (metad, imds))
     assert theirs.status_code == 404
     assert (ours.status_code, ours.text) == (200, "os-install-package\nparameters.json\nscripts/")
+
+
+def unterminated(path: Path) -> bytes:
+    """Send an echo without its 0x03, close our side: what comes back."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(10)
+        sock.connect(str(path))
+        sock.sendall(b'{"method": "echo", "args": ["x"]}')
+        sock.shutdown(socket.SHUT_WR)
+        received = b""
+        while chunk := sock.recv(4096):
+            received += chunk
+        return received
 
 
 def assert_audited(imds: Server, instance_id: str) -> None:

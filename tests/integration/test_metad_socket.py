@@ -118,6 +118,15 @@ async def test_without_communication_nic_is_skipped(metad):
     assert len(app.services.catalog) == 0
 
 
+async def test_an_instance_without_os_gets_only_its_instance_record(metad):
+    """No OS name: the metadata record is stored, the /ganeti paths stay 404 (docs/ganeti.md's table)."""
+    app, path = metad
+    assert (await update(path, instance(os="")))["success"] is True
+    async with client_from(app, IP) as guest:
+        assert (await guest.get("/metadata")).json()["hostname"] == "vm1.example.com"
+    assert (await parameters(app))[0] == 404
+
+
 async def test_message_without_terminator_gets_an_error(metad):
     """Bytes then EOF without 0x03: an error answer naming it, nothing stored."""
     app, path = metad
