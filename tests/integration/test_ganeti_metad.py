@@ -86,7 +86,15 @@ def members(archive: bytes) -> dict[str, bytes]:
 
 def imds_args(base: Path, os_dir: Path, imds_root: Path) -> tuple[str, ...]:
     return ("--db", f"sqlite:///{base / 'imds.db'}", "--os-definitions-dir", str(os_dir),
-            "--ganeti-metad-socket", str(imds_root / SOCKET))
+            "--ganeti-metad-socket", str(imds_root / SOCKET), "--log-level", "debug")
+
+
+def assert_kept_secret(base: Path, imds: Server) -> None:
+    """The secret reached no file and no log line; the private value no log line (docs/ganeti.md, Visibility)."""
+    stored = b"".join(path.read_bytes() for path in base.glob("imds.db*"))
+    assert b"s3cr3t-secret" not in stored
+    assert "s3cr3t-secret" not in imds.output()
+    assert "hunter2-private" not in imds.output()
 
 
 def test_imds_answers_as_ganeti_metad(base: Path) -> None:
@@ -108,6 +116,7 @@ def test_imds_answers_as_ganeti_metad(base: Path) -> None:
         assert unterminated(imds_root / SOCKET) == (
             b'{"success":false,"result":"message ended without its 0x03 terminator"}\x03')
         served = read(metad.url, PUBLIC).json()
+    assert_kept_secret(base, imds)
     assert served == {"dhcp": ["yes", "public"], "os-install-package": [str(install_package), "public"],
                       "root-password": ["hunter2-private", "private"], "api-key": ["s3cr3t-secret", "secret"]}
     # After a restart metad has forgotten everything; imds keeps public and private parameters, not secrets.
