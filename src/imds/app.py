@@ -17,6 +17,7 @@ from starlette.exceptions import HTTPException
 from imds import __version__, log
 from imds.config import Settings
 from imds.errors import AuthNotConfigured, ImdsError
+from imds.metad.luxi import serving as metad_serving
 from imds.metrics import Metrics
 from imds.services import Services
 from imds.services.admission.auth import Authenticator, Chain, NoAuth, StaticTokens
@@ -69,7 +70,8 @@ def build_app(
                 instance_id = await load_demo(services.records)
                 _log.info("demo.loaded", instance_id=instance_id, addresses=["127.0.0.1", "::1"])
             _log.info("imds.started", version=__version__, instances=len(services.catalog))
-            yield
+            async with metad_serving(services):  # --ganeti-metad-socket (imds.metad)
+                yield
         _log.info("imds.stopped")
 
     admin = FastAPI(

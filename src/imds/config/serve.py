@@ -114,6 +114,8 @@ OPTIONS: tuple[Option, ...] = (
         "Largest personalization package fetched for /ganeti/.../os/package, in bytes (held in memory, "
         "never on disk)."),
     _ganeti("os_package_timeout", "float", 30.0, "Seconds a personalization package fetch may take."),
+    _ganeti("ganeti_metad_socket", "path", None,
+        "Unix socket taking ganeti-metad's place: Ganeti's node daemon pushes instances here (Luxi, mode 0600)."),
     # The instance<->host channel and change watch (README: "The instance↔host channel").
     _channel("event_rate", "float", 1.0,
         "Events (and phone-homes) an instance may post per second, on average, per replica."),

@@ -155,6 +155,7 @@ class GanetiSettings(Group, rows=OPTIONS):
     os_param_max_bytes: int
     os_package_max_bytes: int
     os_package_timeout: float
+    ganeti_metad_socket: Path | None
 
 
 @dataclass(frozen=True, repr=False)
