@@ -5,7 +5,7 @@ Run on demand (never in CI)::
     .venv/bin/python bench/scale.py --count 100000
     .venv/bin/python bench/scale.py --count 1000000 --keep /var/tmp/imds-1m   # reuse the database next time
 
-Each instance has the Equinix-sized reference document (``../shared/fixtures/metadata-example.json``
+Each instance has the Equinix-sized reference document (``tests/fixtures/metadata-example.json``
 with its id, hostname and addresses made unique) and two addresses: a loopback IPv4
 host (127.x.y.z, so this machine can read as that instance) and an IPv6 host. The
 database is filled through the store's batch primitives (``fill``: the statements
@@ -41,7 +41,7 @@ from imds.store import open_store
 
 BENCH = Path(__file__).parent
 IMDS = Path(sys.executable).parent / "imds"
-FIXTURE = BENCH.parent / ".." / "shared" / "fixtures" / "metadata-example.json"
+FIXTURE = BENCH.parent / "tests" / "fixtures" / "metadata-example.json"  # the reference document, kept with the tests
 RESULTS = BENCH / "results.md"
 TIMEOUT = 900.0
 

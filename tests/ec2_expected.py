@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
+from helpers import fixture_json
+
 REPO = next(p for p in Path(__file__).parents if (p / "pyproject.toml").is_file())
-SEED_FILE = REPO.parent / "shared" / "fixtures" / "metadata-example.json"
 
 INSTANCE_ID = "cc40301c-4038-4011-af55-6eae3ba60246"
 ED25519_KEY = (
@@ -50,4 +50,4 @@ HOLLOW_SEED: dict[str, str] = {
 
 def seed() -> dict[str, Any]:
     """A fresh copy of the seed's example document."""
-    return json.loads(SEED_FILE.read_text())
+    return fixture_json("metadata-example.json")

@@ -26,7 +26,6 @@ import contextlib
 import json
 import sys
 import threading
-import time
 import urllib.parse
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -215,15 +214,6 @@ class FakeUpstream:
         """The access tokens the token endpoint gave out, in order."""
         with self.lock:
             return list(self._oauth.issued) if self._oauth else []
-
-    def wait_for(self, predicate: Any, timeout: float = 5.0) -> None:
-        """Block (bounded, for sync tests) until ``predicate(self)`` holds."""
-        deadline = time.monotonic() + timeout
-        while not predicate(self):
-            if time.monotonic() > deadline:
-                msg = f"fake upstream: condition not met within {timeout}s"
-                raise AssertionError(msg)
-            time.sleep(0.01)
 
     # -- serving (handler threads) --------------------------------------------------------
 

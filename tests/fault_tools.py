@@ -151,12 +151,3 @@ class Load:
         for thread in self._threads:
             thread.join(timeout=60)
 
-
-def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> float:
-    """Poll ``condition`` until true (bounded); returns the seconds it took, fails the test otherwise."""
-    started = time.monotonic()
-    while time.monotonic() - started < timeout:
-        if condition():
-            return time.monotonic() - started
-        time.sleep(0.05)
-    pytest.fail(f"{what}: not within {timeout}s")

@@ -1,13 +1,19 @@
-"""Building and driving the app in-process, with the caller's address as an explicit input."""
+"""Test helpers: the app in-process (caller's address as an explicit input), fixtures, bounded waits."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import asyncio
+import inspect
+import json
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import Any
+from pathlib import Path
+from typing import Any, TypeVar
 
 import httpx
 
+from factories import new_id
 from imds.app import build_app
 from imds.config import Settings
 from imds.store import Store
@@ -15,6 +21,22 @@ from imds.web.instance import InstanceFront
 
 ADMIN_TOKEN = "test-admin-token"
 ADMIN_PEER = "192.0.2.250"
+FIXTURES = Path(__file__).parent / "fixtures"
+T = TypeVar("T")
+WAIT_TIMEOUT = 10.0  # seconds: generous, CI is a loaded 2-core box
+POLL_INTERVAL = 0.05  # seconds between two looks at a condition
+
+
+def fixture_path(name: str) -> Path:
+    """The reference file ``name`` from tests/fixtures (the design's examples, kept in the repository)."""
+    path = FIXTURES / name
+    assert path.is_file(), f"no test fixture {name!r} in {FIXTURES}"
+    return path
+
+
+def fixture_json(name: str) -> Any:
+    """The JSON reference file ``name`` from tests/fixtures, parsed afresh on every call."""
+    return json.loads(fixture_path(name).read_text())
 
 
 def make_settings(**overrides: Any) -> Settings:
@@ -49,3 +71,102 @@ def client_from(
 def admin_client(app: InstanceFront, token: str = ADMIN_TOKEN) -> httpx.AsyncClient:
     """A client carrying the test admin token."""
     return client_from(app, ADMIN_PEER, token=token)
+
+
+async def push_record(
+    target: httpx.AsyncClient | InstanceFront,
+    ips: list[str],
+    document: dict[str, Any] | None = None,
+    userdata: str | None = None,
+    *,
+    instance_id: str | None = None,
+    userdata_encoding: str | None = None,
+) -> str:
+    """POST an instance's metadata (and ``userdata``, if given) for ``ips``; fail unless each was applied.
+
+    ``target`` is an admin client or the app (then the test admin token is used). The id is
+    ``instance_id``, else the document's ``id``, else a fresh one; the default document holds
+    only ``id`` and ``hostname``. Returns the id.
+    """
+    if isinstance(target, InstanceFront):
+        async with admin_client(target) as admin:
+            return await push_record(admin, ips, document, userdata, instance_id=instance_id,
+                                     userdata_encoding=userdata_encoding)
+    record_id = instance_id or (document or {}).get("id") or new_id()
+    if document is None:
+        document = {"id": record_id, "hostname": f"host-{record_id[:8]}"}
+    bodies: list[tuple[str, dict[str, Any]]] = [("/device-metadata", {"metadata": document})]
+    if userdata is not None:
+        encoding = {"userdata_encoding": userdata_encoding} if userdata_encoding else {}
+        bodies.append(("/device-userdata", {"userdata": userdata, **encoding}))
+    for path, body in bodies:
+        answer = await target.post(path, json={"id": record_id, "ipAddresses": ips, **body})
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["applied"] is True, answer.text
+    return str(record_id)
+
+
+class FakeClock:
+    """Monotonic seconds that only the test moves: call it to read, ``advance`` (or set ``now``) to move it."""
+
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        """Move the clock forward by ``seconds``."""
+        self.now += seconds
+
+
+def _timed_out(what: str, timeout: float, explain: Callable[[], str] | None) -> AssertionError:
+    message = f"timed out after {timeout:g} s waiting for {what}"
+    return AssertionError(f"{message}\n{explain()}" if explain else message)
+
+
+def wait_for(
+    condition: Callable[[], T],
+    *,
+    what: str,
+    timeout: float = WAIT_TIMEOUT,
+    ignoring: tuple[type[Exception], ...] = (),
+    explain: Callable[[], str] | None = None,
+) -> T:
+    """Poll ``condition`` until it returns something truthy, and return that.
+
+    Fails the test with "timed out after <timeout> s waiting for <what>" (plus ``explain()``, e.g.
+    a process log) once ``timeout`` seconds have passed. Exceptions listed in ``ignoring`` count
+    as "not yet" (a server still binding, say); any other exception fails at once.
+    """
+    started = time.monotonic()
+    while True:
+        try:
+            result = condition()
+        except ignoring:
+            pass
+        else:
+            if result:
+                return result
+        if time.monotonic() - started > timeout:
+            raise _timed_out(what, timeout, explain)
+        time.sleep(POLL_INTERVAL)
+
+
+async def wait_for_async(
+    condition: Callable[[], T | Awaitable[T]],
+    *,
+    what: str,
+    timeout: float = WAIT_TIMEOUT,  # noqa: ASYNC109 - a polling bound with the same meaning as wait_for's
+) -> T:
+    """``wait_for`` inside a running event loop: polls without blocking it (``condition`` may be async)."""
+    started = time.monotonic()
+    while True:
+        result = condition()
+        if inspect.isawaitable(result):
+            result = await result
+        if result:
+            return result  # type: ignore[return-value]  # awaited above
+        if time.monotonic() - started > timeout:
+            raise _timed_out(what, timeout, None)
+        await asyncio.sleep(POLL_INTERVAL / 5)

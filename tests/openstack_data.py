@@ -1,15 +1,12 @@
-"""Test data for the OpenStack, config drive and NoCloud tests: the seed fixtures and pushing them."""
+"""Test data for the OpenStack, config drive and NoCloud tests: the seed fixtures."""
 
 from __future__ import annotations
 
 import copy
-import json
-from pathlib import Path
 from typing import Any
 
-import httpx
+from helpers import fixture_json
 
-FIXTURES = Path(__file__).parents[1] / ".." / "shared" / "fixtures"  # the design's fixtures, beside the repo
 DEVICE_EXAMPLES = ("example", "xen", "lxc")
 SEED_ID = "cc40301c-4038-4011-af55-6eae3ba60246"
 VENDOR_DATA = {"cloud-init": "#cloud-config\nruncmd: [echo vendor]\n", "provider": {"region": "da"}}
@@ -18,19 +15,19 @@ USERDATA = "#cloud-config\n# héllo — ünïcødé ✓\nruncmd: [echo hi]\n"
 
 def seed_document() -> dict[str, Any]:
     """The design's Equinix-shaped example document."""
-    document: dict[str, Any] = json.loads((FIXTURES / "metadata-example.json").read_text())
+    document: dict[str, Any] = fixture_json("metadata-example.json")
     return document
 
 
 def devices(example: str = "example") -> list[dict[str, Any]]:
     """The ``devices`` list of device-role-tagging-<example>.json."""
-    found: list[dict[str, Any]] = json.loads((FIXTURES / f"device-role-tagging-{example}.json").read_text())["devices"]
+    found: list[dict[str, Any]] = fixture_json(f"device-role-tagging-{example}.json")["devices"]
     return found
 
 
 def device_schema() -> dict[str, Any]:
     """The design's device role tagging schema."""
-    schema: dict[str, Any] = json.loads((FIXTURES / "device-role-tagging.schema.json").read_text())
+    schema: dict[str, Any] = fixture_json("device-role-tagging.schema.json")
     return schema
 
 
@@ -40,13 +37,3 @@ def openstack_document(example: str = "example", **changes: Any) -> dict[str, An
     document.update({"devices": devices(example), "vendor_data": VENDOR_DATA, **changes})
     return document
 
-
-async def push(admin: httpx.AsyncClient, document: dict[str, Any], ips: list[str], userdata: str | None = None) -> None:
-    """POST the document (and the userdata, as text) for ``ips``; fail unless both were applied."""
-    answer = await admin.post("/device-metadata", json={"id": document["id"], "ipAddresses": ips, "metadata": document})
-    assert answer.status_code == 200, answer.text
-    assert answer.json()["applied"] is True
-    if userdata is not None:
-        body = {"id": document["id"], "ipAddresses": ips, "userdata": userdata, "userdata_encoding": "text"}
-        answer = await admin.post("/device-userdata", json=body)
-        assert answer.status_code == 200, answer.text

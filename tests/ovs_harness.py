@@ -23,13 +23,14 @@ import socket
 import subprocess
 import sys
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+
+from helpers import wait_for
 
 STOP_TIMEOUT = 10.0
 READY_TIMEOUT = 60.0  # generous: a loaded 2-core CI machine restarts OVS slowly
@@ -55,16 +56,6 @@ def sh(*args: str, env: dict[str, str] | None = None, check: bool = True, timeou
     if check and result.returncode != 0:
         pytest.fail(f"{' '.join(args)} exited {result.returncode}: {result.stderr.strip()}")
     return result.stdout
-
-
-def wait_for(what: str, predicate: Callable[[], bool], timeout: float = READY_TIMEOUT) -> None:
-    """Poll ``predicate`` (bounded); fail naming ``what`` when it never holds."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    pytest.fail(f"timed out after {timeout}s waiting for {what}")
 
 
 def stop_process(process: subprocess.Popen[bytes]) -> None:
@@ -103,6 +94,12 @@ class Ovs:
         """``ovs-vsctl`` against this database (stdout)."""
         return sh("ovs-vsctl", f"--db=unix:{self.db_sock}", "--timeout=10", *args, env=self.env, check=check)
 
+    def remove(self, *bridges: str, netns: str) -> None:
+        """Best-effort clean-up: delete ``bridges`` (if they exist) and the network namespace ``netns``."""
+        for bridge in bridges:
+            self.vsctl("--if-exists", "del-br", bridge, check=False)
+        sh("ip", "netns", "del", netns, check=False)
+
     def ofctl(self, *args: str, check: bool = True) -> str:
         """``ovs-ofctl`` against this switch (stdout)."""
         return sh("ovs-ofctl", *args, env=self.env, check=check)
@@ -119,13 +116,13 @@ class Ovs:
         db = self.root / "conf.db"
         sh("ovsdb-tool", "create", str(db), "/usr/share/openvswitch/vswitch.ovsschema")
         self._spawn("ovsdb-server", str(db), f"--remote=punix:{self.db_sock}", "--pidfile", "--log-file")
-        wait_for("ovsdb-server", self.db_sock.exists)
+        wait_for(self.db_sock.exists, what="ovsdb-server", timeout=READY_TIMEOUT)
         self.vsctl("--no-wait", "init")
 
     def start_switch(self) -> None:
         """Start ovs-vswitchd (userspace only) and wait until it has configured the database."""
         self._spawn("ovs-vswitchd", f"unix:{self.db_sock}", "--disable-system", "--pidfile", "--log-file")
-        wait_for("ovs-vswitchd", self._switch_ready)
+        wait_for(self._switch_ready, what="ovs-vswitchd", timeout=READY_TIMEOUT)
 
     def _switch_ready(self) -> bool:
         process = self.processes["ovs-vswitchd"]
@@ -168,7 +165,7 @@ class Ovs:
                 return True
             return False
 
-        wait_for(f"an ofport for {interface}", assigned)
+        wait_for(assigned, what=f"an ofport for {interface}", timeout=READY_TIMEOUT)
         return found[0]
 
     def flows(self, bridge: str, *match: str) -> list[str]:
@@ -388,7 +385,7 @@ def peer_echo(netns: str, host: str, port: int) -> Iterator[None]:
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
     try:
-        wait_for(f"peer echo on {host}:{port}", lambda: _listening(netns, port))
+        wait_for(lambda: _listening(netns, port), what=f"peer echo on {host}:{port}", timeout=READY_TIMEOUT)
         yield
     finally:
         stop_process(process)

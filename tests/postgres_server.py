@@ -19,16 +19,15 @@ import socket
 import subprocess
 import tempfile
 import threading
-import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
 import pytest
 
-from imds.store import Store, open_store
+from helpers import wait_for
 
 SUPERUSER = "postgres"
 DEBIAN_ROOT = Path("/usr/lib/postgresql")
@@ -218,20 +217,24 @@ class _Server:
                 stdin=subprocess.DEVNULL,
                 cwd=self.root,
             )
-        deadline = time.monotonic() + START_TIMEOUT
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
+
+        def started() -> str | None:
+            """"ready", "port taken" (the caller tries another port), or None while starting."""
+            if self.process is not None and self.process.poll() is not None:
                 if "could not bind" in _tail(self.log):
-                    return None
+                    return "port taken"
                 pytest.fail(
                     f"postgres exited with status {self.process.returncode} while starting:\n{_tail(self.log)}",
                     pytrace=False,
                 )
             status = _postmaster_pid(self.data)
-            if status is not None and status[1] == "ready":
-                return PostgresServer("127.0.0.1", self.port, SUPERUSER, self.root)
-            time.sleep(0.05)
-        pytest.fail(f"postgres did not become ready within {START_TIMEOUT:.0f}s:\n{_tail(self.log)}", pytrace=False)
+            return "ready" if status is not None and status[1] == "ready" else None
+
+        outcome = wait_for(started, what="postgres to become ready", timeout=START_TIMEOUT,
+                           explain=lambda: _tail(self.log))
+        if outcome == "port taken":
+            return None
+        return PostgresServer("127.0.0.1", self.port, SUPERUSER, self.root)
 
     def stop(self, *, keep: bool = False) -> None:
         """Fast shutdown of the postmaster by its PID, then remove the temporary directory (unless ``keep``)."""
@@ -281,23 +284,3 @@ def postgres_url(postgres_empty_url: str) -> str:
 
     in_thread(lambda: migrate.upgrade(postgres_empty_url))
     return postgres_empty_url
-
-
-@pytest.fixture(params=["memory", "sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def store_url(request: pytest.FixtureRequest) -> str:
-    """The URL of an empty store of each kind: memory://, a migrated SQLite file, a migrated PostgreSQL database."""
-    if request.param == "memory":
-        return "memory://"
-    if request.param == "sqlite":
-        return request.getfixturevalue("sqlite_url")
-    return request.getfixturevalue("postgres_url")
-
-
-@pytest.fixture
-async def store(store_url: str) -> AsyncIterator[Store]:
-    """An empty store of each kind, closed after the test."""
-    opened = open_store(store_url)
-    try:
-        yield opened
-    finally:
-        await opened.close()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -12,6 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from helpers import wait_for
 from serve_process import IMDS, START_TIMEOUT, clean_env, client_at, free_port, stop_process
 
 
@@ -29,18 +29,16 @@ class Proxy:
 
     def wait_listening(self, source: str | None) -> None:
         """Block (bounded) until the proxy answers any HTTP status; fail with the log otherwise."""
-        deadline = time.monotonic() + START_TIMEOUT
-        while time.monotonic() < deadline:
+
+        def answers() -> bool:
             if self.process.poll() is not None:
                 pytest.fail(f"imds proxy exited with {self.process.returncode}:\n{self.output()}")
-            try:
-                with client_at(source) as client:
-                    client.get(f"{self.url}/", timeout=1.0)
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.05)
-        pytest.fail(f"imds proxy not listening within {START_TIMEOUT}s:\n{self.output()}")
+            with client_at(source) as client:
+                client.get(f"{self.url}/", timeout=1.0)
+            return True
+
+        wait_for(answers, what="imds proxy to listen", timeout=START_TIMEOUT,
+                 ignoring=(httpx.TransportError,), explain=self.output)
 
     def reload(self) -> None:
         """SIGHUP by PID: re-read the map."""

@@ -23,6 +23,8 @@ from typing import Any
 import httpx
 import pytest
 
+from helpers import wait_for
+
 IMDS = Path(sys.executable).parent / "imds"
 ADMIN_TOKEN = "serve-process-token"
 START_TIMEOUT = 20.0
@@ -72,19 +74,16 @@ class Server:
 
     def wait_healthy(self, *, loaded: bool = True) -> None:
         """Block (bounded) until ``/healthz`` answers 200 (and the catalog is loaded); fail with the log otherwise."""
-        deadline = time.monotonic() + START_TIMEOUT
-        while time.monotonic() < deadline:
+
+        def healthy() -> bool:
             if self.process.poll() is not None:
                 pytest.fail(f"imds serve exited with {self.process.returncode}:\n{self.output()}")
-            try:
-                with client_at() as client:
-                    healthy = client.get(f"{self.url}/healthz", timeout=1.0).status_code == 200
-                    if healthy and (not loaded or self.loaded(client)):
-                        return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.05)
-        pytest.fail(f"imds serve not healthy within {START_TIMEOUT}s:\n{self.output()}")
+            with client_at() as client:
+                up = client.get(f"{self.url}/healthz", timeout=1.0).status_code == 200
+                return up and (not loaded or self.loaded(client))
+
+        wait_for(healthy, what="imds serve to be healthy", timeout=START_TIMEOUT,
+                 ignoring=(httpx.TransportError,), explain=self.output)
 
     def loaded(self, client: httpx.Client) -> bool:
         """Whether ``/readyz`` says the instance catalog is in memory (the store may still be down)."""

@@ -60,6 +60,21 @@ def put(host: str, port: int, target: str, headers: dict[str, str], source: str)
         connection.close()
 
 
+def assert_answers_as_serve(port: int, server_port: int, forwarding: tuple[str, str], path: str, source: str) -> None:
+    """A token PUT with a forwarding header through the front on ``port`` answers as serve on ``server_port`` does.
+
+    That is serve's 403 on every spelling of the token path, and serve's own 404/405 elsewhere.
+    """
+    headers = {TTL: "60", forwarding[0]: forwarding[1]}
+    through = put("127.0.0.1", port, path, headers, source)
+    direct = put("127.0.0.1", server_port, path, headers, source)
+    assert through == direct
+    if path in WIRE_TOKEN_PATHS:
+        assert through == REFUSED
+    else:
+        assert through[0] in {404, 405}
+
+
 @dataclass
 class Recorder:
     """What the recording upstream received: one list of (lower-case name, value) per request."""

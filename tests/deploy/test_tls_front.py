@@ -12,7 +12,6 @@ from __future__ import annotations
 import shutil
 import ssl
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,6 +19,7 @@ import httpx
 import pytest
 
 from factories import new_id
+from helpers import wait_for
 from serve_process import ADMIN_TOKEN, client_at, free_port, serving, stop_process
 
 TLS = Path(__file__).resolve().parents[2] / "deploy" / "tls"
@@ -92,15 +92,8 @@ def test_an_admin_write_over_tls_reaches_the_instance(tmp_path, tls_front):
         body = {"id": instance_id, "ipAddresses": ["127.0.0.2"], "metadata": {"hostname": instance_id}}
         with httpx.Client(verify=ssl.create_default_context(cafile=str(ca)), timeout=10.0, trust_env=False,
                           headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}) as admin:
-            deadline = time.monotonic() + BOUND
-            while True:  # haproxy may still be binding
-                try:
-                    answer = admin.post(f"{url}/device-metadata", json=body)
-                    break
-                except httpx.ConnectError:
-                    if time.monotonic() > deadline:
-                        raise
-                    time.sleep(0.05)
+            answer = wait_for(lambda: admin.post(f"{url}/device-metadata", json=body), what="haproxy to accept",
+                              timeout=BOUND, ignoring=(httpx.ConnectError,))  # haproxy may still be binding
             assert answer.status_code == 200, answer.text
             assert answer.json()["applied"] is True
             assert answer.headers["strict-transport-security"] == "max-age=63072000"

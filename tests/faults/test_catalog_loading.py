@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from fault_tools import faulty_postgres, wait_for
+from fault_tools import faulty_postgres
+from helpers import wait_for
 from postgres_server import in_thread
 from serve_process import client_at, serving
 
@@ -41,8 +42,8 @@ def test_the_listener_answers_503_while_the_catalog_loads(tmp_path):
                 assert ready.json()["loading"]["phase"] in {"waiting", "reading"}
                 assert "instance index not loaded" in ready.json()["problems"]
                 pg.thaw()
-                wait_for(lambda: probe.get(f"{server.url}/readyz", timeout=10.0).status_code == 200, 60,
-                         "readiness after the database was thawed")
+                wait_for(lambda: probe.get(f"{server.url}/readyz", timeout=10.0).status_code == 200,
+                         what="readiness after the database was thawed", timeout=60)
                 assert probe.get(f"{server.url}/readyz").json()["loading"] == {
                     "phase": "loaded", "indexed": 0, "total": 0}
             with client_at(GUEST) as guest:

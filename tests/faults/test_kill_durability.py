@@ -16,7 +16,7 @@ import uuid
 import httpx
 import pytest
 
-from fault_tools import wait_for
+from helpers import wait_for
 from serve_process import ADMIN_TOKEN, Server, serving
 
 pytestmark = pytest.mark.slow
@@ -86,7 +86,8 @@ def _rounds(tmp_path, url: str) -> dict[str, int]:
             writers = Writers(server)
             try:
                 before = len(acked)
-                wait_for(lambda w=writers: w.count() >= ACKS_PER_ROUND, 120, f"round {number}: acknowledged writes")
+                wait_for(lambda w=writers: w.count() >= ACKS_PER_ROUND,
+                         what=f"round {number}: acknowledged writes", timeout=120)
                 server.process.kill()  # SIGKILL by PID, writes in flight
                 server.process.wait(timeout=30)
             finally:

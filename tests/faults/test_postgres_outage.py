@@ -12,7 +12,8 @@ import time
 import httpx
 import pytest
 
-from fault_tools import Answer, FaultyPostgres, Load, faulty_postgres, wait_for
+from fault_tools import Answer, FaultyPostgres, Load, faulty_postgres
+from helpers import wait_for
 from serve_process import ADMIN_TOKEN, Server, serving
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
@@ -64,17 +65,22 @@ def _outage(pg: FaultyPostgres, server: Server, begin: object, end: object, hold
     server.post("/device-metadata", _write_body(-1))
     load = _start_load(server)
     try:
-        wait_for(lambda: any(a.status == 200 for a in load.answers["write"]), 30, "a first write")
+        wait_for(lambda: any(a.status == 200 for a in load.answers["write"]), what="a first write", timeout=30)
         broken = time.monotonic()
         begin()  # type: ignore[operator]
-        wait_for(lambda: any(a.status == 503 for a in load.since("write", broken)), BOUND + 5, "a write 503")
-        wait_for(lambda: any(a.status == 503 for a in load.since("ready", broken)), BOUND + 5, "a /readyz 503")
+        wait_for(lambda: any(a.status == 503 for a in load.since("write", broken)),
+                 what="a write 503", timeout=BOUND + 5)
+        wait_for(lambda: any(a.status == 503 for a in load.since("ready", broken)),
+                 what="a /readyz 503", timeout=BOUND + 5)
         time.sleep(hold)  # keep the database away for a while under load (the outage itself, not a wait for a result)
         repaired = time.monotonic()
         end()  # type: ignore[operator]
-        recovered = wait_for(lambda: any(a.status == 200 for a in load.since("write", repaired + BOUND)),
-                             60, "writes after the database came back")
-        wait_for(lambda: any(a.status == 200 for a in load.since("ready", repaired + BOUND)), 30, "readiness back")
+        waited = time.monotonic()
+        wait_for(lambda: any(a.status == 200 for a in load.since("write", repaired + BOUND)),
+                 what="writes after the database came back", timeout=60)
+        recovered = time.monotonic() - waited
+        wait_for(lambda: any(a.status == 200 for a in load.since("ready", repaired + BOUND)),
+                 what="readiness back", timeout=30)
     finally:
         load.stop()
     during = [a for a in load.answers["write"] if broken + 0.5 <= a.started and a.started + a.seconds <= repaired]

@@ -8,12 +8,11 @@ IPv6 and ``--workers 2`` work; the same address for both is refused at start.
 
 from __future__ import annotations
 
-import time
-
 import httpx
 import pytest
 
 from factories import new_id
+from helpers import wait_for
 from serve_process import ADMIN_TOKEN, client_at, free_port, run_imds, serving
 
 GUEST = "127.0.0.2"
@@ -23,12 +22,8 @@ BOUND = 15.0  # seconds for a write to reach every worker (each follows the chan
 
 def _served(guest: httpx.Client, url: str, hostname: str) -> None:
     """Poll (bounded) until ``url`` serves the document with ``hostname`` (another worker may lag a poll)."""
-    deadline = time.monotonic() + BOUND
-    while time.monotonic() < deadline:
-        if guest.get(url).json().get("hostname") == hostname:
-            return
-        time.sleep(0.05)
-    pytest.fail(f"{url} did not serve hostname {hostname} within {BOUND}s")
+    wait_for(lambda: guest.get(url).json().get("hostname") == hostname,
+             what=f"{url} to serve hostname {hostname}", timeout=BOUND)
 
 
 def _write(admin_url: str, address: str = GUEST) -> str:

@@ -7,45 +7,16 @@ tmp dir and ``tests/artifacts/`` (git-ignored), and its path printed.
 
 from __future__ import annotations
 
-import os
 import shutil
-import tempfile
 from pathlib import Path
 
 import httpx
-import pytest
 
+from chromium import WAIT
 from serve_process import ADMIN_TOKEN, serving
 
-CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
 ARTIFACTS = Path(__file__).resolve().parent.parent / "artifacts"
 DEMO_ID = "cc40301c-4038-4011-af55-6eae3ba60246"
-WAIT = 20  # seconds: a generous bound on a loaded 2-core machine
-
-
-@pytest.fixture
-def browser():
-    """A headless Chromium with a fresh profile, quit (by selenium, which stops its driver) afterwards."""
-    os.environ["SE_OFFLINE"] = "true"  # never let selenium-manager download a browser or driver
-    from selenium import webdriver  # noqa: PLC0415 - imported after SE_OFFLINE is set
-    from selenium.webdriver.chrome.service import Service  # noqa: PLC0415
-
-    assert CHROMIUM.exists(), "apt-get install chromium (scripts/test does)"
-    assert CHROMEDRIVER.exists(), "apt-get install chromium-driver (scripts/test does)"
-    profile = tempfile.mkdtemp(prefix="imds-chromium-")
-    options = webdriver.ChromeOptions()
-    options.binary_location = str(CHROMIUM)
-    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--disable-dev-shm-usage", "--window-size=1400,1000", f"--user-data-dir={profile}"):
-        options.add_argument(flag)
-    driver = webdriver.Chrome(service=Service(executable_path=str(CHROMEDRIVER)), options=options)
-    driver.set_page_load_timeout(WAIT)
-    try:
-        yield driver
-    finally:
-        driver.quit()
-        shutil.rmtree(profile, ignore_errors=True)
 
 
 def test_search_by_ip_open_the_record_and_see_every_flavor(tmp_path, browser):

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers import wait_for
 from imds.signing import sign
 from ovs_harness import (
     AgentProcess,
@@ -27,7 +28,6 @@ from ovs_harness import (
     sh,
     stop_process,
     vms,
-    wait_for,
 )
 
 SECRET = b"agent-modes-secret"
@@ -59,9 +59,7 @@ def _agent(
 
 def _cleanup(ovs: Ovs, agent: AgentProcess, names: dict[str, str]) -> None:
     agent.stop()
-    ovs.vsctl("--if-exists", "del-br", names["meta_bridge"], check=False)
-    ovs.vsctl("--if-exists", "del-br", names["bridge"], check=False)
-    sh("ip", "netns", "del", names["netns"], check=False)
+    ovs.remove(names["meta_bridge"], names["bridge"], netns=names["netns"])
 
 
 def test_inport_mode_rewrites_source_to_128_0_0_0_or_ofport(ovs, tmp_path):
@@ -77,13 +75,13 @@ def test_inport_mode_rewrites_source_to_128_0_0_0_or_ofport(ovs, tmp_path):
     try:
         with vms(*machines):
             agent.start()
-            wait_for("tap-meta addressed in its namespace", lambda: "240.0.0.1/16" in sh(
-                "ip", "netns", "exec", names["netns"], "ip", "addr", check=False), timeout=30)
+            wait_for(lambda: "240.0.0.1/16" in sh("ip", "netns", "exec", names["netns"], "ip", "addr", check=False),
+                     what="tap-meta addressed in its namespace", timeout=30)
             with peer_echo(names["netns"], "240.0.0.1", 80):
                 for vm in machines:
                     expected = str(ipaddress.IPv4Address("128.0.0.0") + ovs.ofport(vm.port))
-                    wait_for(f"{vm.name} seen as {expected}",
-                             lambda vm=vm, expected=expected: _peer(vm) == expected, timeout=30)
+                    wait_for(lambda vm=vm, expected=expected: _peer(vm) == expected,
+                             what=f"{vm.name} seen as {expected}", timeout=30)
             assert not (tmp_path / "state" / "haproxy.cfg").exists()
     finally:
         _cleanup(ovs, agent, names)
@@ -100,13 +98,13 @@ def test_exhausted_range_is_a_clear_error_and_the_rest_are_served(ovs, tmp_path)
                           f"external_ids:vm-uuid=e000000{n}-0000-4000-8000-000000000000",
                           f"external_ids:attached-mac=02:00:00:00:0e:0{n}")
             agent.start()
-            wait_for("the exhaustion error", lambda: "agent.pool_exhausted" in agent.output(), timeout=30)
+            wait_for(lambda: "agent.pool_exhausted" in agent.output(), what="the exhaustion error", timeout=30)
             line = next(x for x in agent.output().splitlines() if "agent.pool_exhausted" in x)
             assert ports[1] in line
             assert "240.0.0.0/30 is exhausted" in line
             assert ovs.vsctl("get", "Interface", ports[0], "other_config:provider_ip").strip() == '"240.0.0.2"'
             assert "provider_ip" not in ovs.vsctl("get", "Interface", ports[1], "other_config")
-            wait_for("haproxy config", (tmp_path / "state" / "haproxy.cfg").exists, timeout=30)
+            wait_for((tmp_path / "state" / "haproxy.cfg").exists, what="haproxy config", timeout=30)
             config = (tmp_path / "state" / "haproxy.cfg").read_text()
             assert "e0000000-" in config
             assert "e0000001-" not in config
@@ -128,7 +126,7 @@ def test_tap_meta_in_the_hosts_own_namespace(ovs, tmp_path):
             with vms(vm):
                 agent.start()
                 for url in ("http://169.254.169.254/metadata", "http://[fe80::a9fe:a9fe%eth0]/metadata"):
-                    wait_for(f"served at {url}", lambda url=url: vm.get(url, timeout=3.0)[0] == 200, timeout=30)
+                    wait_for(lambda url=url: vm.get(url, timeout=3.0)[0] == 200, what=f"served at {url}", timeout=30)
                     status, body = vm.get(url)
                     assert (status, json.loads(body)["headers"]["x-instance-id"]) == (200, vm.uuid)
                 assert f"240.{octet}.0.1/16" in sh("ip", "addr", "show", "dev", names["tap"])
@@ -156,8 +154,8 @@ def test_inport_mode_served_by_imds_proxy_inport(ovs, tmp_path):
     try:
         with vms(*machines):
             agent.start()
-            wait_for("tap-meta addressed in its namespace", lambda: "240.0.0.1/16" in sh(
-                "ip", "netns", "exec", names["netns"], "ip", "addr", check=False), timeout=30)
+            wait_for(lambda: "240.0.0.1/16" in sh("ip", "netns", "exec", names["netns"], "ip", "addr", check=False),
+                     what="tap-meta addressed in its namespace", timeout=30)
             # The upstream lives in the metadata namespace too, where the proxy can reach it.
             with peer_echo(names["netns"], "127.0.0.1", 8775), (tmp_path / "proxy.log").open("wb") as sink:
                 proxy = subprocess.Popen([
@@ -166,8 +164,8 @@ def test_inport_mode_served_by_imds_proxy_inport(ovs, tmp_path):
                     "--ovsdb", f"unix:{ovs.db_sock}", "--inport", "--integration-bridge", names["bridge"],
                 ], stdin=subprocess.DEVNULL, stdout=sink, stderr=subprocess.STDOUT)
                 for vm in machines:
-                    wait_for(f"{vm.name} served by imds proxy", lambda vm=vm: vm.get(
-                        "http://169.254.169.254/metadata", timeout=3.0)[0] == 200, timeout=30)
+                    wait_for(lambda vm=vm: vm.get("http://169.254.169.254/metadata", timeout=3.0)[0] == 200,
+                             what=f"{vm.name} served by imds proxy", timeout=30)
                     status, body = vm.get("http://169.254.169.254/metadata")
                     headers = json.loads(body)["headers"]
                     assert status == 200

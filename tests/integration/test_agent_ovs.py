@@ -21,8 +21,9 @@ from pathlib import Path
 
 import pytest
 
+from helpers import wait_for
 from imds.signing import sign
-from ovs_harness import AgentProcess, Ovs, Vm, echo_upstream, netns_exec, ovs_daemons, sh, vms, wait_for
+from ovs_harness import READY_TIMEOUT, AgentProcess, Ovs, Vm, echo_upstream, netns_exec, ovs_daemons, vms
 
 SECRET = b"agent-test-shared-secret"
 METADATA = "http://169.254.169.254/metadata"
@@ -59,7 +60,7 @@ class Host:
     def wait_served(self, vm: Vm, url: str = METADATA, timeout: float = 40.0) -> None:
         """Poll (bounded) until ``vm`` is served; fail with the agent's log otherwise."""
         try:
-            wait_for(f"{vm.name} served at {url}", lambda: self.served(vm, url), timeout=timeout)
+            wait_for(lambda: self.served(vm, url), what=f"{vm.name} served at {url}", timeout=timeout)
         except BaseException:
             print(self.agent.output()[-4000:])  # noqa: T201 - shown by pytest on failure
             raise
@@ -91,9 +92,7 @@ def host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Host]:
                 yield Host(ovs, bridge, meta_bridge, tap, netns, state, agent, {vm.uuid: vm for vm in machines})
         finally:
             agent.stop()
-            ovs.vsctl("--if-exists", "del-br", meta_bridge, check=False)
-            ovs.vsctl("--if-exists", "del-br", bridge, check=False)
-            sh("ip", "netns", "del", netns, check=False)
+            ovs.remove(meta_bridge, bridge, netns=netns)
 
 
 def test_two_vms_with_one_ip_each_get_their_own_identity(host):
@@ -231,7 +230,8 @@ def test_stale_agent_rules_are_removed(host):
     stale = "cookie=0x494d445300000000,table=0,priority=5,dl_src=02:de:ad:00:00:01,actions=drop"
     host.ovs.ofctl("add-flow", host.bridge, stale)
     assert any("02:de:ad:00:00:01" in f for f in host.ovs.flows(host.bridge))
-    wait_for("the stale rule to go", lambda: not any("02:de:ad:00:00:01" in f for f in host.ovs.flows(host.bridge)))
+    wait_for(lambda: not any("02:de:ad:00:00:01" in f for f in host.ovs.flows(host.bridge)),
+             what="the stale rule to go", timeout=READY_TIMEOUT)
     host.wait_served(host.vms[UUID_A])
 
 
@@ -261,10 +261,13 @@ def test_haproxy_reload_under_requests_loses_none(host):
         host.ovs.vsctl("add-port", host.bridge, name, "--", "set", "Interface", name, "type=internal",
                        f"external_ids:vm-uuid=d000000{n}-0000-4000-8000-000000000000",
                        "external_ids:attached-mac=02:00:00:00:0d:0" + str(n))
-        wait_for(f"haproxy backend for {name}", lambda name=name: f"port {name}" in _haproxy_config(host))
+        wait_for(lambda name=name: f"port {name}" in _haproxy_config(host),
+                 what=f"haproxy backend for {name}", timeout=READY_TIMEOUT)
         host.ovs.vsctl("del-port", host.bridge, name)
-        wait_for(f"backend of {name} gone", lambda name=name: f"port {name}" not in _haproxy_config(host))
-    wait_for("six reloads", lambda: host.agent.output().count("agent.haproxy_applied") - reloads_before == 6)
+        wait_for(lambda name=name: f"port {name}" not in _haproxy_config(host),
+                 what=f"backend of {name} gone", timeout=READY_TIMEOUT)
+    wait_for(lambda: host.agent.output().count("agent.haproxy_applied") - reloads_before == 6,
+             what="six reloads", timeout=READY_TIMEOUT)
     done.set()
     worker.join(timeout=120)
     assert backends_before == _haproxy_config(host).count("backend vm")
@@ -277,7 +280,8 @@ def test_haproxy_dying_is_restarted_by_the_agent(host):
     """If the host's haproxy dies, the agent's periodic check starts it again."""
     master = _haproxy_master(host)
     os.kill(master, signal.SIGKILL)
-    wait_for("a new haproxy master", lambda: _haproxy_master(host, missing_ok=True) not in (None, master))
+    wait_for(lambda: _haproxy_master(host, missing_ok=True) not in (None, master),
+             what="a new haproxy master", timeout=READY_TIMEOUT)
     for vm in host.vms.values():
         host.wait_served(vm)
     assert "agent.haproxy_died" in host.agent.output()
@@ -316,7 +320,7 @@ def test_killed_agent_leaves_no_second_haproxy(host):
     host.agent.process.wait(timeout=10)  # type: ignore[union-attr]
     assert _alive(orphan)
     host.agent.start()
-    wait_for("the orphaned haproxy to go", lambda: not _alive(orphan))
+    wait_for(lambda: not _alive(orphan), what="the orphaned haproxy to go", timeout=READY_TIMEOUT)
     for vm in host.vms.values():
         host.wait_served(vm)
     assert _haproxy_master(host) != orphan
@@ -351,7 +355,7 @@ def test_removed_port_loses_flows_backend_and_addresses(host):
         flows = host.ovs.flows(host.bridge)
         return UUID_C not in _haproxy_config(host) and not any(f"in_port={ofport}," in f for f in flows)
 
-    wait_for("the unplugged port's rules and backend to go", gone)
+    wait_for(gone, what="the unplugged port's rules and backend to go", timeout=READY_TIMEOUT)
     assert not any(f"0x494d444c{ofport:08x}" in f for f in host.ovs.flows(host.bridge, "table=210"))
     host.wait_served(host.vms[UUID_A])
 

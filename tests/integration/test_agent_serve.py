@@ -16,12 +16,13 @@ from typing import Any
 
 import pytest
 
-from ec2_expected import SEED_FILE
-from ovs_harness import AgentProcess, Ovs, Vm, ovs_daemons, sh, vms, wait_for
+from ec2_expected import seed
+from helpers import wait_for
+from ovs_harness import AgentProcess, Ovs, Vm, ovs_daemons, vms
 from serve_process import Server, serving
 
 SECRET = b"agent-serve-shared-secret"
-SEED = json.loads(SEED_FILE.read_text())
+SEED = seed()
 UUID_A = "a1000000-0000-4000-8000-00000000000a"
 UUID_B = "b1000000-0000-4000-8000-00000000000b"
 UUID_C = "c1000000-0000-4000-8000-00000000000c"
@@ -75,14 +76,12 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             with vms(a, b, c):
                 agent.start()
                 for vm in (a, b):
-                    wait_for(f"{vm.name} served", lambda vm=vm: vm.get(f"{BASE}/metadata", timeout=3.0)[0] == 200,
+                    wait_for(lambda vm=vm: vm.get(f"{BASE}/metadata", timeout=3.0)[0] == 200, what=f"{vm.name} served",
                              timeout=40)
                 yield Stack(ovs, server, agent, a, b, c)
         finally:
             agent.stop()
-            ovs.vsctl("--if-exists", "del-br", meta_bridge, check=False)
-            ovs.vsctl("--if-exists", "del-br", bridge, check=False)
-            sh("ip", "netns", "del", netns, check=False)
+            ovs.remove(meta_bridge, bridge, netns=netns)
 
 
 def test_json_flavor_each_vm_its_own_record(stack):

@@ -23,13 +23,6 @@ WRITER, READER = "writer-token-0123456789", "auditor-token-0123456789"
 CANARIES = ("private-value", "secret-value", "audit-userdata-canary", "host-")
 
 
-@pytest.fixture(params=["memory", "sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def db_url(request: pytest.FixtureRequest) -> str:
-    if request.param == "memory":
-        return "memory://"
-    return str(request.getfixturevalue(f"{request.param}_url"))
-
-
 @pytest.fixture
 async def clients(db_url: str, tmp_path) -> AsyncIterator[tuple[Any, Any]]:
     tokens = tmp_path / "tokens.json"

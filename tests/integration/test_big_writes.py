@@ -17,7 +17,7 @@ import pytest
 from factories import metadata_body, new_id, next_ipv4
 from helpers import admin_client, client_from, make_settings, running_app
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.stores("memory", "sqlite")]
 
 ADDRESSES = 60_000
 
@@ -27,9 +27,9 @@ def big_body() -> bytes:
     return json.dumps({"id": new_id(), "ipAddresses": ips, "metadata": {"hostname": "big"}}).encode()
 
 
-async def test_instance_reads_are_answered_while_a_big_write_is_processed(local_store_url):
+async def test_instance_reads_are_answered_while_a_big_write_is_processed(db_url):
     """At least 10 correct instance reads complete while a 60,000-address write is in flight, and the write lands."""
-    settings = make_settings(db=local_store_url, max_addresses=ADDRESSES, max_body_bytes=4 << 20)
+    settings = make_settings(db=db_url, max_addresses=ADDRESSES, max_body_bytes=4 << 20)
     async with running_app(settings) as app, admin_client(app) as admin, \
             client_from(app, reader_ip := next_ipv4()) as reader:
         neighbour = metadata_body(ips=[reader_ip], plan="small")

@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from factories import new_id
-from helpers import admin_client, client_from, make_settings, running_app
+from helpers import admin_client, client_from, make_settings, push_record, running_app, wait_for_async
 from imds.web.instance import InstanceFront
 
 pytestmark = pytest.mark.anyio
@@ -26,20 +26,14 @@ DOCUMENTS = ("/metadata", "/userdata", "/latest/meta-data/hostname", "/openstack
 
 
 async def push(app: InstanceFront, instance_id: str, hostname: str) -> None:
-    async with admin_client(app) as admin:
-        meta = await admin.post(
-            "/device-metadata", json={"id": instance_id, "ipAddresses": [GUEST], "metadata": {"hostname": hostname}}
-        )
-        user = await admin.post(
-            "/device-userdata", json={"id": instance_id, "ipAddresses": [GUEST], "userdata": f"#!/bin/sh\n# {hostname}"}
-        )
-    assert (meta.status_code, user.status_code) == (200, 200), (meta.text, user.text)
+    """The instance's hostname (and userdata) become ``hostname``."""
+    await push_record(app, [GUEST], {"hostname": hostname}, f"#!/bin/sh\n# {hostname}", instance_id=instance_id)
 
 
 @pytest.fixture
-async def app(store_url: str) -> AsyncIterator[InstanceFront]:
+async def app(db_url: str) -> AsyncIterator[InstanceFront]:
     """The app on each store kind, with one instance at GUEST."""
-    async with running_app(make_settings(db=store_url, watch_max_timeout=60)) as running:
+    async with running_app(make_settings(db=db_url, watch_max_timeout=60)) as running:
         running.instance_id = new_id()  # type: ignore[attr-defined]
         await push(running, running.instance_id, "before")  # type: ignore[attr-defined]
         yield running
@@ -52,13 +46,12 @@ async def read(app: InstanceFront, path: str, **params: Any) -> httpx.Response:
 
 async def waiting(app: InstanceFront, instance_id: str, count: int = 1) -> None:
     """Until ``count`` requests are held on the instance's catalog entry (bounded)."""
-    deadline = asyncio.get_running_loop().time() + WAIT_BOUND
-    while asyncio.get_running_loop().time() < deadline:
+
+    def held() -> bool:
         entry = app.services.catalog.get(instance_id)
-        if entry is not None and len(entry.waiters or ()) >= count:
-            return
-        await asyncio.sleep(0.01)
-    pytest.fail(f"no {count} change-watch request(s) held within {WAIT_BOUND}s")
+        return entry is not None and len(entry.waiters or ()) >= count
+
+    await wait_for_async(held, what=f"{count} change-watch request(s) held", timeout=WAIT_BOUND)
 
 
 async def test_every_document_has_a_stable_strong_etag_that_changes_with_the_instance(app):

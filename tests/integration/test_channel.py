@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from factories import new_id
-from helpers import admin_client, client_from, make_settings, running_app
+from helpers import FakeClock, admin_client, client_from, make_settings, push_record, running_app
 from imds.services.channel import RateLimiter
 from imds.store import open_store
 from imds.web.instance import InstanceFront
@@ -26,27 +26,6 @@ pytestmark = pytest.mark.anyio
 
 GUEST = "10.80.1.7"
 STRANGER = "10.80.9.9"
-
-
-class FakeClock:
-    """Monotonic seconds the test moves by hand."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-async def add_instance(app: InstanceFront, ip: str = GUEST) -> str:
-    """A metadata record for a fresh instance at ``ip``; its id."""
-    instance_id = new_id()
-    async with admin_client(app) as admin:
-        answer = await admin.post(
-            "/device-metadata", json={"id": instance_id, "ipAddresses": [ip], "metadata": {"hostname": "guest"}}
-        )
-    assert answer.status_code == 200, answer.text
-    return instance_id
 
 
 async def guest_post(app: InstanceFront, path: str, body: Any, ip: str = GUEST, **kwargs: Any) -> httpx.Response:
@@ -65,15 +44,15 @@ async def events_of(app: InstanceFront, instance_id: str, after: int = 0) -> dic
 
 
 @pytest.fixture
-async def app(store_url: str) -> AsyncIterator[InstanceFront]:
+async def app(db_url: str) -> AsyncIterator[InstanceFront]:
     """The app on each store kind, with a generous rate limit."""
-    async with running_app(make_settings(db=store_url, event_burst=100)) as running:
+    async with running_app(make_settings(db=db_url, event_burst=100)) as running:
         yield running
 
 
 async def test_events_are_stored_with_increasing_cursors_and_paged(app):
     """Three posts come back in order with increasing cursors; ``after`` pages; the host sees each field."""
-    instance_id = await add_instance(app)
+    instance_id = await push_record(app, [GUEST], {"hostname": "guest"})
     posted = [
         await guest_post(app, "/events", {"state": "installing"}),
         await guest_post(app, "/events", {"state": "progress", "code": 40, "message": "copying the image"}),
@@ -98,7 +77,7 @@ async def test_events_are_stored_with_increasing_cursors_and_paged(app):
 
 async def test_phone_home_marks_the_instance_booted(app):
     """cloud-init's phone_home posts a form; the host sees a ``booted`` event."""
-    instance_id = await add_instance(app)
+    instance_id = await push_record(app, [GUEST], {"hostname": "guest"})
     answer = await guest_post(
         app, "/phone-home", b"instance_id=i-1&hostname=guest",
         headers={"content-type": "application/x-www-form-urlencoded"},
@@ -110,7 +89,7 @@ async def test_phone_home_marks_the_instance_booted(app):
 
 async def test_unknown_callers_wrong_methods_and_bad_bodies(app):
     """404 for an unknown caller, 405 for a GET, 400 naming each bad field, 413 over the size cap; nothing stored."""
-    instance_id = await add_instance(app)
+    instance_id = await push_record(app, [GUEST], {"hostname": "guest"})
     assert (await guest_post(app, "/events", {"state": "x"}, ip=STRANGER)).status_code == 404
     async with client_from(app, GUEST) as guest:
         wrong = await guest.get("/events")
@@ -139,8 +118,8 @@ async def test_the_rate_limit_answers_429_with_retry_after():
     clock = FakeClock()
     async with running_app(make_settings(event_rate=0.5, event_burst=2)) as app:
         app.services.channel.limiter = RateLimiter(0.5, 2, clock)
-        instance_id = await add_instance(app)
-        other = await add_instance(app, STRANGER)
+        instance_id = await push_record(app, [GUEST], {"hostname": "guest"})
+        other = await push_record(app, [STRANGER], {"hostname": "guest"})
         assert [(await guest_post(app, "/events", {"state": f"s{i}"})).status_code for i in range(2)] == [200, 200]
         limited = await guest_post(app, "/events", {"state": "s2"})
         assert (limited.status_code, limited.headers["retry-after"]) == (429, "2"), limited.text
@@ -155,10 +134,10 @@ async def test_the_rate_limit_answers_429_with_retry_after():
         assert [e["state"] for e in (await events_of(app, other))["events"]] == ["booted"]
 
 
-async def test_retention_keeps_the_newest_events(store_url):
+async def test_retention_keeps_the_newest_events(db_url):
     """With --event-retain 3, five posts leave the newest three."""
-    async with running_app(make_settings(db=store_url, event_retain=3)) as app:
-        instance_id = await add_instance(app)
+    async with running_app(make_settings(db=db_url, event_retain=3)) as app:
+        instance_id = await push_record(app, [GUEST], {"hostname": "guest"})
         for n in range(5):
             assert (await guest_post(app, "/events", {"state": f"s{n}"})).status_code == 200
         assert [e["state"] for e in (await events_of(app, instance_id))["events"]] == ["s2", "s3", "s4"]
@@ -166,7 +145,7 @@ async def test_retention_keeps_the_newest_events(store_url):
 
 async def test_a_queued_message_is_read_once(app):
     """POST /device-messages queues bytes; /ganeti/<v>/read returns them in order, each once, then 404."""
-    instance_id = await add_instance(app)
+    instance_id = await push_record(app, [GUEST], {"hostname": "guest"})
     async with admin_client(app) as admin:
         for body in (b"first", b'{"second": true}'):
             queued = await admin.post(f"/device-messages/{instance_id}", content=body)
@@ -190,11 +169,11 @@ async def test_a_queued_message_is_read_once(app):
         assert (await stranger.get("/ganeti/latest/read")).status_code == 404
 
 
-async def test_the_message_queue_is_bounded(store_url):
+async def test_the_message_queue_is_bounded(db_url):
     """With --message-max-queued 2 the third message is 409 on every store; reading one makes room."""
-    async with running_app(make_settings(db=store_url, message_max_queued=2)) as app, admin_client(app) as admin:
-        instance_id = await add_instance(app)
-        other = await add_instance(app, STRANGER)
+    async with running_app(make_settings(db=db_url, message_max_queued=2)) as app, admin_client(app) as admin:
+        instance_id = await push_record(app, [GUEST], {"hostname": "guest"})
+        other = await push_record(app, [STRANGER], {"hostname": "guest"})
         statuses = [(await admin.post(f"/device-messages/{instance_id}", content=b"m%d" % n)).status_code
                     for n in range(3)]
         assert statuses == [200, 200, 409]
@@ -212,12 +191,13 @@ async def test_the_message_queue_is_bounded(store_url):
             (200, b"m1"), (200, b"m3"), (404, b"")]
 
 
-async def test_the_message_cap_holds_across_replicas_of_one_database(shared_url):
+@pytest.mark.stores("sqlite", "postgres")  # one database two replicas share
+async def test_the_message_cap_holds_across_replicas_of_one_database(db_url):
     """Two replicas sharing one SQL database count the same queue: the cap is the store's, not a replica's."""
-    settings = make_settings(db=shared_url, message_max_queued=2)
+    settings = make_settings(db=db_url, message_max_queued=2)
     async with AsyncExitStack() as stack:
-        apps = [await stack.enter_async_context(running_app(settings, store=open_store(shared_url))) for _ in range(2)]
-        instance_id = await add_instance(apps[0])
+        apps = [await stack.enter_async_context(running_app(settings, store=open_store(db_url))) for _ in range(2)]
+        instance_id = await push_record(apps[0], [GUEST], {"hostname": "guest"})
         await apps[1].services.catalog.refresh([instance_id])
         admins = [await stack.enter_async_context(admin_client(app)) for app in apps]
         statuses = [(await admins[n % 2].post(f"/device-messages/{instance_id}", content=b"m")).status_code
@@ -227,25 +207,20 @@ async def test_the_message_cap_holds_across_replicas_of_one_database(shared_url)
 
 async def test_the_admin_side_needs_scopes(app):
     """No token: 401 on events and messages."""
-    instance_id = await add_instance(app)
+    instance_id = await push_record(app, [GUEST], {"hostname": "guest"})
     async with client_from(app) as anonymous:
         assert (await anonymous.get(f"/device-events/{instance_id}")).status_code == 401
         assert (await anonymous.post(f"/device-messages/{instance_id}", content=b"m")).status_code == 401
         assert (await anonymous.get(f"/device-events/{instance_id}/stream")).status_code == 401
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def shared_url(request: pytest.FixtureRequest) -> str:
-    """One database two replicas share."""
-    return str(request.getfixturevalue("sqlite_url" if request.param == "sqlite" else "postgres_url"))
-
-
-async def test_concurrent_reads_across_two_replicas_take_each_message_once(shared_url):
+@pytest.mark.stores("sqlite", "postgres")  # one database two replicas share
+async def test_concurrent_reads_across_two_replicas_take_each_message_once(db_url):
     """30 messages, 60 concurrent reads through two replicas of one database: each message is read exactly once."""
-    settings = make_settings(db=shared_url)
+    settings = make_settings(db=db_url)
     async with AsyncExitStack() as stack:
-        apps = [await stack.enter_async_context(running_app(settings, store=open_store(shared_url))) for _ in range(2)]
-        instance_id = await add_instance(apps[0])
+        apps = [await stack.enter_async_context(running_app(settings, store=open_store(db_url))) for _ in range(2)]
+        instance_id = await push_record(apps[0], [GUEST], {"hostname": "guest"})
         await apps[1].services.catalog.refresh([instance_id])
         sent = [f"message-{n}".encode() for n in range(30)]
         async with admin_client(apps[0]) as admin:
@@ -258,9 +233,10 @@ async def test_concurrent_reads_across_two_replicas_take_each_message_once(share
     assert sorted(a.status_code for a in answers) == [200] * 30 + [404] * 30
 
 
-async def test_a_cursor_reader_misses_no_event_of_concurrent_writers_on_two_stores(shared_url):
+@pytest.mark.stores("sqlite", "postgres")  # one database two replicas share
+async def test_a_cursor_reader_misses_no_event_of_concurrent_writers_on_two_stores(db_url):
     """Two stores append 40 events each for one instance at once; a reader paging with ``after`` sees all."""
-    stores = [open_store(shared_url), open_store(shared_url)]
+    stores = [open_store(db_url), open_store(db_url)]
     instance_id = new_id()
     try:
         seen: list[int] = []

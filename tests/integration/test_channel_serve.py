@@ -12,13 +12,13 @@ import json
 import queue
 import subprocess
 import time
-from collections.abc import Callable
 from typing import Any
 
 import httpx
 import pytest
 
 from factories import new_id
+from helpers import wait_for
 from serve_process import ADMIN_TOKEN, IMDS, Server, clean_env, client_at, in_background, metric, serving
 
 GUEST = "127.0.0.2"  # a second loopback address: the instance's source address
@@ -44,15 +44,6 @@ def post_event(server: Server, body: dict[str, Any]) -> int:
     assert answer.status_code == 200, answer.text
     cursor: int = answer.json()["cursor"]
     return cursor
-
-
-def wait_for(check: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + BOUND
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.02)
-    pytest.fail(f"not within {BOUND}s: {what}")
 
 
 def test_the_event_stream_delivers_an_event_posted_after_it_opened(tmp_path):
@@ -128,7 +119,8 @@ def test_a_held_request_returns_within_a_second_of_a_write_through_another_repli
     with serving(tmp_path / "a", *args) as replica_a, serving(tmp_path / "b", *args) as replica_b:
         instance_id = add_instance(replica_a, "before")
         with client_at(GUEST) as guest:
-            wait_for(lambda: guest.get(f"{replica_b.url}/metadata").status_code == 200, "replica B sees the instance")
+            wait_for(lambda: guest.get(f"{replica_b.url}/metadata").status_code == 200,
+                     what="replica B sees the instance", timeout=BOUND)
             etag = guest.get(f"{replica_b.url}/metadata").headers["etag"]
 
         def held() -> tuple[httpx.Response, float]:
@@ -140,7 +132,8 @@ def test_a_held_request_returns_within_a_second_of_a_write_through_another_repli
                 return answer, time.monotonic()
 
         results = in_background(held)
-        wait_for(lambda: metric(replica_b, "imds_watch_waiting") == 1, "the read is held on replica B")
+        wait_for(lambda: metric(replica_b, "imds_watch_waiting") == 1,
+                 what="the read is held on replica B", timeout=BOUND)
         written = time.monotonic()
         add_instance(replica_a, "after", instance_id)
         answer, returned = result(results)

@@ -247,13 +247,8 @@ def check_acknowledged(plans: list[list[Write]]) -> list[Write]:
     return writes
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def db_url(request: pytest.FixtureRequest) -> str:
-    """A migrated SQLite file or PostgreSQL database."""
-    return request.getfixturevalue("sqlite_url" if request.param == "sqlite" else "postgres_url")
-
-
 @pytest.mark.anyio
+@pytest.mark.stores("sqlite", "postgres")
 async def test_overlapping_writes_serialise_in_commit_order(db_url: str) -> None:
     """240 concurrent upserts over 30 shared addresses leave store, catalog and reads equal to a serial replay.
 
@@ -280,19 +275,14 @@ async def test_overlapping_writes_serialise_in_commit_order(db_url: str) -> None
         await check_instance_reads(app, model)
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def shared_url(request: pytest.FixtureRequest) -> str:
-    """One database two replicas share: an SQLite file or a PostgreSQL database."""
-    return request.getfixturevalue("sqlite_url" if request.param == "sqlite" else "postgres_url")
-
-
 @pytest.mark.anyio
-async def test_two_replicas_sharing_a_database_converge(shared_url: str) -> None:
+@pytest.mark.stores("sqlite", "postgres")  # one database two replicas share
+async def test_two_replicas_sharing_a_database_converge(db_url: str) -> None:
     """Two replicas writing concurrently to one database serialise, and both catalogs converge on the store."""
     plans = plan(seed=7, instances=INSTANCES, writes_each=5)
-    settings = make_settings(db=shared_url)
+    settings = make_settings(db=db_url)
     async with AsyncExitStack() as stack:
-        apps = [await stack.enter_async_context(running_app(settings, store=open_store(shared_url))) for _ in range(2)]
+        apps = [await stack.enter_async_context(running_app(settings, store=open_store(db_url))) for _ in range(2)]
         clients = [await stack.enter_async_context(admin_client(app)) for app in apps]
         assert apps[0].services.store is not apps[1].services.store
         elapsed = await run_writes(clients, plans)
@@ -310,7 +300,7 @@ async def test_two_replicas_sharing_a_database_converge(shared_url: str) -> None
         sent = {r: [(w.started, w.acked or 0) for w in order if replica_of[w.instance_id] == r] for r in (0, 1)}
         overlapping = [(a, b) for a in sent[0] for b in sent[1] if a[0] < b[1] and b[0] < a[1]]
         assert len(overlapping) >= len(order) // 4, "the replicas' writes hardly overlapped in time"
-        if shared_url.startswith("postgresql"):
+        if db_url.startswith("postgresql"):
             positions = defaultdict(list)
             for index, w in enumerate(order):
                 positions[replica_of[w.instance_id]].append(index)

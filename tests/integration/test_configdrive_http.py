@@ -10,9 +10,9 @@ import pytest
 from jsonschema import Draft202012Validator
 
 from factories import new_id
-from helpers import admin_client, client_from, running_app
+from helpers import admin_client, client_from, push_record, running_app
 from iso_reader import read_iso, volume_label
-from openstack_data import DEVICE_EXAMPLES, SEED_ID, USERDATA, device_schema, devices, openstack_document, push
+from openstack_data import DEVICE_EXAMPLES, SEED_ID, USERDATA, device_schema, devices, openstack_document
 
 pytestmark = pytest.mark.anyio
 
@@ -40,7 +40,7 @@ def leaves(tree: dict[str, Any], prefix: str = "") -> list[tuple[str, str]]:
 async def test_every_file_on_the_drive_is_what_http_answers():
     """openstack/* equal the /openstack answers byte for byte (meta_data.json minus random_seed); ec2/* equal /<v>/…."""
     async with running_app() as app, admin_client(app) as admin, client_from(app, GUEST) as guest:
-        await push(admin, openstack_document(), [GUEST], USERDATA)
+        await push_record(admin, [GUEST], openstack_document(), USERDATA, userdata_encoding="text")
         assert (await guest.post("/openstack/latest/password", content=b"pw")).status_code == 200
         answer = await admin.get(f"/device-configdrive/{SEED_ID}")
         assert (answer.status_code, answer.headers["content-type"]) == (200, ISO)
@@ -71,7 +71,7 @@ async def test_every_file_on_the_drive_is_what_http_answers():
 async def test_every_listed_openstack_file_is_on_the_drive():
     """Every entry of every /openstack/<version> listing except password is a file on the drive."""
     async with running_app() as app, admin_client(app) as admin, client_from(app, GUEST) as guest:
-        await push(admin, openstack_document(), [GUEST], USERDATA)
+        await push_record(admin, [GUEST], openstack_document(), USERDATA, userdata_encoding="text")
         files = read_iso((await admin.get(f"/device-configdrive/{SEED_ID}")).content)
         versions = (await guest.get("/openstack")).text.split("\n")
         for version in versions:
@@ -83,7 +83,7 @@ async def test_every_listed_openstack_file_is_on_the_drive():
 async def test_seed_device_examples_reach_the_drive(example):
     """Each seed device example pushed via the API is every meta_data.json's devices from 2016-06-30, schema-valid."""
     async with running_app() as app, admin_client(app) as admin:
-        await push(admin, openstack_document(example), [GUEST])
+        await push_record(admin, [GUEST], openstack_document(example))
         files = read_iso((await admin.get(f"/device-configdrive/{SEED_ID}")).content)
         for version in ("2016-06-30", "2018-08-27", "2025-04-04", "latest"):
             served = json.loads(files[f"openstack/{version}/meta_data.json"])["devices"]
@@ -95,7 +95,7 @@ async def test_seed_device_examples_reach_the_drive(example):
 async def test_the_nocloud_seed_matches_the_nocloud_flavor():
     """?format=nocloud is a cidata image whose four files equal /nocloud/<file> byte for byte."""
     async with running_app() as app, admin_client(app) as admin, client_from(app, GUEST) as guest:
-        await push(admin, openstack_document(), [GUEST], USERDATA)
+        await push_record(admin, [GUEST], openstack_document(), USERDATA, userdata_encoding="text")
         answer = await admin.get(f"/device-configdrive/{SEED_ID}", params={"format": "nocloud"})
         assert (answer.status_code, answer.headers["content-type"]) == (200, ISO)
         assert volume_label(answer.content) == "cidata"
@@ -109,7 +109,7 @@ async def test_the_nocloud_seed_matches_the_nocloud_flavor():
 async def test_drive_errors():
     """Unknown format → 400 naming it; unknown or malformed id → 404 / 400; no token → 401; userdata only → 404."""
     async with running_app() as app, admin_client(app) as admin:
-        await push(admin, openstack_document(), [GUEST])
+        await push_record(admin, [GUEST], openstack_document())
         bad = await admin.get(f"/device-configdrive/{SEED_ID}", params={"format": "vfat"})
         assert bad.status_code == 400
         assert bad.json()["errors"] == [{"field": "format", "message": "must be one of config-2, nocloud"}]

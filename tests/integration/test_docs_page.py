@@ -8,19 +8,14 @@ Swagger UI 4 rendered as an empty page.
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
-import tempfile
-from pathlib import Path
 
 import pytest
 
+from chromium import WAIT
 from helpers import client_from, running_app
 from serve_process import ADMIN_TOKEN, serving
 
-CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
-WAIT = 20  # seconds: a generous bound on a loaded 2-core machine
 EXPECTED_TYPES = {".js": "text/javascript", ".css": "text/css", ".png": "image/png"}
 
 
@@ -60,31 +55,6 @@ async def test_only_the_listed_assets_are_served():
             response = await client.get(f"/docs/assets/{name}")
             assert response.status_code == 404, name
             assert "message" in response.json()
-
-
-@pytest.fixture
-def browser():
-    """A headless Chromium with a fresh profile, quit (by selenium, which stops its driver) afterwards."""
-    os.environ["SE_OFFLINE"] = "true"  # never let selenium-manager download a browser or driver
-    from selenium import webdriver  # noqa: PLC0415 - imported after SE_OFFLINE is set
-    from selenium.webdriver.chrome.service import Service  # noqa: PLC0415
-
-    assert CHROMIUM.exists(), "apt-get install chromium (scripts/test does)"
-    assert CHROMEDRIVER.exists(), "apt-get install chromium-driver (scripts/test does)"
-    profile = tempfile.mkdtemp(prefix="imds-chromium-")
-    options = webdriver.ChromeOptions()
-    options.binary_location = str(CHROMIUM)
-    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage",
-                 "--window-size=1400,1000", f"--user-data-dir={profile}"):
-        options.add_argument(flag)
-    driver = webdriver.Chrome(service=Service(executable_path=str(CHROMEDRIVER)), options=options)
-    driver.set_page_load_timeout(WAIT)
-    try:
-        yield driver
-    finally:
-        driver.quit()
-        shutil.rmtree(profile, ignore_errors=True)
 
 
 def test_docs_page_shows_the_api_in_a_browser(tmp_path, browser):

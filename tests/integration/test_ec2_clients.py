@@ -11,7 +11,6 @@ from __future__ import annotations
 import base64
 import copy
 import importlib
-import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,9 +20,9 @@ import httpx
 import pytest
 
 from cloudinit_guard import GUEST_GUARD, run_cloud_init
+from helpers import fixture_json
 from serve_process import Server, serving
 
-SEED_FILE = Path(__file__).parents[2].parent / "shared" / "fixtures" / "metadata-example.json"
 GUEST = "127.0.0.3"  # holds the seed document
 AWS_GUEST = "127.0.0.5"  # holds a document with AWS-style placement
 STRANGER = "127.0.0.9"  # holds nothing
@@ -36,7 +35,7 @@ CLIENT_TIMEOUT = 60
 
 
 def seed() -> dict[str, Any]:
-    return json.loads(SEED_FILE.read_text())
+    return fixture_json("metadata-example.json")
 
 
 def aws_style() -> dict[str, Any]:

@@ -22,7 +22,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
 
 from ec2_expected import HOLLOW_SEED, seed
-from helpers import admin_client, client_from, make_settings, running_app
+from helpers import admin_client, client_from, make_settings, push_record, running_app
 from imds import config
 from imds.errors import ConfigError
 from imds.services.identity.tokens import TokenIssuer
@@ -49,19 +49,9 @@ OPENSSL = shutil.which("openssl")
 async def seeded(**overrides: Any) -> AsyncIterator[InstanceFront]:
     """A running app holding the seed document + userdata at SEED_IP and a second instance at OTHER_IP."""
     async with running_app(make_settings(**overrides)) as app:
-        await push(app, seed(), SEED_IP)
-        await push(app, {"id": OTHER_ID, "hostname": "other", "plan": "m3.small.x86"}, OTHER_IP)
+        await push_record(app, [SEED_IP], seed(), USERDATA)
+        await push_record(app, [OTHER_IP], {"id": OTHER_ID, "hostname": "other", "plan": "m3.small.x86"}, USERDATA)
         yield app
-
-
-async def push(app: InstanceFront, doc: dict[str, Any], ip: str, userdata: str = USERDATA) -> None:
-    async with admin_client(app) as admin:
-        for path, body in (
-            ("/device-metadata", {"id": doc["id"], "ipAddresses": [ip], "metadata": doc}),
-            ("/device-userdata", {"id": doc["id"], "ipAddresses": [ip], "userdata": userdata}),
-        ):
-            answer = await admin.post(path, json=body)
-            assert answer.json()["applied"] is True, answer.text
 
 
 async def get(app: InstanceFront, path: str, ip: str = SEED_IP, method: str = "GET", **kwargs: Any) -> httpx.Response:
@@ -164,7 +154,7 @@ async def test_hollow_spot_and_missing_addresses_over_http():
     doc = {**seed(), "spot": {"termination_time": "20220707T13:13:13Z"}}
     doc["network"] = {"addresses": []}
     async with seeded() as app:
-        await push(app, doc, SEED_IP)
+        await push_record(app, [SEED_IP], doc, USERDATA)
         listing = await get(app, "/2009-04-04/meta-data/")
         assert listing.text == "instance-id\nhostname\niqn\nplan\nfacility\ntags\noperating-system\npublic-keys\nspot"
         assert (await get(app, "/2009-04-04/meta-data/spot")).text == "termination-time"
@@ -240,7 +230,7 @@ async def test_tags_and_spot_over_http():
     """Tags 'k=v' appear under tags/instance/ and spot/termination-time is served when set."""
     doc = {**seed(), "tags": ["role=web", "env=prod", "plain"], "spot": {"termination_time": "2030-01-01T00:00:00Z"}}
     async with seeded() as app:
-        await push(app, doc, SEED_IP)
+        await push_record(app, [SEED_IP], doc, USERDATA)
         assert (await get(app, "/latest/meta-data/tags/instance/")).text == "role\nenv"
         assert (await get(app, "/latest/meta-data/tags/instance/role")).text == "web"
         assert (await get(app, "/latest/meta-data/tags/instance/env/")).text == "prod"
@@ -590,8 +580,8 @@ def openssl_verify(
 async def test_identity_document_fields_match_the_record(version):
     """The JSON document carries the record's id, region, zone, type, private IP, account and architecture."""
     async with seeded() as app:
-        await push(app, {**seed(), "project_id": "acct-42", "region": "us-west-2", "availability_zone": "us-west-2a"},
-                   SEED_IP)
+        zone = {"project_id": "acct-42", "region": "us-west-2", "availability_zone": "us-west-2a"}
+        await push_record(app, [SEED_IP], {**seed(), **zone}, USERDATA)
         document = json.loads((await get(app, f"/{version}/dynamic/instance-identity/document")).content)
         assert {k: document[k] for k in ("instanceId", "region", "availabilityZone", "instanceType", "privateIp",
                                           "accountId", "architecture", "imageId", "version")} == {

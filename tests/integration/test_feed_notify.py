@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from factories import new_id
-from fault_tools import wait_for
+from helpers import wait_for
 from postgres_server import in_thread
 from serve_process import Server, client_at, in_background, metric, serving
 
@@ -54,11 +54,11 @@ def two_replicas(tmp_path: Path, postgres_url: str) -> Iterator[tuple[Server, Se
     """Replicas A and B (no fallback poll), B listening and serving A's first write; yields (A, B, the write)."""
     args = ("--db", postgres_url, "--feed-poll-interval", "600")
     with serving(tmp_path, *args) as a, serving(tmp_path, *args) as b:
-        wait_for(lambda: "feed.listening" in b.output(), BOUND, "B to listen")
+        wait_for(lambda: "feed.listening" in b.output(), what="B to listen", timeout=BOUND)
         instance_id = new_id()
         body = {"id": instance_id, "ipAddresses": [GUEST], "metadata": {"id": instance_id, "write": 1}}
         a.post("/device-metadata", body)
-        wait_for(lambda: served_write(b) == 1, BOUND, "B to serve write 1")
+        wait_for(lambda: served_write(b) == 1, what="B to serve write 1", timeout=BOUND)
         yield a, b, body
 
 
@@ -69,7 +69,7 @@ def test_notify_carries_writes_and_a_cut_replica_catches_up(tmp_path: Path, post
         assert terminate_sessions(postgres_url, b.process.pid) >= 1
         body["metadata"]["write"] = 2
         a.post("/device-metadata", body)  # B's listener is down (it waits before reconnecting)
-        wait_for(lambda: served_write(b) == 2, BOUND, "B to catch up with write 2")
+        wait_for(lambda: served_write(b) == 2, what="B to catch up with write 2", timeout=BOUND)
         log = b.output()
         assert "feed.listener_lost" in log
         assert log.count("feed.listening") >= 2
@@ -89,7 +89,7 @@ def test_a_change_watch_held_on_one_replica_is_woken_by_a_write_through_the_othe
                 return waiter.get(f"{b.url}/metadata", params=params, timeout=180.0)
 
         answers = in_background(held)
-        wait_for(lambda: metric(b, "imds_watch_waiting") == 1, BOUND, "the read to be held on B")
+        wait_for(lambda: metric(b, "imds_watch_waiting") == 1, what="the read to be held on B", timeout=BOUND)
         body["metadata"]["write"] = 2
         a.post("/device-metadata", body)
         answer = answers.get(timeout=BOUND)  # well before the watch's own 120 s timeout

@@ -12,19 +12,11 @@ import pytest
 from cryptography.fernet import Fernet
 
 from factories import new_id, next_ipv4
-from ganeti_data import os_body, put_os, seed_instance
-from helpers import admin_client, client_from, make_settings, running_app
+from ganeti_data import os_body, put_os
+from helpers import admin_client, client_from, make_settings, push_record, running_app
 from imds.config import Settings
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture(params=["memory", "sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def db_url(request: pytest.FixtureRequest) -> str:
-    """Each store kind (migrations run outside the event loop)."""
-    if request.param == "memory":
-        return "memory://"
-    return str(request.getfixturevalue(f"{request.param}_url"))
 
 
 @pytest.fixture
@@ -35,7 +27,7 @@ async def admin(db_url: str) -> AsyncIterator[Any]:
 
 async def test_write_then_read_shows_public_hides_private_and_reports_secrets(admin):
     """GET shows public values, "<private>" for private ones and secret_state "held" for secrets; HEAD has no body."""
-    instance_id = await seed_instance(admin, next_ipv4())
+    instance_id = await push_record(admin, [next_ipv4()])
     answer = await admin.post("/device-os", json=os_body(instance_id))
     assert answer.json() == {"id": instance_id, "applied": True}
     assert answer.headers["x-imds-write"] == "applied"
@@ -65,7 +57,7 @@ async def test_write_then_read_shows_public_hides_private_and_reports_secrets(ad
 
 async def test_an_update_that_omits_a_secret_drops_it(admin):
     """Full replacement: the second write has no secret, so none is listed (Ganeti's rule)."""
-    instance_id = await seed_instance(admin, next_ipv4())
+    instance_id = await push_record(admin, [next_ipv4()])
     await put_os(admin, os_body(instance_id))
     body = os_body(instance_id, mode="run", communication=True)
     del body["parameters"]["root-password"]
@@ -77,7 +69,7 @@ async def test_an_update_that_omits_a_secret_drops_it(admin):
 
 async def test_package_credentials_are_reported_not_shown(admin):
     """The package URL is shown; its credentials are only reported held."""
-    instance_id = await seed_instance(admin, next_ipv4())
+    instance_id = await push_record(admin, [next_ipv4()])
     package = {"url": "http://192.0.2.7/pkg/site.tgz", "username": "pkg-user-x", "password": "pkg-pass-y"}
     await put_os(admin, os_body(instance_id, package=package))
     got = await admin.get(f"/device-os/{instance_id}")
@@ -88,7 +80,7 @@ async def test_package_credentials_are_reported_not_shown(admin):
 
 async def test_staleness_rule(admin):
     """A body updated_at older than the stored one changes nothing and says so; newer or equal applies."""
-    instance_id = await seed_instance(admin, next_ipv4())
+    instance_id = await push_record(admin, [next_ipv4()])
     await put_os(admin, os_body(instance_id, updated_at="2026-11-23T12:00:00Z"))
     stale = await admin.post("/device-os", json=os_body(instance_id, mode="run", updated_at="2026-11-23T11:00:00Z"))
     assert stale.status_code == 200
@@ -108,7 +100,7 @@ async def test_needs_an_existing_instance_and_delete(admin):
     answer = await admin.post("/device-os", json=os_body(unknown))
     assert answer.status_code == 404
     assert "post /device-metadata first" in answer.json()["message"]
-    instance_id = await seed_instance(admin, next_ipv4())
+    instance_id = await push_record(admin, [next_ipv4()])
     await put_os(admin, os_body(instance_id))
     deleted = await admin.delete(f"/device-os/{instance_id}")
     assert deleted.json() == {"id": instance_id, "deleted": "os"}
@@ -138,7 +130,7 @@ BAD_FIELDS = [
 async def test_invalid_fields_are_400_naming_the_field_never_a_value(change, field):
     """Each invalid field is a 400 naming it; the body echoes no private or secret value; nothing is stored."""
     async with running_app() as app, admin_client(app) as admin:
-        instance_id = await seed_instance(admin, next_ipv4())
+        instance_id = await push_record(admin, [next_ipv4()])
         answer = await admin.post("/device-os", json=os_body(instance_id, **change))
         assert answer.status_code == 400, answer.text
         assert field in [problem["field"] for problem in answer.json()["errors"]]
@@ -150,7 +142,7 @@ async def test_invalid_fields_are_400_naming_the_field_never_a_value(change, fie
 async def test_value_size_is_an_option():
     """--os-param-max-bytes sets the limit: at the limit is accepted, one byte over is a 400."""
     async with running_app(make_settings(os_param_max_bytes=8)) as app, admin_client(app) as admin:
-        instance_id = await seed_instance(admin, next_ipv4())
+        instance_id = await push_record(admin, [next_ipv4()])
         ok = os_body(instance_id, parameters={"p": {"value": "é" * 4}})
         await put_os(admin, ok)
         over = await admin.post("/device-os", json=os_body(instance_id, parameters={"p": {"value": "123456789"}}))
@@ -168,7 +160,7 @@ async def test_scopes_follow_the_other_record_types(tmp_path: Path):
     path = tmp_path / "tokens.json"
     path.write_text(json.dumps(tokens))
     async with running_app(make_settings(admin_tokens_file=path)) as app, admin_client(app) as admin:
-        instance_id = await seed_instance(admin, next_ipv4())
+        instance_id = await push_record(admin, [next_ipv4()])
         calls = {
             "POST": lambda c: c.post("/device-os", json=os_body(instance_id)),
             "GET": lambda c: c.get(f"/device-os/{instance_id}"),
@@ -190,7 +182,7 @@ async def test_scopes_follow_the_other_record_types(tmp_path: Path):
 async def test_restart_loses_secrets_and_says_so(sqlite_url: str):
     """After a restart the record is back from the database, each secret reported lost, the private value kept."""
     async with running_app(make_settings(db=sqlite_url)) as app, admin_client(app) as admin:
-        instance_id = await seed_instance(admin, next_ipv4())
+        instance_id = await push_record(admin, [next_ipv4()])
         await put_os(admin, os_body(instance_id, package={"url": "http://192.0.2.1/a.tar.gz", "username": "u",
                                                            "password": "p"}))
     async with running_app(make_settings(db=sqlite_url)) as app, admin_client(app) as admin:
@@ -213,7 +205,7 @@ async def test_private_values_are_encrypted_at_rest_with_key_rotation(sqlite_url
     key_file.write_text(f"# imds private keys\n{old}\n")
     settings = make_settings(db=sqlite_url, private_key_file=key_file)
     async with running_app(settings) as app, admin_client(app) as admin:
-        instance_id = await seed_instance(admin, next_ipv4())
+        instance_id = await push_record(admin, [next_ipv4()])
         await put_os(admin, os_body(instance_id))
     stored = json.loads(stored_documents(sqlite_url))
     token = stored["parameters"]["root-hash"]["value"]

@@ -13,10 +13,10 @@ import httpx
 import pytest
 
 from factories import next_ipv4
-from ganeti_data import os_body, put_os, seed_instance
-from helpers import admin_client, client_from, make_settings, running_app
+from ganeti_data import os_body, put_os, two_replicas
+from helpers import admin_client, client_from, make_settings, push_record, running_app
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.stores("memory", "sqlite")]
 
 EXAMPLES = Path(__file__).parents[2] / "examples" / "ganeti-os"
 TINY = EXAMPLES / "tiny"
@@ -25,12 +25,6 @@ TINY = EXAMPLES / "tiny"
 async def guest_get(app: Any, ip: str, path: str) -> httpx.Response:
     async with client_from(app, ip) as guest:
         return await guest.get(path)
-
-
-@pytest.fixture(params=["memory", "sqlite"])
-def db_url(request: pytest.FixtureRequest) -> str:
-    """memory://, or a migrated SQLite file (migrations run outside the event loop)."""
-    return "memory://" if request.param == "memory" else str(request.getfixturevalue("sqlite_url"))
 
 
 @pytest.fixture
@@ -44,7 +38,7 @@ async def test_parameters_json_is_metads_format(app):
     """{name: [value, visibility]}, public then private then secret, install parameters merged while installing."""
     ip = next_ipv4()
     async with admin_client(app) as admin:
-        instance_id = await seed_instance(admin, ip)
+        instance_id = await push_record(admin, [ip])
         await put_os(admin, os_body(instance_id))
     answer = await guest_get(app, ip, "/ganeti/latest/os/parameters.json")
     assert answer.status_code == 200
@@ -63,7 +57,7 @@ async def test_install_parameter_overrides_and_run_mode_drops_them(app):
     ip = next_ipv4()
     body = os_body("", install_parameters={"hostname": {"value": "installer", "visibility": "private"}})
     async with admin_client(app) as admin:
-        body["id"] = await seed_instance(admin, ip)
+        body["id"] = await push_record(admin, [ip])
         await put_os(admin, body)
         served = json.loads((await guest_get(app, ip, "/ganeti/latest/os/parameters.json")).content)
         assert served["hostname"] == ["installer", "private"]
@@ -77,7 +71,7 @@ async def test_served_only_while_installing_or_communicating(app):
     """Mode run without communication: every /ganeti path is 404 (plain text); install or communication: 200."""
     ip, stranger = next_ipv4(), next_ipv4()
     async with admin_client(app) as admin:
-        instance_id = await seed_instance(admin, ip)
+        instance_id = await push_record(admin, [ip])
         assert (await guest_get(app, ip, "/ganeti/latest/os/parameters.json")).status_code == 404  # no OS record
         for mode, communication, status in [("run", False, 404), ("run", True, 200), ("self_install", False, 200),
                                             ("install", False, 200)]:
@@ -97,7 +91,7 @@ async def test_listings_scripts_and_install_package(app):
     """Listings name only what answers; scripts are the definition's bytes; the install package is its tar.gz."""
     ip = next_ipv4()
     async with admin_client(app) as admin:
-        instance_id = await seed_instance(admin, ip)
+        instance_id = await push_record(admin, [ip])
         await put_os(admin, os_body(instance_id, os_type="tiny+default"))
     assert (await guest_get(app, ip, "/ganeti")).text == "latest"
     assert (await guest_get(app, ip, "/ganeti/latest/")).text == "os/"
@@ -129,7 +123,7 @@ async def test_channel_paths_are_wired_and_other_writes_405(app):
     """Read and write are the channel's (a queued message, an event); a POST elsewhere is 405."""
     ip = next_ipv4()
     async with admin_client(app) as admin:
-        instance_id = await seed_instance(admin, ip)
+        instance_id = await push_record(admin, [ip])
         await put_os(admin, os_body(instance_id))
     async with client_from(app, ip) as guest:
         empty = await guest.get("/ganeti/latest/read")
@@ -151,7 +145,7 @@ async def test_channel_paths_are_wired_and_other_writes_405(app):
 async def test_unknown_os_type_is_refused_and_undeclared_parameters_too(app):
     """With definitions loaded, os_type must name one and parameter names must be in its parameters.list."""
     async with admin_client(app) as admin:
-        instance_id = await seed_instance(admin, next_ipv4())
+        instance_id = await push_record(admin, [next_ipv4()])
         unknown = await admin.post("/device-os", json=os_body(instance_id, os_type="debian"))
         assert unknown.status_code == 400
         assert unknown.json()["errors"] == [{"field": "os_type", "message": "no such OS definition; known: tiny"}]
@@ -170,13 +164,7 @@ async def test_unknown_os_type_is_refused_and_undeclared_parameters_too(app):
 
 async def test_two_replicas_on_one_database(sqlite_url: str):
     """The replica that took the write serves the secret; the other serves it absent and reports it lost."""
-    settings = make_settings(db=sqlite_url)
-    ip = next_ipv4()
-    async with running_app(settings) as a, running_app(settings) as b, admin_client(a) as admin_a, \
-            admin_client(b) as admin_b:
-        instance_id = await seed_instance(admin_a, ip)
-        await put_os(admin_a, os_body(instance_id))
-        await b.services.catalog.catch_up()
+    async with two_replicas(sqlite_url) as (a, b, _admin_a, admin_b, ip, instance_id):
         on_a = json.loads((await guest_get(a, ip, "/ganeti/latest/os/parameters.json")).content)
         on_b = json.loads((await guest_get(b, ip, "/ganeti/latest/os/parameters.json")).content)
         assert on_a["root-password"] == ["secret-value", "secret"]

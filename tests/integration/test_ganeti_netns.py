@@ -16,12 +16,13 @@ import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
 from factories import new_id
-from serve_process import serving
+from serve_process import Server, serving
 
 EXAMPLES = Path(__file__).parents[2] / "examples" / "ganeti-os"
 
@@ -68,24 +69,30 @@ def guest() -> Iterator[Guest]:
     assert netns not in run("ip", "netns", "list").stdout
 
 
+def admin_of(server: Server) -> httpx.Client:
+    """An admin client for ``server`` (no proxies from the environment)."""
+    return httpx.Client(base_url=server.url, headers=server.admin_headers, timeout=10.0, trust_env=False)
+
+
+def queue_install(server: Server, guest: Guest, message: bytes, **record: Any) -> str:
+    """An instance at the guest's address with the OS record ``record`` and the host ``message`` queued; its id."""
+    instance_id = new_id()
+    metadata = {"id": instance_id, "ipAddresses": [guest.address], "metadata": {"id": instance_id}}
+    server.post("/device-metadata", metadata)
+    server.post("/device-os", {"id": instance_id, **record})
+    with admin_of(server) as admin:
+        assert admin.post(f"/device-messages/{instance_id}", content=message).status_code == 200
+    return instance_id
+
+
 def test_create_script_runs_in_the_instance_and_reads_its_parameters(tmp_path: Path, guest: Guest):
     """The guest fetches create from imds and runs it; it writes every OSP_<NAME> with the served values."""
     with serving(tmp_path, "--db", "memory://", "--os-definitions-dir", str(EXAMPLES), host=guest.host) as server:
-        instance_id = new_id()
-        with httpx.Client(base_url=server.url, headers=server.admin_headers, timeout=10.0, trust_env=False) as admin:
-            body = {"id": instance_id, "ipAddresses": [guest.address], "metadata": {"id": instance_id}}
-            assert admin.post("/device-metadata", json=body).status_code == 200
-            record = {
-                "id": instance_id, "os_type": "tiny", "mode": "self_install",
-                "parameters": {
-                    "hostname": {"value": "netns-guest", "visibility": "public"},
-                    "root-hash": {"value": "$6$salt$hash", "visibility": "private"},
-                    "root-password": {"value": "it's a secret", "visibility": "secret"},
-                },
-                "install_parameters": {"disk": {"value": "/dev/vda", "visibility": "public"}},
-            }
-            assert admin.post("/device-os", json=record).json()["applied"] is True
-            assert admin.post(f"/device-messages/{instance_id}", content=b"proceed").status_code == 200
+        instance_id = queue_install(server, guest, b"proceed", os_type="tiny", mode="self_install", parameters={
+            "hostname": {"value": "netns-guest", "visibility": "public"},
+            "root-hash": {"value": "$6$salt$hash", "visibility": "private"},
+            "root-password": {"value": "it's a secret", "visibility": "secret"},
+        }, install_parameters={"disk": {"value": "/dev/vda", "visibility": "public"}})
         script = tmp_path / "create"
         fetched = guest.run("curl", "-fsS", "--max-time", "10", "-o", str(script),
                             f"{server.url}/ganeti/latest/os/scripts/create")
@@ -96,7 +103,7 @@ def test_create_script_runs_in_the_instance_and_reads_its_parameters(tmp_path: P
         assert ran.returncode == 0, ran.stderr
         stranger = run("curl", "-sS", "--max-time", "10", f"{server.url}/ganeti/latest/os/parameters.json")
         assert stranger.stdout == "404 - Not Found"  # the root namespace is not the instance
-        with httpx.Client(base_url=server.url, headers=server.admin_headers, timeout=10.0, trust_env=False) as admin:
+        with admin_of(server) as admin:
             events = admin.get(f"/device-events/{instance_id}", params={"after": 0}).json()["events"]
         # the guest's "proceed" read consumed the message: nothing is left for it
         assert guest.run("curl", "-sS", "-o", "/dev/null", "-w", "%{http_code}", "--max-time", "10",
@@ -118,14 +125,9 @@ def test_create_script_runs_in_the_instance_and_reads_its_parameters(tmp_path: P
 def test_create_script_stops_when_the_host_says_so(tmp_path: Path, guest: Guest):
     """A host message other than "proceed" stops the install: the script reports "failed" and writes nothing."""
     with serving(tmp_path, "--db", "memory://", "--os-definitions-dir", str(EXAMPLES), host=guest.host) as server:
-        instance_id = new_id()
-        with httpx.Client(base_url=server.url, headers=server.admin_headers, timeout=10.0, trust_env=False) as admin:
-            body = {"id": instance_id, "ipAddresses": [guest.address], "metadata": {"id": instance_id}}
-            assert admin.post("/device-metadata", json=body).status_code == 200
-            record = {"id": instance_id, "os_type": "tiny", "mode": "install",
-                      "parameters": {"hostname": {"value": "held", "visibility": "public"}}}
-            assert admin.post("/device-os", json=record).json()["applied"] is True
-            assert admin.post(f"/device-messages/{instance_id}", content=b"hold").status_code == 200
+        instance_id = queue_install(server, guest, b"hold", os_type="tiny", mode="install",
+                                    parameters={"hostname": {"value": "held", "visibility": "public"}})
+        with admin_of(server) as admin:
             script = tmp_path / "create"
             script.write_bytes((EXAMPLES / "tiny" / "create").read_bytes())
             script.chmod(0o755)

@@ -12,8 +12,8 @@ import pytest
 
 from factories import next_ipv4
 from fake_upstream import FakeUpstream, running_upstream
-from ganeti_data import os_body, put_os, seed_instance
-from helpers import admin_client, client_from, make_settings, running_app
+from ganeti_data import os_body, put_os
+from helpers import admin_client, client_from, make_settings, push_record, running_app
 from serve_process import free_port
 
 pytestmark = pytest.mark.anyio
@@ -56,7 +56,7 @@ async def serve_package(upstream: FakeUpstream, data: Any, *, status: int = 200,
         package.update(username="pkg-user", password="pkg-pass:with:colons")
     ip = next_ipv4()
     async with running_app(make_settings(os_package_max_bytes=max_bytes)) as app, admin_client(app) as admin:
-        instance_id = await seed_instance(admin, ip)
+        instance_id = await push_record(admin, [ip])
         await put_os(admin, os_body(instance_id, package=package))
         async with client_from(app, ip) as guest:
             answer = await guest.get(PATH)
@@ -104,7 +104,7 @@ async def test_size_cap_and_upstream_failures(upstream):
     assert (status, body) == (502, b"502 - Bad Gateway: package refused: the package URL answered 302")
     ip = next_ipv4()
     async with running_app() as app, admin_client(app) as admin:
-        instance_id = await seed_instance(admin, ip)
+        instance_id = await push_record(admin, [ip])
         closed = f"http://127.0.0.1:{free_port()}/p.tgz"
         await put_os(admin, os_body(instance_id, package={"url": closed}))
         async with client_from(app, ip) as guest:
@@ -116,7 +116,7 @@ async def test_no_package_no_path(upstream):
     """Without a package URL os/package is 404 and not listed."""
     ip = next_ipv4()
     async with running_app() as app, admin_client(app) as admin:
-        instance_id = await seed_instance(admin, ip)
+        instance_id = await push_record(admin, [ip])
         await put_os(admin, os_body(instance_id))
         async with client_from(app, ip) as guest:
             assert (await guest.get(PATH)).text == "404 - Not Found"

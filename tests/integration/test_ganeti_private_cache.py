@@ -9,8 +9,8 @@ import pytest
 from cryptography.fernet import Fernet
 
 from factories import next_ipv4
-from ganeti_data import os_body, put_os, seed_instance
-from helpers import admin_client, client_from, make_settings, running_app
+from ganeti_data import os_body, put_os
+from helpers import admin_client, client_from, make_settings, push_record, running_app
 from imds.services.ganeti.records import PRIVATE_RENDER
 
 pytestmark = pytest.mark.anyio
@@ -24,7 +24,7 @@ async def test_private_values_are_opened_once_per_version(tmp_path: Path, sqlite
     ip = next_ipv4()
     async with running_app(make_settings(db=sqlite_url, private_key_file=key_file)) as app, \
             admin_client(app) as admin, client_from(app, ip) as guest:
-        instance_id = await seed_instance(admin, ip)
+        instance_id = await push_record(admin, [ip])
         await put_os(admin, os_body(instance_id, os_type="any"))
         entry = app.services.catalog.get(instance_id)
         assert PRIVATE_RENDER not in entry.rendered

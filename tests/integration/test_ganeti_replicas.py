@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +10,7 @@ import httpx
 import pytest
 
 from factories import new_id
+from helpers import wait_for
 from serve_process import Server, client_at, serving
 
 PARAMS = "/ganeti/latest/os/parameters.json"
@@ -27,16 +27,6 @@ def served(server: Server) -> httpx.Response:
         return client.get(f"{server.url}{PARAMS}")
 
 
-def wait_for(predicate: Any, timeout: float = 10.0) -> None:
-    """Poll (bounded) until predicate() is true: the other replica follows the change feed."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    pytest.fail("the other replica did not catch up in time")
-
-
 @pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def test_a_replica_without_the_secret_serves_it_absent(tmp_path: Path, request: pytest.FixtureRequest, backend: str):
     """A serves the secret it received; B serves the record without it and reports it lost; a write to B flips it."""
@@ -51,7 +41,7 @@ def test_a_replica_without_the_secret_serves_it_absent(tmp_path: Path, request: 
             "sec": {"value": "held-by-a", "visibility": "secret"},
         }}
         assert admin(a, "POST", "/device-os", json=record).json()["applied"] is True
-        wait_for(lambda: served(b).status_code == 200)
+        wait_for(lambda: served(b).status_code == 200, what="the other replica to follow the change feed")
         assert json.loads(served(a).content) == {"pub": ["p", "public"], "priv": ["q", "private"],
                                                  "sec": ["held-by-a", "secret"]}
         assert json.loads(served(b).content) == {"pub": ["p", "public"], "priv": ["q", "private"]}
@@ -59,6 +49,6 @@ def test_a_replica_without_the_secret_serves_it_absent(tmp_path: Path, request: 
         assert admin(b, "GET", f"/device-os/{instance_id}").json()["parameters"]["sec"]["secret_state"] == "lost"
         record["parameters"]["sec"]["value"] = "held-by-b"
         assert admin(b, "POST", "/device-os", json=record).json()["applied"] is True
-        wait_for(lambda: "sec" not in json.loads(served(a).content))
+        wait_for(lambda: "sec" not in json.loads(served(a).content), what="the other replica to follow the change feed")
         assert json.loads(served(b).content)["sec"] == ["held-by-b", "secret"]
         assert admin(a, "GET", f"/device-os/{instance_id}").json()["parameters"]["sec"]["secret_state"] == "lost"

@@ -13,8 +13,8 @@ import json
 import pytest
 
 from factories import next_ipv4
-from ganeti_data import os_body, put_os, seed_instance
-from helpers import admin_client, client_from, make_settings, running_app
+from ganeti_data import os_body, put_os, two_replicas
+from helpers import admin_client, client_from, make_settings, push_record, running_app
 
 pytestmark = pytest.mark.anyio
 PARAMS = "/ganeti/latest/os/parameters.json"
@@ -33,7 +33,7 @@ async def test_deleting_the_instance_records_forgets_its_secrets(sqlite_url: str
     ip = next_ipv4()
     async with running_app(make_settings(db=sqlite_url)) as app, admin_client(app) as admin:
         vault = app.services.os.vault
-        instance_id = await seed_instance(admin, ip)
+        instance_id = await push_record(admin, [ip])
         await put_os(admin, os_body(instance_id, os_type="any"))
         assert vault.holds(instance_id)
         assert (await served(app, ip))["root-password"] == ["secret-value", "secret"]
@@ -41,7 +41,7 @@ async def test_deleting_the_instance_records_forgets_its_secrets(sqlite_url: str
         assert (await admin.get(f"/device-os/{instance_id}")).status_code == 404
         assert app.services.catalog.get(instance_id) is None
         assert not vault.holds(instance_id)
-        await seed_instance(admin, ip, instance_id)
+        await push_record(admin, [ip], instance_id=instance_id)
         secretless = os_body(instance_id, os_type="any")
         del secretless["parameters"]["root-password"]
         await put_os(admin, secretless)
@@ -51,15 +51,7 @@ async def test_deleting_the_instance_records_forgets_its_secrets(sqlite_url: str
 
 async def test_a_delete_on_another_replica_empties_this_vault(sqlite_url: str):
     """A holds the secret; B deletes the OS record, then the instance: A forgets it once it follows the feed."""
-    # The replicas follow the feed only when the test says so (catch_up): a poll in between
-    # would make the "not followed yet" assertions a race on a loaded machine.
-    settings = make_settings(db=sqlite_url, feed_poll_interval=600.0)
-    ip = next_ipv4()
-    async with running_app(settings) as a, running_app(settings) as b, admin_client(a) as admin_a, \
-            admin_client(b) as admin_b:
-        instance_id = await seed_instance(admin_a, ip)
-        await put_os(admin_a, os_body(instance_id, os_type="any"))
-        await b.services.catalog.catch_up()
+    async with two_replicas(sqlite_url, os_type="any") as (a, b, admin_a, admin_b, _, instance_id):
         assert a.services.os.vault.holds(instance_id)
         assert not b.services.os.vault.holds(instance_id)
         assert (await admin_b.delete(f"/device-os/{instance_id}")).status_code == 200
@@ -78,15 +70,7 @@ async def test_a_delete_on_another_replica_empties_this_vault(sqlite_url: str):
 
 async def test_a_newer_write_elsewhere_drops_the_older_secret(sqlite_url: str):
     """B replaces the record A's secret belonged to: A frees it (it could never be served again)."""
-    # The replicas follow the feed only when the test says so (catch_up): a poll in between
-    # would make the "not followed yet" assertions a race on a loaded machine.
-    settings = make_settings(db=sqlite_url, feed_poll_interval=600.0)
-    ip = next_ipv4()
-    async with running_app(settings) as a, running_app(settings) as b, admin_client(a) as admin_a, \
-            admin_client(b) as admin_b:
-        instance_id = await seed_instance(admin_a, ip)
-        await put_os(admin_a, os_body(instance_id, os_type="any"))
-        await b.services.catalog.catch_up()
+    async with two_replicas(sqlite_url, os_type="any") as (a, b, _admin_a, admin_b, ip, instance_id):
         await put_os(admin_b, os_body(instance_id, os_type="any"))
         assert a.services.os.vault.holds(instance_id)
         await a.services.catalog.catch_up()

@@ -15,8 +15,8 @@ import httpx
 import pytest
 
 from factories import next_ipv4
-from ganeti_data import os_body, put_os, seed_instance
-from helpers import admin_client, client_from, make_settings, running_app
+from ganeti_data import os_body, put_os
+from helpers import admin_client, client_from, make_settings, push_record, running_app, wait_for_async
 from imds.web.instance import InstanceFront
 
 pytestmark = pytest.mark.anyio
@@ -31,20 +31,17 @@ async def read(app: Any, path: str, **params: Any) -> httpx.Response:
 
 async def waiting(app: Any, count: int) -> None:
     """Until ``count`` requests are held on the instance's catalog entry (bounded)."""
-    for _ in range(int(WAIT_BOUND * 100)):
-        if len(app.services.catalog.get(app.instance_id).waiters or ()) >= count:
-            return
-        await asyncio.sleep(0.01)
-    pytest.fail(f"no {count} change-watch request(s) held within {WAIT_BOUND}s")
+    await wait_for_async(lambda: len(app.services.catalog.get(app.instance_id).waiters or ()) >= count,
+                         what=f"{count} change-watch request(s) held", timeout=WAIT_BOUND)
 
 
 @pytest.fixture
-async def app(store_url: str) -> AsyncIterator[InstanceFront]:
+async def app(db_url: str) -> AsyncIterator[InstanceFront]:
     """The app with one installing instance at GUEST."""
-    async with running_app(make_settings(db=store_url, watch_max_timeout=60)) as running:
+    async with running_app(make_settings(db=db_url, watch_max_timeout=60)) as running:
         running.guest_ip = next_ipv4()  # type: ignore[attr-defined]
         async with admin_client(running) as admin:
-            running.instance_id = await seed_instance(admin, running.guest_ip)  # type: ignore[attr-defined]
+            running.instance_id = await push_record(admin, [running.guest_ip])  # type: ignore[attr-defined]
             await put_os(admin, os_body(running.instance_id, os_type="any"))  # type: ignore[attr-defined]
         yield running
 

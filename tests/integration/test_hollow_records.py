@@ -21,7 +21,7 @@ from fake_upstream import running_upstream
 from helpers import admin_client, client_from, make_settings, running_app
 from imds.web.instance import InstanceFront
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.stores("memory", "sqlite")]
 
 # The addresses of hollow's fixture instance A (internal/dbtools/fixtures.go), and one with host bits set.
 HOLLOW_A = ["139.178.82.3", "2604:1380:4641:1f00::9/127", "10.70.17.8/31"]
@@ -46,10 +46,10 @@ def body_of(instance_id: str, ips: list[str] | None, **document: Any) -> dict[st
     return body
 
 
-async def test_hollows_fixture_addresses_are_accepted_and_matched_by_containment(local_store_url):
+async def test_hollows_fixture_addresses_are_accepted_and_matched_by_containment(db_url):
     """2604:…::9/127 and 10.70.17.9/31 cover ::8-::9 and .8-.9; both stay as sent, the answer names the network."""
     instance_id = new_id()
-    async with admin_app(local_store_url) as (app, admin):
+    async with admin_app(db_url) as (app, admin):
         answer = await admin.post("/device-metadata", json=body_of(instance_id, [*HOLLOW_A[:2], SPELLED]))
         assert answer.status_code == 200, answer.text
         written = answer.json()
@@ -95,12 +95,12 @@ async def test_a_spelled_address_survives_a_restart_as_sent(sqlite_url):
         assert (await guest_get(app, "10.70.17.8", "/metadata")).json()["id"] == instance_id
 
 
-async def test_a_document_id_other_than_the_record_id_is_stored_as_sent(local_store_url):
+async def test_a_document_id_other_than_the_record_id_is_stored_as_sent(db_url):
     """The JSON flavor serves the document as sent; EC2, OpenStack and NoCloud name the record id."""
     instance_id, other = new_id(), new_id()
     body = body_of(instance_id, ["10.70.20.5"])
     body["metadata"]["id"] = other
-    async with admin_app(local_store_url) as (app, admin):
+    async with admin_app(db_url) as (app, admin):
         answer = await admin.post("/device-metadata", json=body)
         assert answer.status_code == 200, answer.text
         assert answer.json()["warnings"] == [(
@@ -118,10 +118,10 @@ async def test_a_document_id_other_than_the_record_id_is_stored_as_sent(local_st
         assert f"instance-id: {instance_id}" in nocloud
 
 
-async def test_a_write_without_ip_addresses_drops_them_all_and_says_which(local_store_url):
+async def test_a_write_without_ip_addresses_drops_them_all_and_says_which(db_url):
     """Hollow's reading of a missing list: empty. The answer's "dropped" names each address that went."""
     instance_id = new_id()
-    async with admin_app(local_store_url) as (app, admin):
+    async with admin_app(db_url) as (app, admin):
         assert (await admin.post("/device-metadata", json=body_of(instance_id, ["10.70.21.5", SPELLED]))
                 ).status_code == 200
         answer = await admin.post("/device-metadata", json=body_of(instance_id, None, plan="c3"))
@@ -134,10 +134,10 @@ async def test_a_write_without_ip_addresses_drops_them_all_and_says_which(local_
         assert userdata.status_code == 200, userdata.text
 
 
-async def test_strict_records_keeps_the_old_rules(local_store_url):
+async def test_strict_records_keeps_the_old_rules(db_url):
     """--strict-records: host bits, a foreign document id and a missing list are each a 400; nothing is stored."""
     instance_id = new_id()
-    async with admin_app(local_store_url, strict_records=True) as (app, admin):
+    async with admin_app(db_url, strict_records=True) as (app, admin):
         spelled = await admin.post("/device-metadata", json=body_of(instance_id, [SPELLED]))
         assert spelled.status_code == 400
         assert spelled.json()["errors"] == [{"field": "ipAddresses[0]", "message": (
@@ -153,15 +153,15 @@ async def test_strict_records_keeps_the_old_rules(local_store_url):
         assert (await guest_get(app, "10.70.17.9", "/metadata")).status_code == 404
 
 
-async def test_bulk_writes_read_the_same_way(local_store_url):
+async def test_bulk_writes_read_the_same_way(db_url):
     """POST /device-records shares the wire rules: a spelled address is accepted and stored as sent."""
     instance_id = new_id()
-    async with admin_app(local_store_url) as (app, admin):
+    async with admin_app(db_url) as (app, admin):
         answer = await admin.post("/device-records", json=[body_of(instance_id, [SPELLED])])
         assert answer.json()["results"] == [{"id": instance_id, "outcome": "created", "reason": None}]
         assert (await guest_get(app, "10.70.17.8", "/metadata")).json()["id"] == instance_id
         assert (await admin.get(f"/device-records/{instance_id}")).json()["ipAddresses"] == [SPELLED]
-    async with admin_app(local_store_url, strict_records=True) as (_app, admin):
+    async with admin_app(db_url, strict_records=True) as (_app, admin):
         refused = (await admin.post("/device-records", json=[body_of(new_id(), [SPELLED])])).json()["results"]
         assert refused[0]["outcome"] == "rejected"
         assert "has host bits set" in refused[0]["reason"]
@@ -177,13 +177,13 @@ async def test_explaining_an_address_no_entry_holds_is_an_answer_not_a_500():
         assert body["why"] == "no stored entry contains it: no instance holds 10.70.99.1"
 
 
-async def test_pull_mode_lookups_read_the_same_way(local_store_url):
+async def test_pull_mode_lookups_read_the_same_way(db_url):
     """An upstream (hollow) answer listing 10.70.17.9/31 serves the caller .8 and is stored as sent."""
     instance_id = new_id()
     record = body_of(instance_id, [SPELLED])
     with running_upstream() as upstream:
         upstream.answer("/device-metadata", 200, record)
-        async with admin_app(local_store_url, lookup_url=upstream.base, lookup_timeout=2.0) as (app, admin):
+        async with admin_app(db_url, lookup_url=upstream.base, lookup_timeout=2.0) as (app, admin):
             served = await guest_get(app, "10.70.17.8", "/metadata")
             assert (served.status_code, served.json()["id"]) == (200, instance_id)
             assert (await admin.get(f"/device-records/{instance_id}")).json()["ipAddresses"] == [SPELLED]

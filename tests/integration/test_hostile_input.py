@@ -21,7 +21,7 @@ from helpers import admin_client, client_from, make_settings, running_app
 from imds.store import open_store
 from imds.web.instance import InstanceFront
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.stores("memory", "sqlite")]
 
 MAC = "aa:bb:cc:dd:ee:ff"
 
@@ -49,6 +49,16 @@ async def assert_nothing_stored(app: InstanceFront, admin: httpx.AsyncClient, in
     assert (await admin.get(f"/device-metadata/{instance_id}")).status_code == 404
     async with client_from(app, ip) as guest:
         assert (await guest.get("/metadata")).status_code == 404
+
+
+async def refused_write(db_url: str, document: str) -> dict[str, str]:
+    """POST ``document`` for a fresh instance: a 400 (its {field: message}), and nothing stored or served."""
+    async with admin_app(db_url) as (app, admin):
+        instance_id, ip = new_id(), next_ipv4()
+        answer = await admin.post("/device-metadata", content=raw_metadata(instance_id, ip, document))
+        problems = fields_of(answer)
+        await assert_nothing_stored(app, admin, instance_id, ip)
+    return problems
 
 
 def network(address: dict[str, Any]) -> str:
@@ -83,20 +93,16 @@ BREAKS_READS = [
 
 
 @pytest.mark.parametrize(("document", "field", "says"), BREAKS_READS)
-async def test_a_write_that_would_break_reads_is_refused(local_store_url, document, field, says):
+async def test_a_write_that_would_break_reads_is_refused(db_url, document, field, says):
     """Each of these was stored and then answered 500 on reads of some flavor; now the write is a 400."""
-    async with admin_app(local_store_url) as (app, admin):
-        instance_id, ip = new_id(), next_ipv4()
-        answer = await admin.post("/device-metadata", content=raw_metadata(instance_id, ip, document))
-        problems = fields_of(answer)
-        assert field in problems, problems
-        assert says in problems[field]
-        await assert_nothing_stored(app, admin, instance_id, ip)
+    problems = await refused_write(db_url, document)
+    assert field in problems, problems
+    assert says in problems[field]
 
 
-async def test_valid_network_fields_are_still_accepted(local_store_url):
+async def test_valid_network_fields_are_still_accepted(db_url):
     """The checks refuse only the wrong shapes: family 4/6 with a cidr in range, and a DNS service with an address."""
-    async with admin_app(local_store_url) as (app, admin):
+    async with admin_app(db_url) as (app, admin):
         instance_id, ip = new_id(), next_ipv4()
         document = {
             "network": {"addresses": [{"address": "10.0.0.5", "address_family": 4, "cidr": 31, "public": False},
@@ -125,19 +131,19 @@ EVERY_FLAVOR = [
 
 
 @pytest.mark.parametrize("document", STORED_BEFORE_THE_CHECKS)
-async def test_a_record_stored_before_the_checks_still_renders_everywhere(local_store_url, document):
+async def test_a_record_stored_before_the_checks_still_renders_everywhere(db_url, document):
     """A record written by an older build (straight into the store here) renders in every flavor and drive.
 
     Never a 500, and the JSON documents are strict JSON (no NaN or Infinity tokens).
     """
-    store = open_store(local_store_url)
+    store = open_store(db_url)
     instance_id, ip = new_id(), next_ipv4()
     async with store.write() as tx:
         await tx.put_records([(instance_id, json.loads(document))], [])
         await tx.put_records([], [(instance_id, b"#!/bin/sh\n")])
         await tx.replace_addresses_many([(instance_id, (ipaddress.ip_network(ip),))])
         await tx.mark_changed([instance_id])
-    async with running_app(make_settings(db=local_store_url), store=store) as app, admin_client(app) as admin, \
+    async with running_app(make_settings(db=db_url), store=store) as app, admin_client(app) as admin, \
             client_from(app, ip) as guest:
         for path in EVERY_FLAVOR:
             answer = await guest.get(path)
@@ -164,14 +170,10 @@ WAS_500 = [
 
 
 @pytest.mark.parametrize(("document", "field", "says"), WAS_500)
-async def test_inputs_that_answered_500_are_400s(local_store_url, document, field, says):
+async def test_inputs_that_answered_500_are_400s(db_url, document, field, says):
     """Deep nesting and over-long integers end in RecursionError/ValueError inside json: now 400 naming the field."""
-    async with admin_app(local_store_url) as (app, admin):
-        instance_id, ip = new_id(), next_ipv4()
-        answer = await admin.post("/device-metadata", content=raw_metadata(instance_id, ip, document))
-        problems = fields_of(answer)
-        assert says in problems[field]
-        await assert_nothing_stored(app, admin, instance_id, ip)
+    problems = await refused_write(db_url, document)
+    assert says in problems[field]
 
 
 @pytest.mark.parametrize(
@@ -183,9 +185,9 @@ async def test_inputs_that_answered_500_are_400s(local_store_url, document, fiel
         ("\\udc80", "text", "lone surrogate"),
     ],
 )
-async def test_bad_userdata_text_is_a_400(local_store_url, userdata, encoding, says):
+async def test_bad_userdata_text_is_a_400(db_url, userdata, encoding, says):
     """Non-ASCII "base64" and text with lone surrogates: 400 naming userdata, nothing stored."""
-    async with admin_app(local_store_url) as (_app, admin):
+    async with admin_app(db_url) as (_app, admin):
         instance_id, ip = new_id(), next_ipv4()
         extra = f', "userdata_encoding": "{encoding}"' if encoding else ""
         raw = f'{{"id": "{instance_id}", "ipAddresses": ["{ip}"], "userdata": "{userdata}"{extra}}}'
@@ -195,9 +197,10 @@ async def test_bad_userdata_text_is_a_400(local_store_url, userdata, encoding, s
 
 
 @pytest.mark.parametrize("constant", ["NaN", "Infinity", "-Infinity", "1e999", "-1E400"])
-async def test_nan_and_infinity_are_refused_on_every_store(store_url, constant):
+@pytest.mark.stores("memory", "sqlite", "postgres")
+async def test_nan_and_infinity_are_refused_on_every_store(db_url, constant):
     """NaN/Infinity were stored and served as invalid JSON on SQLite (503 on PostgreSQL): a 400 on all three."""
-    async with admin_app(store_url) as (app, admin):
+    async with admin_app(db_url) as (app, admin):
         instance_id, ip = new_id(), next_ipv4()
         answer = await admin.post("/device-metadata", content=raw_metadata(instance_id, ip, f'{{"x": {constant}}}'))
         assert "not valid JSON" in fields_of(answer)["body"]
@@ -208,9 +211,10 @@ async def test_nan_and_infinity_are_refused_on_every_store(store_url, constant):
 
 
 @pytest.mark.parametrize("suffix", ["\n", "\r\n", " ", "\t"])
-async def test_an_id_with_trailing_whitespace_is_not_a_second_instance(store_url, suffix):
+@pytest.mark.stores("memory", "sqlite", "postgres")
+async def test_an_id_with_trailing_whitespace_is_not_a_second_instance(db_url, suffix):
     """A UUID plus a newline was stored as a second instance on SQLite (503 on PostgreSQL): now 400 naming ``id``."""
-    async with admin_app(store_url) as (_app, admin):
+    async with admin_app(db_url) as (_app, admin):
         body = metadata_body(ips=[next_ipv4()])
         assert (await admin.post("/device-metadata", json=body)).status_code == 200
         twin = {**body, "id": body["id"] + suffix, "ipAddresses": [next_ipv4()]}
@@ -246,9 +250,9 @@ async def test_a_non_ascii_content_length_is_a_400():
 # --- limits, each named with its flag -----------------------------------------------------------
 
 
-async def test_too_many_addresses_is_a_400_naming_the_flag(local_store_url):
+async def test_too_many_addresses_is_a_400_naming_the_flag(db_url):
     """--max-addresses bounds one write's list; the answer names the flag and the environment variable."""
-    async with admin_app(local_store_url, max_addresses=3) as (_app, admin):
+    async with admin_app(db_url, max_addresses=3) as (_app, admin):
         body = metadata_body(ips=[next_ipv4() for _ in range(4)])
         problems = fields_of(await admin.post("/device-metadata", json=body))
         assert problems == {"ipAddresses": "lists 4 addresses; at most 3 are accepted "
@@ -257,9 +261,9 @@ async def test_too_many_addresses_is_a_400_naming_the_flag(local_store_url):
         assert (await admin.post("/device-metadata", json=body)).status_code == 200
 
 
-async def test_too_deep_a_document_is_a_400_naming_the_flag(local_store_url):
+async def test_too_deep_a_document_is_a_400_naming_the_flag(db_url):
     """--max-document-depth: the deepest offending value is named by its path."""
-    async with admin_app(local_store_url, max_document_depth=3) as (_app, admin):
+    async with admin_app(db_url, max_document_depth=3) as (_app, admin):
         body = metadata_body(ips=[next_ipv4()], a={"b": {"c": 1}})
         assert (await admin.post("/device-metadata", json=body)).status_code == 200
         body["metadata"]["a"] = {"b": {"c": [1]}}
@@ -268,9 +272,9 @@ async def test_too_deep_a_document_is_a_400_naming_the_flag(local_store_url):
                                               "(--max-document-depth / IMDS_MAX_DOCUMENT_DEPTH)"}
 
 
-async def test_too_many_keys_is_a_400_naming_the_flag(local_store_url):
+async def test_too_many_keys_is_a_400_naming_the_flag(db_url):
     """--max-document-keys counts keys over every level."""
-    async with admin_app(local_store_url, max_document_keys=10) as (_app, admin):
+    async with admin_app(db_url, max_document_keys=10) as (_app, admin):
         body = metadata_body(ips=[next_ipv4()], a={str(n): n for n in range(9)})
         problems = fields_of(await admin.post("/device-metadata", json=body))
         assert problems == {"metadata": "has 12 keys; at most 10 are accepted "
@@ -293,12 +297,12 @@ async def test_an_oversized_body_names_its_flag():
 
 @pytest.mark.parametrize(("entry", "network", "host"), [("10.1.2.3/8", "10.0.0.0/8", "10.1.2.3"),
                                                          ("2001:db8::7/64", "2001:db8::/64", "2001:db8::7")])
-async def test_a_cidr_with_host_bits_is_refused_not_widened(local_store_url, entry, network, host):
+async def test_a_cidr_with_host_bits_is_refused_not_widened(db_url, entry, network, host):
     """10.1.2.3/8 was stored as 10.0.0.0/8, binding 16 million callers: now 400 naming the entry (--strict-records).
 
     Without --strict-records it is hollow's reading: see test_hollow_records.py.
     """
-    async with admin_app(local_store_url, strict_records=True) as (app, admin):
+    async with admin_app(db_url, strict_records=True) as (app, admin):
         body = metadata_body(ips=[next_ipv4(), entry])
         problems = fields_of(await admin.post("/device-metadata", json=body))
         assert problems == {"ipAddresses[1]": f"{entry!r} has host bits set: write the network {network} "
@@ -306,13 +310,13 @@ async def test_a_cidr_with_host_bits_is_refused_not_widened(local_store_url, ent
         await assert_nothing_stored(app, admin, body["id"], body["ipAddresses"][0])
 
 
-async def test_a_document_id_must_be_the_record_id(local_store_url):
+async def test_a_document_id_must_be_the_record_id(db_url):
     """A document id other than the record id is refused; every flavor shows the record id.
 
     EC2 used to show the document's id and OpenStack the record's. The same UUID in another case is fine.
     With --strict-records only; without, the document is stored as sent (test_hollow_records.py).
     """
-    async with admin_app(local_store_url, strict_records=True) as (app, admin):
+    async with admin_app(db_url, strict_records=True) as (app, admin):
         body = metadata_body(ips=[ip := next_ipv4()])
         other = {**body, "metadata": {**body["metadata"], "id": new_id()}}
         assert fields_of(await admin.post("/device-metadata", json=other)) == {

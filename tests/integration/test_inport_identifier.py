@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
 import ipaddress
 
 import pytest
 
+from helpers import wait_for_async
 from imds.agent.ovsdb import Ovsdb
 from imds.errors import ConfigError
 from imds.proxy.identify import Identifier, Identity
@@ -30,11 +30,11 @@ def _address(ofport: int) -> ipaddress.IPv4Address:
 
 async def _eventually(who: InportIdentifier, address: ipaddress.IPv4Address, expected: Identity | None) -> None:
     """Poll (bounded) until the identifier answers ``expected`` for ``address``."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + WAIT
-    while await who.identify(address) != expected:
-        assert loop.time() < deadline, f"{address}: still {await who.identify(address)}, wanted {expected}"
-        await asyncio.sleep(0.05)
+
+    async def answers() -> bool:
+        return await who.identify(address) == expected
+
+    await wait_for_async(answers, what=f"{address} identified as {expected}", timeout=WAIT)
 
 
 def test_ofport_of_accepts_only_the_inport_range():

@@ -19,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from factories import metadata_body, new_id, next_ipv4, next_ipv6, userdata_body
 from fake_upstream import DISCOVERY_PATH, TOKEN_PATH, FakeUpstream, running_upstream
-from helpers import admin_client, client_from, make_settings
+from helpers import FakeClock, admin_client, client_from, make_settings, wait_for_async
 from imds import __version__
 from imds.app import build_app
 from imds.errors import StoreUnavailable
@@ -38,10 +38,10 @@ def upstream() -> Iterator[FakeUpstream]:
 
 
 @asynccontextmanager
-async def pull_app(upstream: FakeUpstream | None, store_url: str = "memory://", *, store: Store | None = None,
+async def pull_app(upstream: FakeUpstream | None, db_url: str = "memory://", *, store: Store | None = None,
                    **overrides: Any) -> AsyncIterator[InstanceFront]:
     """The app in pull mode against ``upstream`` (lookup off when None), with its services running."""
-    values: dict[str, Any] = {"db": store_url, "lookup_timeout": 2.0}
+    values: dict[str, Any] = {"db": db_url, "lookup_timeout": 2.0}
     if upstream is not None:
         values["lookup_url"] = upstream.base
     settings = make_settings(**{**values, **overrides})
@@ -84,28 +84,11 @@ def sample(app: InstanceFront, name: str) -> float:
 
 async def until(predicate: Callable[[], bool], what: str) -> None:
     """Wait (bounded by POLL_LIMIT) until ``predicate()`` holds."""
-    deadline = time.monotonic() + POLL_LIMIT
-    while not predicate():
-        if time.monotonic() > deadline:
-            pytest.fail(f"not within {POLL_LIMIT}s: {what}")
-        await asyncio.sleep(0.01)
+    await wait_for_async(predicate, what=what, timeout=POLL_LIMIT)
 
 
 def doc(instance_id: str, **fields: Any) -> dict[str, Any]:
     return {"id": instance_id, "hostname": f"host-{instance_id[:8]}", **fields}
-
-
-class FrozenClock:
-    """A monotonic clock that moves only when the test says so (injected into the lookup or breaker)."""
-
-    def __init__(self) -> None:
-        self.now = time.monotonic()
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
 
 
 def message(answer: httpx.Response) -> str:
@@ -123,10 +106,10 @@ async def instances(app: InstanceFront) -> int:
 # --- hollow's lookup router cases ----------------------------------------------------------------------------
 
 
-async def test_an_upstream_404_is_a_404(upstream, store_url):
+async def test_an_upstream_404_is_a_404(upstream, db_url):
     """Unknown caller, upstream 404 → 404 JSON naming the address; one upstream call by IP."""
     ip = next_ipv4()
-    async with pull_app(upstream, store_url) as app:
+    async with pull_app(upstream, db_url) as app:
         answer = await get(app, ip, "/metadata")
         assert answer.status_code == 404
         assert message(answer) == f"no instance is associated with {ip}"
@@ -135,10 +118,10 @@ async def test_an_upstream_404_is_a_404(upstream, store_url):
 
 
 @pytest.mark.parametrize(("path", "kind"), [("/metadata", "metadata"), ("/api/v1/userdata", "userdata")])
-async def test_an_upstream_error_with_nothing_stored_is_a_502_with_a_json_body(upstream, store_url, path, kind):
+async def test_an_upstream_error_with_nothing_stored_is_a_502_with_a_json_body(upstream, db_url, path, kind):
     """Upstream 500 and nothing stored → 502 JSON saying what the upstream did; never 500, nothing stored."""
     upstream.fail_all(500)
-    async with pull_app(upstream, store_url) as app:
+    async with pull_app(upstream, db_url) as app:
         answer = await get(app, next_ipv4(), path)
         assert answer.status_code == 502
         assert message(answer) == f"upstream answered 500 for /device-{kind}"
@@ -149,12 +132,12 @@ async def test_an_upstream_error_with_nothing_stored_is_a_502_with_a_json_body(u
 
 
 @pytest.mark.parametrize("as_string", [False, True], ids=["object", "json-string"])
-async def test_a_200_is_stored_and_the_next_request_makes_no_upstream_call(upstream, store_url, as_string):
+async def test_a_200_is_stored_and_the_next_request_makes_no_upstream_call(upstream, db_url, as_string):
     """200 → stored through the write path and served; later requests come from memory (one upstream call)."""
     ip, instance_id = next_ipv4(), new_id()
     document = doc(instance_id, plan="c3.small")
     upstream.put_metadata(instance_id, [ip], document, as_string=as_string)
-    async with pull_app(upstream, store_url) as app:
+    async with pull_app(upstream, db_url) as app:
         for _ in range(3):
             answer = await get(app, ip, "/metadata")
             assert answer.status_code == 200
@@ -172,12 +155,12 @@ async def test_a_200_is_stored_and_the_next_request_makes_no_upstream_call(upstr
     assert metrics["imds_lookup_breaker_state"] == 0.0
 
 
-async def test_userdata_by_ip_is_decoded_stored_and_served_byte_exact(upstream, store_url):
+async def test_userdata_by_ip_is_decoded_stored_and_served_byte_exact(upstream, db_url):
     """Hollow's base64 userdata is decoded once; /userdata serves the bytes; the next read makes no call."""
     ip, instance_id = next_ipv4(), new_id()
     script = b"#!/bin/sh\necho \xe2\x9c\x93\n"
     upstream.put_userdata(instance_id, [ip], script)
-    async with pull_app(upstream, store_url) as app:
+    async with pull_app(upstream, db_url) as app:
         first, second = await get(app, ip, "/userdata"), await get(app, ip, "/userdata")
         assert first.content == second.content == script
         assert first.headers["content-type"].startswith("text/plain")
@@ -188,11 +171,11 @@ async def test_userdata_by_ip_is_decoded_stored_and_served_byte_exact(upstream, 
     assert (metrics["metadata_userdata_lookup_request_total"], metrics["metadata_userdata_cache_miss_total"]) == (1, 1)
 
 
-async def test_an_ipv6_caller_is_looked_up_with_its_address_url_encoded(upstream, store_url):
+async def test_an_ipv6_caller_is_looked_up_with_its_address_url_encoded(upstream, db_url):
     """A v6 caller's address reaches the upstream percent-encoded and intact, and is then served from memory."""
     ip, instance_id = next_ipv6(), new_id()
     upstream.put_metadata(instance_id, [ip], doc(instance_id))
-    async with pull_app(upstream, store_url) as app:
+    async with pull_app(upstream, db_url) as app:
         assert (await get(app, ip, "/metadata")).json()["id"] == instance_id
         assert (await get(app, ip, "/metadata")).json()["id"] == instance_id
     (call,) = upstream.log()
@@ -234,10 +217,10 @@ async def test_a_store_that_cannot_take_the_looked_up_record_is_a_503_not_a_500(
 # --- lookup by id when the caller is known but lacks a record type -------------------------------------------
 
 
-async def test_a_missing_userdata_is_looked_up_by_id(upstream, store_url):
+async def test_a_missing_userdata_is_looked_up_by_id(upstream, db_url):
     """Known caller without userdata → GET /device-userdata/{id}, stored, served; then no more calls."""
     ip, instance_id = next_ipv4(), new_id()
-    async with pull_app(upstream, store_url) as app:
+    async with pull_app(upstream, db_url) as app:
         await push(app, "/device-metadata", metadata_body(instance_id, [ip]))
         upstream.put_userdata(instance_id, [ip], "#cloud-config\nhostname: pulled\n")
         for _ in range(2):
@@ -251,10 +234,10 @@ async def test_a_missing_userdata_is_looked_up_by_id(upstream, store_url):
     assert metrics["metadata_lookup_request_total"] == 0.0
 
 
-async def test_a_missing_metadata_is_looked_up_by_id(upstream, store_url):
+async def test_a_missing_metadata_is_looked_up_by_id(upstream, db_url):
     """Known caller with userdata only → GET /device-metadata/{id} for /metadata and EC2 meta-data."""
     ip, instance_id = next_ipv4(), new_id()
-    async with pull_app(upstream, store_url) as app:
+    async with pull_app(upstream, db_url) as app:
         await push(app, "/device-userdata", userdata_body(instance_id, [ip]))
         upstream.put_metadata(instance_id, [ip], doc(instance_id))
         answer = await get(app, ip, "/latest/meta-data/instance-id")
@@ -263,10 +246,10 @@ async def test_a_missing_metadata_is_looked_up_by_id(upstream, store_url):
     assert [c.target for c in upstream.log()] == [f"/device-metadata/{instance_id}"]
 
 
-async def test_a_record_type_the_upstream_lacks_too_is_404_and_negatively_cached(upstream, store_url):
+async def test_a_record_type_the_upstream_lacks_too_is_404_and_negatively_cached(upstream, db_url):
     """By-id 404 → 404 naming the record; the next request within the negative TTL makes no call."""
     ip, instance_id = next_ipv4(), new_id()
-    async with pull_app(upstream, store_url) as app:
+    async with pull_app(upstream, db_url) as app:
         await push(app, "/device-metadata", metadata_body(instance_id, [ip]))
         for _ in range(3):
             answer = await get(app, ip, "/userdata")
@@ -279,14 +262,14 @@ async def test_a_record_type_the_upstream_lacks_too_is_404_and_negatively_cached
 # --- protection: single flight, negative cache, timeout, concurrency cap -------------------------------------
 
 
-async def test_a_hundred_concurrent_misses_make_one_upstream_call(upstream, store_url):
+async def test_a_hundred_concurrent_misses_make_one_upstream_call(upstream, db_url):
     """Single flight: 100 concurrent requests from one unknown caller share one upstream call and all get 200."""
     ip, instance_id = next_ipv4(), new_id()
     upstream.put_metadata(instance_id, [ip], doc(instance_id))
     upstream.hold()
     # 100 at once from one address is over --max-requests-per-source's default: lifted here.
     lifted = {"lookup_timeout": 10.0, "max_requests_per_source": 0}
-    async with pull_app(upstream, store_url, **lifted) as app, client_from(app, ip) as guest:
+    async with pull_app(upstream, db_url, **lifted) as app, client_from(app, ip) as guest:
         tasks = [asyncio.create_task(guest.get("/metadata")) for _ in range(100)]
         await until(lambda: sample(app, "imds_lookup_singleflight_joined_total") == 99, "99 joiners")
         upstream.release()
@@ -300,10 +283,10 @@ async def test_a_hundred_concurrent_misses_make_one_upstream_call(upstream, stor
     assert metrics["metadata_cache_miss_total"] == 100.0
 
 
-async def test_a_404_is_remembered_for_the_negative_ttl(upstream, store_url):
+async def test_a_404_is_remembered_for_the_negative_ttl(upstream, db_url):
     """Within lookup_negative_ttl repeated misses make no call (counted); past it the upstream is asked again."""
     ip = next_ipv4()
-    async with pull_app(upstream, store_url, lookup_negative_ttl=60.0) as app:
+    async with pull_app(upstream, db_url, lookup_negative_ttl=60.0) as app:
         for _ in range(5):
             assert (await get(app, ip, "/metadata")).status_code == 404
         assert upstream.count() == 1
@@ -325,7 +308,7 @@ async def test_a_short_negative_ttl_from_settings_expires(upstream):
     ip, instance_id = next_ipv4(), new_id()
     async with pull_app(upstream, lookup_negative_ttl=0.2) as app:
         assert app.services.lookup is not None
-        clock = FrozenClock()
+        clock = FakeClock(time.monotonic())
         app.services.lookup._clock = clock
         assert (await get(app, ip, "/metadata")).status_code == 404
         upstream.put_metadata(instance_id, [ip], doc(instance_id))
@@ -337,10 +320,10 @@ async def test_a_short_negative_ttl_from_settings_expires(upstream):
         assert upstream.count() == 2
 
 
-async def test_a_hanging_upstream_times_out_into_a_502(upstream, store_url):
+async def test_a_hanging_upstream_times_out_into_a_502(upstream, db_url):
     """lookup_timeout=0.2 and an upstream that never answers → 502 JSON saying it timed out; counted as an error."""
     upstream.hang_all()
-    async with pull_app(upstream, store_url, lookup_timeout=0.2) as app:
+    async with pull_app(upstream, db_url, lookup_timeout=0.2) as app:
         answer = await get(app, next_ipv4(), "/metadata")
         assert answer.status_code == 502
         assert message(answer) == "upstream timed out after 0.2 s"
@@ -358,7 +341,8 @@ async def test_no_more_than_the_concurrency_cap_is_in_flight_upstream(upstream):
     async with pull_app(upstream, lookup_concurrency=2, lookup_timeout=10.0) as app:
         tasks = {ip: asyncio.create_task(get(app, ip, "/metadata")) for ip in callers}
         await until(lambda: upstream.in_flight == 2, "two calls in flight")
-        await asyncio.sleep(0.2)  # give the other four every chance to go out; they must not
+        gate = app.services.lookup._semaphore  # type: ignore[union-attr]
+        await until(lambda: len(gate._waiters or ()) == 4, "the other four queued at the cap")  # none went out
         assert (upstream.in_flight, upstream.count()) == (2, 2)
         upstream.release()
         for ip, task in tasks.items():
@@ -370,12 +354,12 @@ async def test_no_more_than_the_concurrency_cap_is_in_flight_upstream(upstream):
 # --- by-IP answers that do not list the asking address -------------------------------------------------------
 
 
-async def test_a_by_ip_record_not_listing_the_caller_is_served_and_cached(upstream, store_url):
+async def test_a_by_ip_record_not_listing_the_caller_is_served_and_cached(upstream, db_url):
     """The upstream says X is A but A's list lacks X: X is served A, and repeats within cache_ttl make no call."""
     asking, listed, instance_id = next_ipv4(), next_ipv4(), new_id()
     body = upstream.put_metadata(instance_id, [listed], doc(instance_id))
     upstream.answer(f"/device-metadata?ip_address={asking}", 200, body)
-    async with pull_app(upstream, store_url, lookup_cache_ttl=60.0) as app:
+    async with pull_app(upstream, db_url, lookup_cache_ttl=60.0) as app:
         for _ in range(5):
             assert (await get(app, asking, "/metadata")).json() == doc(instance_id)
         assert (await get(app, listed, "/metadata")).json() == doc(instance_id)
@@ -391,7 +375,7 @@ async def test_the_by_ip_cache_expires_after_cache_ttl(upstream):
                     {"id": instance_id, "ipAddresses": [], "metadata": doc(instance_id)})
     async with pull_app(upstream, lookup_cache_ttl=0.2) as app:
         assert app.services.lookup is not None
-        clock = FrozenClock()
+        clock = FakeClock(time.monotonic())
         app.services.lookup._clock = clock
         assert (await get(app, asking, "/metadata")).json() == doc(instance_id)
         clock.advance(0.19)
@@ -405,11 +389,11 @@ async def test_the_by_ip_cache_expires_after_cache_ttl(upstream):
 # --- the normal write path -----------------------------------------------------------------------------------
 
 
-async def test_a_looked_up_record_follows_the_full_ip_list_rules(upstream, store_url):
+async def test_a_looked_up_record_follows_the_full_ip_list_rules(upstream, db_url):
     """Upstream's list is the whole truth: unlisted addresses are dropped, addresses of others move to it."""
     a, b = new_id(), new_id()
     asking, old, taken = next_ipv4(), next_ipv4(), next_ipv4()
-    async with pull_app(upstream, store_url) as app:
+    async with pull_app(upstream, db_url) as app:
         await push(app, "/device-userdata", userdata_body(a, [old]))
         await push(app, "/device-metadata", metadata_body(b, [taken]))
         upstream.put_metadata(a, [asking, taken], doc(a))
@@ -422,14 +406,14 @@ async def test_a_looked_up_record_follows_the_full_ip_list_rules(upstream, store
         assert (await admin(app, "GET", f"/device-metadata/{b}")).json()["id"] == b  # b keeps its record
 
 
-async def test_an_older_upstream_record_changes_nothing(upstream, store_url):
+async def test_an_older_upstream_record_changes_nothing(upstream, db_url):
     """Staleness guard: an upstream document older than the stored one leaves document and addresses alone."""
     instance_id = new_id()
     held, asking = next_ipv4(), next_ipv4()
     newer = doc(instance_id, hostname="newer", updated_at="2024-06-01T00:00:00Z")
     older = doc(instance_id, hostname="older", updated_at="2024-01-01T00:00:00Z")
     upstream.put_metadata(instance_id, [asking], older)
-    async with pull_app(upstream, store_url) as app:
+    async with pull_app(upstream, db_url) as app:
         await push(app, "/device-metadata", {"id": instance_id, "ipAddresses": [held], "metadata": newer})
         refreshed = await admin(app, "POST", f"/device-metadata/refresh/{instance_id}")
         assert (refreshed.status_code, refreshed.json()) == (200, newer)
@@ -451,10 +435,10 @@ async def test_an_older_upstream_record_changes_nothing(upstream, store_url):
     ],
     ids=["bad-json", "bad-fields", "not-an-object", "no-userdata"],
 )
-async def test_an_unusable_upstream_answer_is_a_502_and_nothing_is_stored(upstream, store_url, kind, answer, expected):
+async def test_an_unusable_upstream_answer_is_a_502_and_nothing_is_stored(upstream, db_url, kind, answer, expected):
     """Invalid JSON or an invalid record in a 200 → 502 JSON naming the problem; nothing is written."""
     upstream.answer(f"/device-{kind}", 200, answer)
-    async with pull_app(upstream, store_url) as app:
+    async with pull_app(upstream, db_url) as app:
         response = await get(app, next_ipv4(), f"/{kind}")
         assert response.status_code == 502
         assert message(response) == expected
@@ -465,14 +449,14 @@ async def test_an_unusable_upstream_answer_is_a_502_and_nothing_is_stored(upstre
 # --- the EC2 flavor ------------------------------------------------------------------------------------------
 
 
-async def test_ec2_paths_and_the_imdsv2_token_put_trigger_lookups(upstream, store_url):
+async def test_ec2_paths_and_the_imdsv2_token_put_trigger_lookups(upstream, db_url):
     """meta-data, user-data and PUT /latest/api/token from unknown callers are looked up and answered."""
     meta_ip, user_ip, token_ip = next_ipv4(), next_ipv4(), next_ipv4()
     ids = {ip: new_id() for ip in (meta_ip, user_ip, token_ip)}
     for ip, instance_id in ids.items():
         upstream.put_metadata(instance_id, [ip], doc(instance_id))
     upstream.put_userdata(ids[user_ip], [user_ip], b"\x1f\x8b binary")
-    async with pull_app(upstream, store_url) as app:
+    async with pull_app(upstream, db_url) as app:
         answer = await get(app, meta_ip, "/latest/meta-data/instance-id")
         assert (answer.status_code, answer.text) == (200, ids[meta_ip])
         answer = await get(app, user_ip, "/latest/user-data")
@@ -516,19 +500,21 @@ async def test_ec2_lookup_errors_are_ec2_plain_text(upstream, method, path, stat
 
 
 @pytest.mark.parametrize("outage", ["500", "hang"])
-async def test_background_refresh_picks_up_changes_and_keeps_serving_through_an_outage(upstream, store_url, outage):
+async def test_background_refresh_picks_up_changes_and_keeps_serving_through_an_outage(upstream, db_url, outage):
     """refresh_after=0.2: an upstream change arrives by itself; then the upstream fails and the copy stays served."""
     ip, instance_id = next_ipv4(), new_id()
     upstream.put_metadata(instance_id, [ip], doc(instance_id, hostname="v1"))
-    async with pull_app(upstream, store_url, lookup_refresh_after=0.2, lookup_timeout=30.0,
+    async with pull_app(upstream, db_url, lookup_refresh_after=0.2, lookup_timeout=30.0,
                         lookup_breaker_failures=1000) as app:
         assert (await get(app, ip, "/metadata")).json()["hostname"] == "v1"
         upstream.put_metadata(instance_id, [ip], doc(instance_id, hostname="v2"))
         hostnames = []
-        deadline = time.monotonic() + POLL_LIMIT
-        while hostnames[-1:] != ["v2"] and time.monotonic() < deadline:
+
+        async def refreshed() -> bool:
             hostnames.append((await get(app, ip, "/metadata")).json()["hostname"])
-            await asyncio.sleep(0.02)
+            return hostnames[-1] == "v2"
+
+        await wait_for_async(refreshed, what="the upstream change to be served", timeout=POLL_LIMIT)
         assert hostnames[-1] == "v2"
         assert f"/device-metadata/{instance_id}" in {c.target for c in upstream.log()}  # refreshed by id
         if outage == "hang":
@@ -547,11 +533,11 @@ async def test_background_refresh_picks_up_changes_and_keeps_serving_through_an_
         assert len(by_ip) == 1  # reads of a stored record never go upstream, outage or not
 
 
-async def test_stale_if_error_without_background_refresh(upstream, store_url):
+async def test_stale_if_error_without_background_refresh(upstream, db_url):
     """Fetched once, then the upstream goes down: reads keep being served; an admin refresh says 502."""
     ip, instance_id = next_ipv4(), new_id()
     upstream.put_metadata(instance_id, [ip], doc(instance_id))
-    async with pull_app(upstream, store_url) as app:
+    async with pull_app(upstream, db_url) as app:
         assert (await get(app, ip, "/metadata")).json() == doc(instance_id)
         upstream.fail_all(503)
         refreshed = await admin(app, "POST", f"/device-metadata/refresh/{instance_id}")
@@ -564,15 +550,15 @@ async def test_stale_if_error_without_background_refresh(upstream, store_url):
 # --- the circuit breaker -------------------------------------------------------------------------------------
 
 
-async def test_the_breaker_opens_fails_fast_and_closes_after_a_successful_trial(upstream, store_url):
+async def test_the_breaker_opens_fails_fast_and_closes_after_a_successful_trial(upstream, db_url):
     """3 failures open it (1); open: no call reaches the upstream; then one trial (2); its success closes it (0).
 
     The numbers are the imds_lookup_breaker_state gauge read from /metrics.
     """
-    async with pull_app(upstream, store_url, lookup_breaker_failures=3, lookup_breaker_reset=0.2) as app:
+    async with pull_app(upstream, db_url, lookup_breaker_failures=3, lookup_breaker_reset=0.2) as app:
         # The breaker's time stands still until the test moves it: the open phase lasts as long as it needs.
         assert app.services.lookup is not None
-        clock = FrozenClock()
+        clock = FakeClock(time.monotonic())
         app.services.lookup.breaker._clock = clock
         app.services.lookup.breaker._jitter = lambda: 1.0
         upstream.fail_all(500)
@@ -663,12 +649,12 @@ async def test_oauth_client_credentials_through_the_app(upstream):
 # --- refresh endpoints ---------------------------------------------------------------------------------------
 
 
-async def test_refresh_fetches_by_id_stores_and_answers_the_stored_value(upstream, store_url):
+async def test_refresh_fetches_by_id_stores_and_answers_the_stored_value(upstream, db_url):
     """POST /device-{metadata,userdata}/refresh/{id}: fetched now, stored, served to the instance afterwards."""
     ip, instance_id = next_ipv4(), new_id()
     upstream.put_metadata(instance_id, [ip], doc(instance_id, hostname="v1"))
     upstream.put_userdata(instance_id, [ip], b"\x00\x01binary")
-    async with pull_app(upstream, store_url) as app:
+    async with pull_app(upstream, db_url) as app:
         refreshed = await admin(app, "POST", f"/device-metadata/refresh/{instance_id}")
         assert (refreshed.status_code, refreshed.json()) == (200, doc(instance_id, hostname="v1"))
         refreshed = await admin(app, "POST", f"/api/v1/device-userdata/refresh/{instance_id}")
@@ -684,10 +670,10 @@ async def test_refresh_fetches_by_id_stores_and_answers_the_stored_value(upstrea
     ]
 
 
-async def test_refresh_of_what_the_upstream_lacks_is_404_and_bypasses_the_negative_cache(upstream, store_url):
+async def test_refresh_of_what_the_upstream_lacks_is_404_and_bypasses_the_negative_cache(upstream, db_url):
     """Upstream 404 → 404 JSON; once the upstream has it, the next refresh fetches it (no negative caching)."""
     instance_id = new_id()
-    async with pull_app(upstream, store_url, lookup_negative_ttl=60.0) as app:
+    async with pull_app(upstream, db_url, lookup_negative_ttl=60.0) as app:
         for kind in ("metadata", "userdata"):
             missing = await admin(app, "POST", f"/device-{kind}/refresh/{instance_id}")
             assert missing.status_code == 404
@@ -699,7 +685,7 @@ async def test_refresh_of_what_the_upstream_lacks_is_404_and_bypasses_the_negati
 
 
 @pytest.mark.parametrize("failure", [500, "hang", 403])
-async def test_refresh_when_the_upstream_fails_is_502(upstream, store_url, failure):
+async def test_refresh_when_the_upstream_fails_is_502(upstream, db_url, failure):
     """5xx, a timeout or a 4xx upstream answer → 502 JSON naming it; nothing stored."""
     instance_id = new_id()
     if failure == "hang":
@@ -709,7 +695,7 @@ async def test_refresh_when_the_upstream_fails_is_502(upstream, store_url, failu
     # Only the hanging upstream needs a short timeout (it never answers, so that case cannot flake); an
     # upstream that answers gets a generous one, so a slow answer on a loaded machine is not a timeout.
     timeout = 0.2 if failure == "hang" else 30.0
-    async with pull_app(upstream, store_url, lookup_timeout=timeout) as app:
+    async with pull_app(upstream, db_url, lookup_timeout=timeout) as app:
         answer = await admin(app, "POST", f"/device-userdata/refresh/{instance_id}")
         assert answer.status_code == 502
         expected = ("upstream timed out after 0.2 s" if failure == "hang"

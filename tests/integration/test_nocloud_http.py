@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from helpers import admin_client, client_from, running_app
+from helpers import admin_client, client_from, push_record, running_app
 from imds.services.render.network import derived_network_data, network_config_v2
-from openstack_data import SEED_ID, USERDATA, VENDOR_DATA, openstack_document, push, seed_document
+from openstack_data import SEED_ID, USERDATA, VENDOR_DATA, openstack_document, seed_document
 
 pytestmark = pytest.mark.anyio
 
@@ -20,7 +20,7 @@ TEXT = "text/plain; charset=utf-8"
 async def test_the_four_files_and_the_listing():
     """meta-data YAML (id, hostname, keys), exact user-data, vendor-data, network-config v2, and the listing."""
     async with running_app() as app, admin_client(app) as admin, client_from(app, GUEST) as guest:
-        await push(admin, openstack_document(), [GUEST], USERDATA)
+        await push_record(admin, [GUEST], openstack_document(), USERDATA, userdata_encoding="text")
         for path in ("/nocloud", "/nocloud/"):
             listing = await guest.get(path)
             assert (listing.status_code, listing.text) == (200, "meta-data\nuser-data\nvendor-data\nnetwork-config")
@@ -42,7 +42,7 @@ async def test_the_four_files_and_the_listing():
 async def test_user_data_is_always_there_and_network_config_only_with_a_network():
     """Without userdata, user-data is 200 and empty; vendor-data empty; no network section → network-config 404."""
     async with running_app() as app, admin_client(app) as admin, client_from(app, BARE) as guest:
-        await push(admin, {"id": BARE_ID, "hostname": "bare"}, [BARE])
+        await push_record(admin, [BARE], {"id": BARE_ID, "hostname": "bare"})
         user = await guest.get("/nocloud/user-data")
         assert (user.status_code, user.content) == (200, b"")
         assert (await guest.get("/nocloud/vendor-data")).content == b""
@@ -56,7 +56,7 @@ async def test_user_data_is_always_there_and_network_config_only_with_a_network(
 async def test_unknown_files_callers_and_methods():
     """Unknown file or caller → plain 404; POST/PUT → 405; an instance with userdata only has no meta-data."""
     async with running_app() as app, admin_client(app) as admin:
-        await push(admin, openstack_document(), [GUEST], USERDATA)
+        await push_record(admin, [GUEST], openstack_document(), USERDATA, userdata_encoding="text")
         body = {"id": BARE_ID, "ipAddresses": [BARE], "userdata": "#!/bin/sh\n", "userdata_encoding": "text"}
         assert (await admin.post("/device-userdata", json=body)).status_code == 200
         async with client_from(app, GUEST) as guest:

@@ -13,7 +13,7 @@ import pytest
 from jsonschema import Draft202012Validator
 
 from factories import new_id
-from helpers import admin_client, client_from, running_app
+from helpers import admin_client, client_from, push_record, running_app
 from imds.services.render.network import derived_network_data
 from imds.services.render.openstack import VERSIONS
 from imds.web.instance import InstanceFront
@@ -25,7 +25,6 @@ from openstack_data import (
     device_schema,
     devices,
     openstack_document,
-    push,
     seed_document,
 )
 
@@ -45,8 +44,8 @@ NIC = {"type": "nic", "bus": "pci", "address": "0000:00:05.0", "mac": "fa:16:3e:
 async def seeded() -> AsyncIterator[InstanceFront]:
     """The seed document with device tags, vendor data and userdata at GUEST; a plain document at PLAIN."""
     async with running_app() as app, admin_client(app) as admin:
-        await push(admin, openstack_document(), [GUEST], USERDATA)
-        await push(admin, {"id": PLAIN_ID, "hostname": "plain", "facility": "ny5"}, [PLAIN])
+        await push_record(admin, [GUEST], openstack_document(), USERDATA, userdata_encoding="text")
+        await push_record(admin, [PLAIN], {"id": PLAIN_ID, "hostname": "plain", "facility": "ny5"})
         yield app
 
 
@@ -138,7 +137,7 @@ async def test_random_seed_is_fresh_per_request_and_the_rest_is_identical():
 async def test_fields_appear_only_from_the_version_that_introduced_them(version, present, nic_fields):
     """project_id (2015-10-15), devices (2016-06-30), vlan (2017-02-22), vf_trusted (2018-08-27) over HTTP."""
     async with running_app() as app, admin_client(app) as admin:
-        await push(admin, openstack_document(devices=[NIC]), [GUEST])
+        await push_record(admin, [GUEST], openstack_document(devices=[NIC]))
         document = (await get(app, f"/openstack/{version}/meta_data.json")).json()
         newer = {"project_id", "devices", "dedicated_cpus"}
         assert newer & set(document) == present
@@ -155,7 +154,7 @@ async def test_network_and_vendor_data():
         given = {"links": [{"id": "tap0", "type": "ovs", "ethernet_mac_address": "fa:16:3e:00:00:01"}],
                  "networks": [{"id": "n0", "type": "ipv4_dhcp", "link": "tap0"}], "services": []}
         async with admin_client(app) as admin:
-            await push(admin, openstack_document(network_data=given), [GUEST])
+            await push_record(admin, [GUEST], openstack_document(network_data=given))
         assert (await get(app, "/openstack/2015-10-15/network_data.json")).json() == given
 
 
@@ -212,7 +211,7 @@ async def test_writes_other_than_the_password_are_405():
 async def test_binary_userdata_is_served_as_octet_stream():
     """Userdata that is not UTF-8 comes back byte for byte as application/octet-stream."""
     async with running_app() as app, admin_client(app) as admin:
-        await push(admin, openstack_document(), [GUEST])
+        await push_record(admin, [GUEST], openstack_document())
         blob = base64.b64encode(b"\x1f\x8b\x08\x00\xff\xfe").decode()
         answer = await admin.post("/device-userdata", json={"id": SEED_ID, "ipAddresses": [GUEST], "userdata": blob})
         assert answer.status_code == 200
@@ -251,7 +250,7 @@ async def test_device_errors_name_the_field_and_rule_and_write_nothing():
 async def test_seed_device_examples_round_trip_into_meta_data_json(example):
     """Each seed device example is accepted, served unchanged in meta_data.json and valid against the design schema."""
     async with running_app() as app, admin_client(app) as admin:
-        await push(admin, openstack_document(example), [GUEST])
+        await push_record(admin, [GUEST], openstack_document(example))
         served = (await get(app, "/openstack/latest/meta_data.json")).json()["devices"]
         assert served == devices(example)
         assert list(Draft202012Validator(device_schema()).iter_errors({"devices": served})) == []

@@ -13,16 +13,16 @@ import pytest
 from alembic import command
 
 from factories import new_id
-from helpers import ADMIN_TOKEN, admin_client, client_from, make_settings, running_app
+from helpers import ADMIN_TOKEN, admin_client, client_from, make_settings, push_record, running_app
 from imds.errors import Conflict, RecordNotFound
 from imds.metrics import Metrics
 from imds.services.catalog.catalog import Catalog
 from imds.services.records.upsert import Records
 from imds.store import open_store
 from imds.store.sql import migrate
-from openstack_data import SEED_ID, openstack_document, push
+from openstack_data import SEED_ID, openstack_document
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.stores("memory", "sqlite")]
 
 GUEST = "10.70.17.9"
 OTHER = "10.70.18.1"
@@ -39,18 +39,12 @@ async def read(app: Any, ip: str = GUEST, version: str = "latest") -> httpx.Resp
         return await guest.get(f"/openstack/{version}/password")
 
 
-@pytest.fixture(params=["memory", "sqlite"])
-def db_url(request: pytest.FixtureRequest) -> str:
-    """memory://, or a migrated SQLite file (migrations run outside the event loop)."""
-    return "memory://" if request.param == "memory" else str(request.getfixturevalue("sqlite_url"))
-
-
 @pytest.fixture
 async def app(db_url: str) -> AsyncIterator[Any]:
     """The seed instance at GUEST and another at OTHER, on the in-memory store and on migrated SQLite."""
     async with running_app(make_settings(db=db_url)) as running, admin_client(running) as admin:
-        await push(admin, openstack_document(), [GUEST])
-        await push(admin, {"id": new_id(), "hostname": "other"}, [OTHER])
+        await push_record(admin, [GUEST], openstack_document())
+        await push_record(admin, [OTHER], {"id": new_id(), "hostname": "other"})
         yield running
 
 
@@ -75,7 +69,7 @@ TOO_LONG = "a password is at most 1020 bytes"
 async def test_size_limit_and_empty_bodies():
     """1020 bytes is accepted; 1021 (declared or streamed without a length) and empty bodies are 400, nothing stored."""
     async with running_app() as app, admin_client(app) as admin:
-        await push(admin, openstack_document(), [GUEST])
+        await push_record(admin, [GUEST], openstack_document())
         for body, why in ((b"x" * 1021, TOO_LONG), (b"", "is empty: post the (encrypted) password")):
             answer = await post(app, body)
             assert (answer.status_code, answer.text) == (400, f"400 - Bad Request: body: {why}")
@@ -94,7 +88,7 @@ async def test_size_limit_and_empty_bodies():
 async def test_unknown_callers_and_old_versions_cannot_post():
     """An address no instance holds gets 404; 2012-08-10 has no password (404); nothing is stored."""
     async with running_app() as app, admin_client(app) as admin:
-        await push(admin, openstack_document(), [GUEST])
+        await push_record(admin, [GUEST], openstack_document())
         assert (await post(app, PASSWORD, ip="10.99.0.1")).status_code == 404
         assert (await post(app, PASSWORD, version="2012-08-10")).status_code == 404
         assert (await read(app)).content == b""
@@ -124,7 +118,7 @@ async def test_clearing_needs_a_delete_scope(tmp_path):
         {"subject": "deleter", "token": "delete-token", "scopes": ["metadata:delete:metadata"]},
     ]}))
     async with running_app(make_settings(admin_tokens_file=tokens)) as app, admin_client(app) as admin:
-        await push(admin, openstack_document(), [GUEST])
+        await push_record(admin, [GUEST], openstack_document())
         assert (await post(app, PASSWORD)).status_code == 200
         for token, status in ((None, 401), ("read-token", 403), ("delete-token", 200)):
             async with client_from(app, token=token) as caller:
@@ -136,17 +130,19 @@ async def test_the_password_outlives_record_rewrites_but_not_the_instance(app):
     """Re-pushing metadata keeps the password; deleting both records removes the instance and its password."""
     assert (await post(app, PASSWORD)).status_code == 200
     async with admin_client(app) as admin:
-        await push(admin, openstack_document(hostname="renamed"), [GUEST], "#!/bin/sh\n")
+        await push_record(admin, [GUEST], openstack_document(hostname="renamed"), "#!/bin/sh\n",
+                          userdata_encoding="text")
         assert (await read(app)).content == PASSWORD
         assert (await admin.delete(f"/device-metadata/{SEED_ID}")).status_code == 200
         assert (await admin.delete(f"/device-userdata/{SEED_ID}")).status_code == 200
-        await push(admin, openstack_document(), [GUEST])
+        await push_record(admin, [GUEST], openstack_document())
     assert (await read(app)).content == b""
 
 
 # --- the store primitives and the service, on memory, SQLite and PostgreSQL --------------------------------------
 
 
+@pytest.mark.stores("memory", "sqlite", "postgres")
 async def test_password_primitives_and_records_in_every_store(store):
     """put_password sets once, remove_password clears, get() carries it, and each change lands in the feed."""
     records = Records(store, Catalog(store), Metrics())
@@ -174,6 +170,7 @@ async def test_password_primitives_and_records_in_every_store(store):
     assert await store.get(instance_id) is None
 
 
+@pytest.mark.stores("memory", "sqlite", "postgres")
 async def test_racing_posts_store_exactly_one_password(store):
     """Ten concurrent set_password calls for one instance: one succeeds, nine are Conflicts."""
     records = Records(store, Catalog(store), Metrics())
@@ -222,7 +219,7 @@ def test_migration_0002_adds_the_table_and_keeps_existing_records(tmp_path):
 async def test_the_admin_token_is_not_needed_by_the_instance():
     """The instance's POST carries no credentials at all; an admin token on it changes nothing."""
     async with running_app() as app, admin_client(app) as admin:
-        await push(admin, openstack_document(), [GUEST])
+        await push_record(admin, [GUEST], openstack_document())
         answer = await post(app, PASSWORD, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
         assert answer.status_code == 200
         assert (await read(app)).content == PASSWORD

@@ -9,14 +9,13 @@ with the feed-head lock). The server's own counters show which scans ran.
 
 from __future__ import annotations
 
-import asyncio
 import ipaddress
-import time
 
 import asyncpg
 import pytest
 
 from factories import new_id
+from helpers import wait_for_async
 from imds.store import open_store
 
 pytestmark = [pytest.mark.anyio, pytest.mark.postgres]
@@ -48,11 +47,12 @@ async def test_writes_into_a_new_database_read_no_table_from_end_to_end(postgres
             rows += 10
     finally:
         await store.close()  # its sessions end, and with them their counters are published
-    deadline = time.monotonic() + BOUND
-    counters = await table_counters(postgres_url, "instance_ip_addresses")
-    while counters["n_tup_ins"] < rows and time.monotonic() < deadline:
-        await asyncio.sleep(0.2)
-        counters = await table_counters(postgres_url, "instance_ip_addresses")
+
+    async def published() -> dict[str, int] | None:
+        found = await table_counters(postgres_url, "instance_ip_addresses")
+        return found if found["n_tup_ins"] >= rows else None
+
+    counters = await wait_for_async(published, what=f"{rows} inserted rows in the statistics", timeout=BOUND)
     assert counters["n_tup_ins"] == rows, counters  # every write session's counters are in
     assert counters["seq_tup_read"] == 0, counters  # and no statement read the table from end to end
     metadata = await table_counters(postgres_url, "instance_metadata")

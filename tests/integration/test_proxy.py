@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import socket
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,11 +16,19 @@ from typing import Any
 import httpx
 import pytest
 
+from helpers import wait_for
 from imds.services.identity.tokens import FORWARDING_HEADERS
 from imds.signing import sign
 from proxy_process import Proxy, proxying
 from serve_process import Server, client_at, free_port, run_imds, serving
-from token_put_cases import FORWARDING, OTHER_PATHS, REFUSED, WIRE_TOKEN_PATHS, put, recording_upstream
+from token_put_cases import (
+    FORWARDING,
+    OTHER_PATHS,
+    WIRE_TOKEN_PATHS,
+    assert_answers_as_serve,
+    put,
+    recording_upstream,
+)
 
 ALPHA = "6a2f0c1e-1b1d-4d8e-9f00-0000000000a1"
 BETA = "6a2f0c1e-1b1d-4d8e-9f00-0000000000b2"
@@ -173,14 +180,8 @@ def test_a_token_put_through_the_proxy_answers_what_serve_answers(
     proxy: Proxy, server: Server, name: str, value: str, path: str
 ) -> None:
     """Any forwarding header, any spelling of the path: the proxy refuses as serve does, or serve itself answers."""
-    headers = {TTL: "60", name: value}
-    through = put("127.0.0.1", int(proxy.url.rsplit(":", 1)[1]), path, headers, VM_A)
-    direct = put("127.0.0.1", int(server.url.rsplit(":", 1)[1]), path, headers, VM_A)
-    assert through == direct
-    if path in WIRE_TOKEN_PATHS:
-        assert through == REFUSED
-    else:
-        assert through[0] in {404, 405}
+    assert_answers_as_serve(int(proxy.url.rsplit(":", 1)[1]), int(server.url.rsplit(":", 1)[1]), (name, value), path,
+                            VM_A)
 
 
 @pytest.mark.parametrize("path", WIRE_TOKEN_PATHS)
@@ -220,18 +221,20 @@ def test_map_reloads_on_sighup_and_on_change(files: dict[str, Path], server: Ser
         staged = write(base / "map.json.new", json.dumps({VM_B: {"instance_id": BETA, "tenant_id": None}}))
         staged.replace(mapping)
         proxy.reload()
-        assert poll(lambda: vm(VM_B, proxy, "GET", "/metadata").status_code == 200), proxy.output()
+        wait_for(lambda: vm(VM_B, proxy, "GET", "/metadata").status_code == 200,
+                 what="VM B served after the reload", explain=proxy.output)
         assert vm(VM_A, proxy, "GET", "/metadata").status_code == 404
         # A broken file is logged and the previous table kept.
         write(mapping, "{not json")
         proxy.reload()
-        assert poll(lambda: "proxy.map_invalid" in proxy.output()), proxy.output()
+        wait_for(lambda: "proxy.map_invalid" in proxy.output(), what="proxy.map_invalid logged", explain=proxy.output)
         assert vm(VM_B, proxy, "GET", "/metadata").json()["id"] == BETA
     write(mapping, "{}")  # a file that does not parse at startup is fatal; an empty map is not
     with proxying(base, *args, "--map-poll-interval", "0.1") as proxy:
         assert vm(VM_A, proxy, "GET", "/metadata").status_code == 404
         write(mapping, f"{VM_A} {ALPHA}\n")
-        assert poll(lambda: vm(VM_A, proxy, "GET", "/metadata").status_code == 200), proxy.output()
+        wait_for(lambda: vm(VM_A, proxy, "GET", "/metadata").status_code == 200,
+                 what="VM A served again", explain=proxy.output)
 
 
 def test_tenant_mismatch_from_the_map_is_404(files: dict[str, Path], server: Server) -> None:
@@ -292,27 +295,6 @@ def test_config_errors_name_the_flag(tmp_path: Path) -> None:
     assert "--map" in missing.stderr
 
 
-def poll(check: Any, timeout: float = 10.0) -> bool:
-    """Whether ``check()`` becomes true within ``timeout`` seconds (bounded polling, no fixed sleep)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        time.sleep(0.05)
-    return False
-
-
-def _until(check: Any, what: str, bound: float = 20.0) -> Any:
-    """Poll ``check()`` (bounded) until it returns something truthy; that value."""
-    deadline = time.monotonic() + bound
-    while time.monotonic() < deadline:
-        found = check()
-        if found:
-            return found
-        time.sleep(0.05)
-    pytest.fail(f"not within {bound}s: {what}")
-
-
 def test_one_vm_cannot_hold_more_than_its_requests(files: dict[str, Path], server: Server) -> None:
     """Two unfinished posts fill VM A's share (--max-requests-per-source 2): its next request is refused.
 
@@ -329,14 +311,14 @@ def test_one_vm_cannot_hold_more_than_its_requests(files: dict[str, Path], serve
                          b"Content-Length: 10\r\n\r\n")
             held.append(sock)
         try:
-            refused = _until(lambda: (r := vm(VM_A, running, "GET", "/metadata")).status_code == 429 and r,
-                             "VM A's third request refused")
+            refused = wait_for(lambda: (r := vm(VM_A, running, "GET", "/metadata")).status_code == 429 and r,
+                               what="VM A's third request refused", timeout=20)
             assert refused.headers["retry-after"] == "1"
             assert "--max-requests-per-source 2" in refused.json()["message"]
             assert vm(VM_B, running, "GET", "/metadata").json()["id"] == BETA
         finally:
             for sock in held:
                 sock.close()
-        served = _until(lambda: (r := vm(VM_A, running, "GET", "/metadata")).status_code == 200 and r,
-                        "VM A served again")
+        served = wait_for(lambda: (r := vm(VM_A, running, "GET", "/metadata")).status_code == 200 and r,
+                          what="VM A served again", timeout=20)
         assert served.json()["id"] == ALPHA

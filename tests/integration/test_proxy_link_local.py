@@ -11,11 +11,12 @@ import os
 import shutil
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
+from helpers import wait_for
 from imds.signing import sign
 from serve_process import ADMIN_TOKEN, IMDS, START_TIMEOUT, STOP_TIMEOUT, clean_env
 
@@ -72,14 +73,10 @@ def stop(process: subprocess.Popen[bytes]) -> None:
             process.wait(timeout=STOP_TIMEOUT)
 
 
-def wait_until(check: object, what: str, tmp_path: Path) -> None:
-    deadline = time.monotonic() + START_TIMEOUT
-    while time.monotonic() < deadline:
-        if check():  # type: ignore[operator]
-            return
-        time.sleep(0.1)
-    logs = "\n".join(p.read_text(errors="replace") for p in tmp_path.glob("*.log"))
-    pytest.fail(f"{what} not ready within {START_TIMEOUT}s:\n{logs}")
+def wait_until(check: Callable[[], object], what: str, tmp_path: Path) -> None:
+    """``wait_for`` that shows the processes' logs when ``check`` never holds."""
+    wait_for(check, what=what, timeout=START_TIMEOUT,
+             explain=lambda: "\n".join(p.read_text(errors="replace") for p in tmp_path.glob("*.log")))
 
 
 def test_proxy_on_a_zoned_link_local_address(netns: str, tmp_path: Path) -> None:

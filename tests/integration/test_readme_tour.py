@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers import wait_for
 from serve_process import START_TIMEOUT, Server, clean_env, free_port, metric
 
 ROOT = Path(__file__).parents[2]
@@ -111,11 +112,12 @@ def run_tour(walk: Walk, server: Server) -> tuple[str, str, str]:
     for block in doc_blocks(*TOUR):
         if "wait_for_change" in block:
             waiting = walk.start(block)
-            deadline = time.monotonic() + HELD_TIMEOUT
-            while metric(server, "imds_watch_waiting") < 1:
-                assert waiting.poll() is None, f"the watch returned without waiting: {waiting.communicate()}"
-                assert time.monotonic() < deadline, "the watch's read was never held by the server"
-                time.sleep(0.1)
+
+            def held(watch: subprocess.Popen[str] = waiting) -> bool:
+                assert watch.poll() is None, f"the watch returned without waiting: {watch.communicate()}"
+                return metric(server, "imds_watch_waiting") >= 1
+
+            wait_for(held, what="the watch's read to be held by the server", timeout=HELD_TIMEOUT)
             assert waiting.poll() is None, "the watch must still be waiting before the record changes"
             continue
         ran = walk.run(block)

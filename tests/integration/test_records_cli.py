@@ -36,11 +36,6 @@ def invoke(*args: str, **env: str) -> Ran:
     return Ran(done.returncode, done.stdout, done.stderr)
 
 
-def push(url: str, path: str, body: dict) -> None:
-    answer = httpx.post(f"{url}{path}", json=body, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}, timeout=10)
-    assert answer.status_code == 200, answer.text
-
-
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory):
     """A real server on an SQLite data dir holding three instances: both records, metadata only, binary userdata."""
@@ -49,11 +44,11 @@ def fleet(tmp_path_factory):
     both, meta_only, binary = new_id(), new_id(), new_id()
     ips = {both: [next_ipv4(), "10.99.0.0/16"], meta_only: [next_ipv4()], binary: [next_ipv4()]}
     with serving(tmp_path, "--data-dir", str(data)) as server:
-        push(server.url, "/device-metadata", metadata_body(both, ips[both], facility="da11"))
-        push(server.url, "/device-userdata", userdata_body(both, ips[both], "#cloud-config\nhostname: a\n",
-                                                           userdata_encoding="text"))
-        push(server.url, "/device-metadata", metadata_body(meta_only, ips[meta_only]))
-        push(server.url, "/device-userdata", userdata_body(binary, ips[binary], base64.b64encode(BINARY).decode()))
+        server.post("/device-metadata", metadata_body(both, ips[both], facility="da11"))
+        server.post("/device-userdata", userdata_body(both, ips[both], "#cloud-config\nhostname: a\n",
+                                                       userdata_encoding="text"))
+        server.post("/device-metadata", metadata_body(meta_only, ips[meta_only]))
+        server.post("/device-userdata", userdata_body(binary, ips[binary], base64.b64encode(BINARY).decode()))
         yield {"server": server, "data": str(data), "both": both, "meta_only": meta_only, "binary": binary,
                "ips": ips}
 
@@ -123,8 +118,8 @@ def test_delete_one_kind_then_the_rest(fleet, where, tmp_path):
     flags, env = where
     server = fleet["server"]
     instance_id, ip = new_id(), next_ipv4()
-    push(server.url, "/device-metadata", metadata_body(instance_id, [ip]))
-    push(server.url, "/device-userdata", userdata_body(instance_id, [ip], "x", userdata_encoding="text"))
+    server.post("/device-metadata", metadata_body(instance_id, [ip]))
+    server.post("/device-userdata", userdata_body(instance_id, [ip], "x", userdata_encoding="text"))
     first = invoke("delete", instance_id, *flags, "--kind", "userdata", **env)
     assert (first.exit_code, first.output) == (0, f"deleted userdata of {instance_id}\n")
     if "--data-dir" in flags:  # on the database, the CLI's delete is logged (JSON on stderr) like an admin one

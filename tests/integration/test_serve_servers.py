@@ -7,14 +7,14 @@ import json
 import os
 import signal
 import socket
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
 from factories import metadata_body
+from helpers import wait_for
 from serve_process import ADMIN_TOKEN, client_at, free_port, serving
 
 DEMO_ID = "cc40301c-4038-4011-af55-6eae3ba60246"
@@ -52,7 +52,8 @@ def test_sigterm_finishes_the_request_in_flight(tmp_path, server):
             )
             _wait_until_read(sock.getsockname()[1])
             running.process.send_signal(signal.SIGTERM)
-            _poll(lambda: any(word in running.output() for word in ('"stopping"', "Shutting down")))
+            wait_for(lambda: any(word in running.output() for word in ('"stopping"', "Shutting down")),
+                     what="the server to start shutting down", timeout=POLL)
             sock.sendall(body[10:])
             answer = b""
             while chunk := sock.recv(65536):  # head and body may come in separate segments; the server closes
@@ -150,13 +151,6 @@ def _borrowed(pid: int, fd: int) -> Iterator[socket.socket]:
         yield sock
 
 
-def _poll(condition: Callable[[], bool]) -> None:
-    deadline = time.monotonic() + POLL
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.05)
-
-
 def _wait_until_read(client_port: int) -> None:
     """Until the server side of our connection has an empty receive queue (it read what we sent)."""
 
@@ -167,7 +161,7 @@ def _wait_until_read(client_port: int) -> None:
                 return int(fields[4].split(":")[1], 16) == 0  # rx_queue
         return False
 
-    _poll(consumed)
+    wait_for(consumed, what="the server to read what we sent", timeout=POLL)
 
 
 def test_two_workers_share_the_listener_and_both_serve_a_write(tmp_path):
@@ -177,13 +171,16 @@ def test_two_workers_share_the_listener_and_both_serve_a_write(tmp_path):
         assert len(children) == 2
         body = metadata_body(ips=["127.0.0.6"], generation=1)
         running.post("/device-metadata", body)
-        deadline = time.monotonic() + POLL
         streak = 0
-        while streak < 20:  # fresh connections land on either worker
-            assert time.monotonic() < deadline, "a worker never served the write"
+
+        def twenty_in_a_row() -> bool:  # fresh connections land on either worker
+            nonlocal streak
             with client_at("127.0.0.6") as guest:
                 answer = guest.get(f"{running.url}/metadata")
             streak = streak + 1 if answer.status_code == 200 and answer.json() == body["metadata"] else 0
+            return streak >= 20
+
+        wait_for(twenty_in_a_row, what="every worker to serve the write", timeout=POLL)
         code, _ = running.terminate()
         assert code == 0, running.output()
         for child in children:

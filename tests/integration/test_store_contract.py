@@ -1,6 +1,6 @@
 """One contract for every Store: memory://, SQLite and PostgreSQL behave the same.
 
-Each test runs once per implementation (the ``store_url`` fixture) through
+Each test runs once per implementation (the ``db_url`` fixture) through
 ``imds.store.open_store``, the way the service opens its store.
 """
 

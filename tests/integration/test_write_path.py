@@ -32,12 +32,6 @@ class Boom(Exception):
     """Raised inside a write block on purpose."""
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def db_url(request: pytest.FixtureRequest) -> str:
-    """A migrated SQLite file or PostgreSQL database."""
-    return request.getfixturevalue("sqlite_url" if request.param == "sqlite" else "postgres_url")
-
-
 @contextlib.asynccontextmanager
 async def loaded_records(db_url: str) -> AsyncIterator[tuple[Store, Catalog, Records]]:
     """A store on ``db_url``, its loaded catalog and the Records service over both; the store closed after."""
@@ -54,6 +48,7 @@ def host(n: int) -> Network:
     return ipaddress.ip_network(f"10.{60 + n // 65536}.{n // 256 % 256}.{n % 256}/32")
 
 
+@pytest.mark.stores("sqlite", "postgres")
 async def test_a_write_takes_few_statements(db_url: str) -> None:
     """An upsert (staleness check, record, addresses, audit row, feed) and its catalog update: at most 10 statements.
 
@@ -79,6 +74,7 @@ async def test_a_write_takes_few_statements(db_url: str) -> None:
         assert entry.instance == await store.get(first)
 
 
+@pytest.mark.stores("sqlite", "postgres")
 async def test_concurrent_writes_share_commits(db_url: str) -> None:
     """32 writes released at once commit in a few transactions, at most 7 statements each, all acknowledged."""
     async with loaded_records(db_url) as (store, catalog, records):
@@ -104,6 +100,7 @@ async def test_concurrent_writes_share_commits(db_url: str) -> None:
             assert entry.instance == stored[instance_id]
 
 
+@pytest.mark.stores("sqlite", "postgres")
 async def test_upserts_released_together_are_one_block(db_url: str) -> None:
     """32 single upserts released at once run as one batch: one commit, a batch's statements, 32 own results.
 
@@ -147,21 +144,18 @@ async def test_a_failing_block_leaves_its_group_intact(store: Store) -> None:
     gate = asyncio.Event()
     exited: dict[str, bool] = {}
 
-    async def good(n: int) -> None:
+    async def good(n: int, *, boom: bool = False) -> None:
         await gate.wait()
         async with store.write() as tx:
             await tx.put_records([(ids[n], {"n": n})], [])
             await tx.replace_addresses_many([(ids[n], (host(200 + n),))])
             await tx.mark_changed([ids[n]])
+            if boom:
+                raise Boom
         exited[ids[n]] = True
 
     async def raising(n: int) -> None:
-        await gate.wait()
-        async with store.write() as tx:
-            await tx.put_records([(ids[n], {"n": n})], [])
-            await tx.replace_addresses_many([(ids[n], (host(200 + n),))])
-            await tx.mark_changed([ids[n]])
-            raise Boom
+        await good(n, boom=True)
 
     async def refused(n: int) -> None:
         await gate.wait()
@@ -252,15 +246,15 @@ def held(catalog: Catalog) -> dict[str, Instance]:
     return {i: e.instance for i in dict(catalog.holdings()) if (e := catalog.get(i)) is not None}
 
 
-async def test_random_operations_keep_the_catalog_equal_to_the_store(store_url: str) -> None:
+async def test_random_operations_keep_the_catalog_equal_to_the_store(db_url: str) -> None:
     """After 10k random upserts, moves and deletes by 16 writers, writer and follower catalogs equal a load."""
-    store, other = open_store(store_url), None
+    store, other = open_store(db_url), None
     catalog = Catalog(store)
     try:
         await catalog.load()
         records = Records(store, catalog, Metrics())
-        if not store_url.startswith("memory"):
-            other = open_store(store_url)
+        if not db_url.startswith("memory"):
+            other = open_store(db_url)
             follower = Catalog(other)
             await follower.load()
         await random_operations(records, seed=12)

@@ -24,12 +24,6 @@ from sql_counting import counting
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def db_url(request: pytest.FixtureRequest) -> str:
-    """A migrated SQLite file or PostgreSQL database."""
-    return str(request.getfixturevalue("sqlite_url" if request.param == "sqlite" else "postgres_url"))
-
-
 class Boom(Exception):
     """Raised inside a write block on purpose."""
 
@@ -98,6 +92,7 @@ async def test_a_block_that_raises_leaves_neither_its_records_nor_its_audit_rows
     assert sorted(await store.get_many(ids)) == audited
 
 
+@pytest.mark.stores("sqlite", "postgres")
 async def test_channel_writes_join_the_groups_of_record_writes(db_url: str) -> None:
     """Events, messages and upserts released at once share commits; each is durable once acknowledged."""
     store, reader = open_store(db_url), open_store(db_url)

@@ -134,15 +134,16 @@ def test_unfinished_20mb_heads_on_20_connections_keep_memory_bounded(server):
     _good_client_is_served(server)
 
 
+def _admin_post(rest: bytes) -> bytes:
+    """An authorised JSON POST /device-metadata head; ``rest`` is its framing header and the start of a body."""
+    return (b"POST /device-metadata HTTP/1.1\r\nHost: imds\r\nAuthorization: Bearer " + ADMIN_TOKEN.encode()
+            + b"\r\nContent-Type: application/json\r\n" + rest)
+
+
 def test_an_endless_chunk_is_cut_after_the_body_timeout(server):
     """A chunk declared FFFFFFFFFFFFFFFF (then silence) gets a 4xx and a closed connection, not a held one."""
     with _connect(server) as sock:
-        _send_quietly(sock, (
-            b"POST /device-metadata HTTP/1.1\r\nHost: imds\r\n"
-            b"Authorization: Bearer " + ADMIN_TOKEN.encode() + b"\r\n"
-            b"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
-            b'FFFFFFFFFFFFFFFF\r\n{"id": '
-        ))
+        _send_quietly(sock, _admin_post(b'Transfer-Encoding: chunked\r\n\r\nFFFFFFFFFFFFFFFF\r\n{"id": '))
         answer = _read_until_closed(sock)  # returns once the server closes; the socket timeout bounds it
     assert _status(answer) in {400, 408, 413}, answer[:200]
     _good_client_is_served(server)
@@ -151,11 +152,7 @@ def test_an_endless_chunk_is_cut_after_the_body_timeout(server):
 def test_a_trickled_body_is_cut_after_the_body_timeout(server):
     """A body declared with Content-Length that never arrives: 408 with a JSON body naming the flag."""
     with _connect(server) as sock:
-        _send_quietly(sock, (
-            b"POST /device-metadata HTTP/1.1\r\nHost: imds\r\n"
-            b"Authorization: Bearer " + ADMIN_TOKEN.encode() + b"\r\n"
-            b"Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n{"
-        ))
+        _send_quietly(sock, _admin_post(b"Content-Length: 1000\r\n\r\n{"))
         answer = _read_until_closed(sock)
     assert _status(answer) == 408, answer[:300]
     assert b"--body-timeout" in answer

@@ -10,7 +10,8 @@ from __future__ import annotations
 import httpx
 
 from factories import new_id
-from integration.test_channel_serve import BOUND, result, wait_for
+from helpers import wait_for
+from integration.test_channel_serve import BOUND, result
 from serve_process import Server, client_at, in_background, metric, serving
 
 GUESTS = ("127.0.0.2", "127.0.0.3")
@@ -35,7 +36,7 @@ def test_one_address_cannot_hold_more_than_its_share(tmp_path):
         with client_at(GUESTS[0]) as guest:
             etag = guest.get(f"{server.url}/metadata").headers["etag"]
         held = [in_background(lambda: _held_read(server, etag)) for _ in range(2)]
-        wait_for(lambda: metric(server, "imds_watch_waiting") == 2.0, "two reads held")
+        wait_for(lambda: metric(server, "imds_watch_waiting") == 2.0, what="two reads held", timeout=BOUND)
 
         with client_at(GUESTS[0]) as guest:
             refused = guest.get(f"{server.url}/metadata")
@@ -59,6 +60,6 @@ def test_zero_turns_the_cap_off(tmp_path):
         with client_at(GUESTS[0]) as guest:
             etag = guest.get(f"{server.url}/metadata").headers["etag"]
         held = [in_background(lambda: _held_read(server, etag)) for _ in range(3)]
-        wait_for(lambda: metric(server, "imds_watch_waiting") == 3.0, "three reads held")
+        wait_for(lambda: metric(server, "imds_watch_waiting") == 3.0, what="three reads held", timeout=BOUND)
         server.post("/device-metadata", {"id": instance_id, "ipAddresses": [GUESTS[0]], "metadata": {"hostname": "x"}})
         assert [answer.json()["hostname"] for answer in map(result, held)] == ["x"] * 3

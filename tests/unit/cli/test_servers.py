@@ -6,21 +6,12 @@ import logging
 
 import pytest
 
+from helpers import FakeClock
 from imds.cli.servers import OncePerInterval
 from imds.config import load
 from imds.errors import ConfigError
 
 ENV = {"XDG_DATA_HOME": "/nonexistent-imds-test"}
-
-
-class Clock:
-    """A clock the test moves by hand."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def _record(name: str, msg: str) -> logging.LogRecord:
@@ -29,7 +20,7 @@ def _record(name: str, msg: str) -> logging.LogRecord:
 
 def test_a_flood_of_one_server_error_is_logged_once_per_interval():
     """340,000 "Too many open files" in 30 s become one line per interval, the next one counting the rest."""
-    clock = Clock()
+    clock = FakeClock(0.0)
     throttle = OncePerInterval(10.0, clock)
     emitted = [throttle.filter(r) for r in [_record("asyncio", "accept failed: Too many open files")] * 1000]
     assert emitted.count(True) == 1
@@ -41,7 +32,7 @@ def test_a_flood_of_one_server_error_is_logged_once_per_interval():
 
 def test_different_messages_and_imds_own_logs_are_not_throttled():
     """Only repeated server-logger records are merged; imds's own events always pass."""
-    throttle = OncePerInterval(10.0, Clock())
+    throttle = OncePerInterval(10.0, FakeClock(0.0))
     assert throttle.filter(_record("_granian.serve", "a"))
     assert throttle.filter(_record("_granian.serve", "b"))
     assert all(throttle.filter(_record("imds", "same")) for _ in range(5))

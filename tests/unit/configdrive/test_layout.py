@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
+from helpers import fixture_json
 from imds.configdrive.iso import _mangle, iso_bytes
 from imds.errors import RecordNotFound
 from imds.models import Instance
@@ -17,9 +17,8 @@ from imds.services.render.openstack import VERSIONS, version_dir
 from imds.services.render.tree import Dir
 from iso_reader import read_iso, volume_label
 
-FIXTURES = Path(__file__).parents[3] / ".." / "shared" / "fixtures"
-SEED = json.loads((FIXTURES / "metadata-example.json").read_text())
-DEVICES = json.loads((FIXTURES / "device-role-tagging-example.json").read_text())["devices"]
+SEED = fixture_json("metadata-example.json")
+DEVICES = fixture_json("device-role-tagging-example.json")["devices"]
 USERDATA = b"#cloud-config\nhostname: x\n"
 
 

@@ -1,4 +1,4 @@
-"""Fake machines for the shared device-role-tagging fixtures.
+"""Fake machines for the device-role-tagging fixtures (tests/fixtures).
 
 Every tree is built in ``tmp_path`` with ``imds.guest.testing.FakeSystem``; nothing here
 reads the real /sys or /dev, writes /etc, or runs the real udevadm.
@@ -11,15 +11,15 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
+from helpers import fixture_json
 from imds.guest.testing import FakeSystem
 
-FIXTURES = Path(__file__).parents[3].parent / "shared" / "fixtures"
 MAC = "01:22:22:42:22:21"  # both NICs of every fixture carry it
 
 
 def load_fixture(name: str) -> dict:
-    """``device-role-tagging-<name>.json`` from the shared fixtures."""
-    return json.loads((FIXTURES / f"device-role-tagging-{name}.json").read_text())
+    """``device-role-tagging-<name>.json`` from tests/fixtures."""
+    return fixture_json(f"device-role-tagging-{name}.json")
 
 
 def make_config_drive(root: Path, document: object) -> Path:

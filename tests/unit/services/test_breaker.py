@@ -4,23 +4,16 @@ from __future__ import annotations
 
 import pytest
 
+from helpers import FakeClock
 from imds.services.lookup.breaker import CLOSED, HALF_OPEN, OPEN, STATE_VALUES, Breaker
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 @pytest.fixture
-def clock() -> Clock:
-    return Clock()
+def clock() -> FakeClock:
+    return FakeClock()
 
 
-def breaker(clock: Clock, *, failures: int = 3, reset: float = 10.0, jitter: float = 1.0, **kwargs) -> Breaker:
+def breaker(clock: FakeClock, *, failures: int = 3, reset: float = 10.0, jitter: float = 1.0, **kwargs) -> Breaker:
     return Breaker(failures=failures, reset=reset, clock=clock, jitter=lambda: jitter, **kwargs)
 
 

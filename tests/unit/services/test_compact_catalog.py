@@ -4,19 +4,16 @@ from __future__ import annotations
 
 import copy
 import ipaddress
-import json
 import random
 from datetime import UTC, datetime
-from pathlib import Path
 
+from helpers import fixture_json
 from imds.models import Address, Instance, Network
 from imds.services.catalog.addresses import AddressIndex, pack_network, parse_host, parse_network, unpack_network
 from imds.services.catalog.entry import Entry, RenderCache
 from imds.services.render.json import metadata_bytes
 from imds.services.render.tree import Dir
 from imds.store.interface import stored_form
-
-FIXTURE = Path(__file__).parents[3] / ".." / "shared" / "fixtures" / "metadata-example.json"
 
 
 class ReferenceIndex:
@@ -85,7 +82,7 @@ def test_packed_networks_round_trip():
 
 
 def sample_instance(n: int) -> Instance:
-    document = json.loads(FIXTURE.read_text())
+    document = fixture_json("metadata-example.json")
     document["id"] = f"inst-{n}"
     document["hostname"] = f"host-{n}.example"
     document["notes"] = "ünïcödé ✓ " * (n % 3)

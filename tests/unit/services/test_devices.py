@@ -3,24 +3,22 @@
 from __future__ import annotations
 
 import copy
-import json
-from pathlib import Path
 from typing import Any
 
 import pytest
 from jsonschema import Draft202012Validator
 
+from helpers import fixture_json
 from imds.errors import Problem
 from imds.services.records.devices import check_devices, schema
 from imds.services.records.parts import check_parts
 
-FIXTURES = Path(__file__).parents[3] / ".." / "shared" / "fixtures"
 EXAMPLES = ("example", "xen", "lxc")
 TAG_RULE = "a tag names one logical device per device type"
 
 
 def example(name: str) -> list[dict[str, Any]]:
-    devices: list[dict[str, Any]] = json.loads((FIXTURES / f"device-role-tagging-{name}.json").read_text())["devices"]
+    devices: list[dict[str, Any]] = fixture_json(f"device-role-tagging-{name}.json")["devices"]
     return devices
 
 
@@ -44,7 +42,7 @@ def contains(big: Any, small: Any, where: str = "$") -> None:
 
 def test_the_packaged_schema_only_grows_from_the_fixture():
     """The schema in the package holds every definition and property of the design's fixture (append-only)."""
-    fixture = json.loads((FIXTURES / "device-role-tagging.schema.json").read_text())
+    fixture = fixture_json("device-role-tagging.schema.json")
     contains(schema(), fixture)
     Draft202012Validator.check_schema(schema())
     assert schema()["$schema"] == "https://json-schema.org/draft/2020-12/schema"

@@ -7,12 +7,10 @@ import hashlib
 import ipaddress
 import json
 from datetime import UTC, datetime
-from pathlib import Path
 
+from helpers import fixture_json
 from imds.models import Instance, OsRecord, StoredParam
 from imds.services.catalog.watch import instance_etag
-
-FIXTURE = Path(__file__).parents[3] / ".." / "shared" / "fixtures" / "metadata-example.json"
 
 
 def reference_etag(instance: Instance) -> bytes:
@@ -29,7 +27,7 @@ def full_instance(**changes: object) -> Instance:
                          package_url=None, package_auth=False, generation="g1", updated_at=at)
     instance = Instance("3f2504e0-4f89-11d3-9a0c-0305e82c3301",
                         (ipaddress.ip_network("10.0.0.5/32"), ipaddress.ip_network("fd00::5/128")),
-                        json.loads(FIXTURE.read_text()), at, b"#!/bin/sh\n", at, b"pw", os_record)
+                        fixture_json("metadata-example.json"), at, b"#!/bin/sh\n", at, b"pw", os_record)
     return dataclasses.replace(instance, **changes)  # type: ignore[arg-type]
 
 

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from factories import new_id
+from helpers import FakeClock, wait_for_async
 from imds.errors import InstanceNotFound, RecordNotFound, StoreUnavailable, UpstreamError, UpstreamUnavailable
 from imds.metrics import Metrics
 from imds.services.catalog.catalog import Catalog
@@ -26,14 +27,6 @@ pytestmark = pytest.mark.anyio
 
 X = ipaddress.ip_address("10.9.0.1")
 Y = ipaddress.ip_address("10.9.0.2")
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class StubClient:
@@ -80,7 +73,7 @@ class Rig:
     catalog: Catalog
     metrics: Metrics
     store: BreakableStore
-    clock: Clock
+    clock: FakeClock
 
     def sample(self, name: str) -> float:
         value = self.metrics.registry.get_sample_value(name)
@@ -89,7 +82,7 @@ class Rig:
 
 @asynccontextmanager
 async def rig(**policy: Any) -> AsyncIterator[Rig]:
-    clock, client, store = Clock(), StubClient(), BreakableStore()
+    clock, client, store = FakeClock(100.0), StubClient(), BreakableStore()
     catalog = Catalog(store)
     await catalog.load()
     metrics = Metrics()
@@ -256,10 +249,8 @@ async def test_background_refresh_does_not_resurrect_a_record_an_admin_deleted()
         r.clock.now += 1.0
         loop = asyncio.create_task(r.lookup.refresh_loop())
         try:
-            for _ in range(1000):  # at least 10 s: the loop ticks in real time, so bound it generously
-                if not r.lookup._fetched:
-                    break
-                await asyncio.sleep(0.01)
+            # the loop ticks in real time, so bound it generously
+            await wait_for_async(lambda: not r.lookup._fetched, what="the refresh loop to drop the record", timeout=20)
         finally:
             loop.cancel()
             with contextlib.suppress(asyncio.CancelledError):

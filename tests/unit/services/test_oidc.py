@@ -13,7 +13,7 @@ import jwt
 import pytest
 from structlog.testing import capture_logs
 
-from helpers import make_settings
+from helpers import FakeClock, make_settings
 from imds.errors import Unauthenticated, UpstreamError
 from imds.models import Principal
 from imds.services.admission.oidc import LEEWAY_SECONDS, MAX_AGE_SECONDS, REFETCH_INTERVAL_SECONDS, OidcVerifier
@@ -36,19 +36,6 @@ from oidc_server import (
 _TLS = ssl.create_default_context()
 
 
-class Clock:
-    """A monotonic clock the test moves by hand."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
-
-
 @pytest.fixture
 def issuer() -> Iterator[Issuer]:
     """A running issuer whose JWKS lists rsa-1 and ec-256."""
@@ -58,7 +45,7 @@ def issuer() -> Iterator[Issuer]:
 
 @contextlib.asynccontextmanager
 async def make_verifier(
-    issuer: Issuer | None = None, *, clock: Clock | None = None, **settings: Any
+    issuer: Issuer | None = None, *, clock: FakeClock | None = None, **settings: Any
 ) -> AsyncIterator[OidcVerifier]:
     """A verifier for ``issuer`` (audience AUDIENCE unless overridden), with its own HTTP client."""
     values: dict[str, Any] = {"admin_token": None, "oidc_audience": AUDIENCE}
@@ -66,7 +53,7 @@ async def make_verifier(
         values["oidc_issuer"] = issuer.issuer
     values.update(settings)
     async with httpx.AsyncClient(timeout=30.0, verify=_TLS) as http:
-        yield OidcVerifier(make_settings(**values), Discovery(http), clock=clock or Clock())
+        yield OidcVerifier(make_settings(**values), Discovery(http), clock=clock or FakeClock())
 
 
 async def refused(verifier: OidcVerifier, token: str | None) -> str:
@@ -344,7 +331,7 @@ async def test_explicit_jwks_url_skips_discovery(issuer):
 @pytest.mark.anyio
 async def test_key_rotation_is_picked_up_on_an_unknown_kid(issuer):
     """A token signed by a newly published key is accepted after one refetch of the JWKS."""
-    clock = Clock()
+    clock = FakeClock()
     async with make_verifier(issuer, clock=clock) as verifier:
         assert (await verifier.authenticate(issuer.token("rsa-1"))).subject == "alice"
         issuer.publish("rsa-1", "rsa-2")
@@ -357,7 +344,7 @@ async def test_key_rotation_is_picked_up_on_an_unknown_kid(issuer):
 @pytest.mark.anyio
 async def test_unknown_kid_refetches_are_rate_limited(issuer):
     """A stream of tokens with unknown kids causes at most one JWKS fetch per refetch interval."""
-    clock = Clock()
+    clock = FakeClock()
     async with make_verifier(issuer, clock=clock) as verifier:
         await verifier.authenticate(issuer.token())
         for _ in range(20):
@@ -373,7 +360,7 @@ async def test_unknown_kid_refetches_are_rate_limited(issuer):
 @pytest.mark.anyio
 async def test_old_key_sets_are_refreshed_so_removed_keys_stop_working(issuer):
     """After max_age the JWKS is fetched again, and a key the issuer withdrew is refused."""
-    clock = Clock()
+    clock = FakeClock()
     async with make_verifier(issuer, clock=clock) as verifier:
         await verifier.authenticate(issuer.token("rsa-1"))
         issuer.publish("rsa-2")
@@ -387,7 +374,7 @@ async def test_old_key_sets_are_refreshed_so_removed_keys_stop_working(issuer):
 @pytest.mark.anyio
 async def test_failed_refresh_keeps_the_keys_held(issuer):
     """If the issuer fails when the key set is old, the keys held keep working and a warning is logged."""
-    clock = Clock()
+    clock = FakeClock()
     async with make_verifier(issuer, clock=clock) as verifier:
         await verifier.authenticate(issuer.token())
         issuer.fail(JWKS_PATH, 503, b"maintenance")
@@ -451,7 +438,7 @@ async def test_broken_issuer_documents_are_upstream_errors(issuer, path, status,
 @pytest.mark.anyio
 async def test_fetches_while_the_issuer_is_down_are_rate_limited(issuer):
     """While the issuer is down, requests fail fast with 502 instead of each hitting the issuer."""
-    clock = Clock()
+    clock = FakeClock()
     issuer.fail(JWKS_PATH, 502)
     async with make_verifier(issuer, clock=clock) as verifier:
         for _ in range(5):

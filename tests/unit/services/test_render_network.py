@@ -3,18 +3,16 @@
 from __future__ import annotations
 
 import copy
-import json
-from pathlib import Path
 from typing import Any
 
 import yaml
 
+from helpers import fixture_json
 from imds.models import Instance
 from imds.services.render.network import derived_network_data, network_config_v2, network_data
 from imds.services.render.nocloud import nocloud_tree
 
-FIXTURES = Path(__file__).parents[3] / ".." / "shared" / "fixtures"
-SEED = json.loads((FIXTURES / "metadata-example.json").read_text())
+SEED = fixture_json("metadata-example.json")
 
 
 def seed(**changes: Any) -> dict[str, Any]:

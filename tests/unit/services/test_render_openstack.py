@@ -5,11 +5,11 @@ from __future__ import annotations
 import base64
 import json
 import random
-from pathlib import Path
 from typing import Any
 
 import pytest
 
+from helpers import fixture_json
 from imds.models import Instance
 from imds.services.render.openstack import (
     DATED_VERSIONS,
@@ -26,8 +26,7 @@ from imds.services.render.openstack import (
 )
 from imds.services.render.tree import Dir
 
-FIXTURES = Path(__file__).parents[3] / ".." / "shared" / "fixtures"
-SEED = json.loads((FIXTURES / "metadata-example.json").read_text())
+SEED = fixture_json("metadata-example.json")
 SEED_ID = SEED["id"]
 NIC = {"type": "nic", "bus": "pci", "address": "0000:00:02.0", "mac": "01:22:22:42:22:21", "tags": ["a"],
        "vlan": 42, "vf_trusted": True}

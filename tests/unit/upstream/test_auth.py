@@ -12,6 +12,7 @@ import pytest
 
 from factories import new_id
 from fake_upstream import DISCOVERY_PATH, TOKEN_PATH, FakeUpstream, running_upstream
+from helpers import FakeClock
 from imds.errors import UpstreamError
 from imds.upstream.auth import ClientCredentials, NoCredentials, OAuth2ClientCredentials, StaticBearer
 from imds.upstream.client import UpstreamClient
@@ -23,14 +24,6 @@ CLIENT_ID = "imds-client"
 SECRET = "client-s3cret:with/odd chars"
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 500.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 @pytest.fixture
 def upstream() -> Iterator[FakeUpstream]:
     with running_upstream() as fake:
@@ -39,13 +32,13 @@ def upstream() -> Iterator[FakeUpstream]:
 
 
 @pytest.fixture
-def clock() -> Clock:
-    return Clock()
+def clock() -> FakeClock:
+    return FakeClock(500.0)
 
 
 @asynccontextmanager
 async def oauth(
-    issuer: str, clock: Clock, *, scopes: tuple[str, ...] = (), audience: str | None = None, secret: str = SECRET
+    issuer: str, clock: FakeClock, *, scopes: tuple[str, ...] = (), audience: str | None = None, secret: str = SECRET
 ) -> AsyncIterator[OAuth2ClientCredentials]:
     async with httpx.AsyncClient(trust_env=False) as http:
         yield OAuth2ClientCredentials(http, ClientCredentials(issuer, CLIENT_ID, secret, scopes, audience), clock)
