@@ -124,6 +124,9 @@ async def test_directory_listings_recursive_and_alt(app):
     assert "identity" not in whole["serviceAccounts"]["default"]
     attributes = await get(app, f"{V1}/instance/attributes/", recursive="True", alt="text")
     assert "enable-oslogin FALSE" in attributes.text.splitlines()
+    attributes = await get(app, f"{V1}/instance/attributes/", recursive="true")
+    assert attributes.json()["enable-oslogin"] == "FALSE"
+    assert attributes.json()["ssh-keys"].startswith("cloudinit:")
     assert (await get(app, f"{V1}/instance/hostname", alt="json")).json() == "web-1.acme.internal"
     assert (await get(app, f"{V1}/instance/tags", alt="text")).text == '["web","blue"]'
     assert (await get(app, f"{V1}/instance/id", alt="yaml")).status_code == 400

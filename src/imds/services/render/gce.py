@@ -239,12 +239,15 @@ def _text_lines(node: object, prefix: str) -> list[str]:
     return [line for key, child in _entries(node) for line in _text_lines(child, f"{prefix}/{key}".lstrip("/"))]
 
 
-def answer(node: object, *, recursive: bool, alt: str | None) -> tuple[bytes, bytes]:
-    """(body, content type) of a GET of ``node`` with ``?recursive`` and ``?alt=json|text``."""
+def answer(node: object, *, recursive: bool, alt: str | None, verbatim: bool = False) -> tuple[bytes, bytes]:
+    """(body, content type) of a GET of ``node`` with ``?recursive`` and ``?alt=json|text``.
+
+    ``verbatim``: ``node`` is an ``attributes`` directory (its keys are not camelCased).
+    """
     if _is_dir(node):
         assert isinstance(node, dict | list)  # noqa: S101 - _is_dir said so (narrows for mypy)
         if recursive and alt != "text":
-            return json.dumps(as_json(node), separators=(",", ":")).encode(), JSON
+            return json.dumps(as_json(node, verbatim=verbatim), separators=(",", ":")).encode(), JSON
         if recursive:
             return "".join(f"{line}\n" for line in _text_lines(node, "")).encode(), TEXT
         names = [f"{key}/" if _is_dir(child) else key for key, child in _entries(node)]

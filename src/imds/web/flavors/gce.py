@@ -132,7 +132,7 @@ class GceFlavor:
             call.entry = None  # a token is no instance document: no ETag, no watch
             self._locator.served(METADATA)
             return Reply(200, token.encode(), _TEXT, (FLAVOR,))
-        body, content_type = render_answer(node, recursive=recursive, alt=alt)
+        body, content_type = render_answer(node, recursive=recursive, alt=alt, verbatim=parts[-1:] == ["attributes"])
         self._locator.served(METADATA)
         return Reply(200, body, content_type, (FLAVOR, (b"etag", entry.etag.strip(b'"'))))
 
