@@ -76,6 +76,11 @@ async def test_the_flavor_header_is_required_and_forwarded_requests_are_refused(
     missing = await get(app, f"{V1}/instance/nothing-here")
     assert (missing.status_code, missing.headers["metadata-flavor"]) == (404, "Google")
     assert (await get(app, "/computeMetadata/v0.1/instance/id")).status_code == 404
+    for params in ({"wait_for_change": "true", "timeout_sec": "0"}, {"wait_for_change": ""}):
+        refused = await get(app, f"{V1}/instance/id", headers={}, **params)  # GCE's 403 first, even so
+        assert (refused.status_code, refused.headers["metadata-flavor"]) == (403, "Google"), params
+        bad = await get(app, f"{V1}/instance/id", **params)
+        assert (bad.status_code, bad.headers["metadata-flavor"]) == (400, "Google"), params
 
 
 async def test_instance_and_project_leaves(app):

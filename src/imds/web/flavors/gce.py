@@ -51,6 +51,13 @@ def google_flavored(call: InstanceCall) -> bool:
     return header(call.scope, b"metadata-flavor") == "Google"
 
 
+_Path = tuple[list[str], dict[str, list[str]]]  # the path's parts under v1, and the query
+
+
+async def _as_is(reply: Reply) -> Reply:
+    return reply
+
+
 def _failed(exc: ImdsError) -> Reply:
     status = status_for(exc)
     return Reply(status, f"{status} - {HTTPStatus(status).phrase}: {exc.message}\n".encode(), _TEXT, (FLAVOR,))
@@ -79,25 +86,34 @@ class GceFlavor:
 
     async def handle(self, call: InstanceCall) -> Reply:
         """Any path under ``/computeMetadata``."""
+        reply, held = await self._answer(call)
+        if held is not None:
+            return Pending(complete=lambda receive: self._held(call, reply, *held, receive))
+        call.entry = None  # the front's quoted ETag is not sent: ours is in the reply, unquoted
+        if b"wait_for_change" in call.scope["query_string"]:
+            # Answered as is: a Pending reply keeps the front's own watch (and its JSON errors) off GCE's paths.
+            return Pending(complete=lambda _receive: _as_is(reply))
+        return reply
+
+    async def _answer(self, call: InstanceCall) -> tuple[Reply, tuple[Watch, _Path] | None]:
+        """The first answer, and what to hold it on when it asks to wait for a change."""
         scope = call.scope
         try:
             self._admit(call)
             parts = [part for part in scope["path"].split("/")[2:] if part]
             if not parts:
-                return Reply(200, b"v1/\n", _TEXT, (FLAVOR,))
+                return Reply(200, b"v1/\n", _TEXT, (FLAVOR,)), None
             if parts[0] != "v1":
                 raise NotFound(f"no metadata version {parts[0]!r} (this server has v1)")
             query = parse_qs(scope["query_string"].decode("latin-1")) if scope["query_string"] else {}
-            watch = parse_watch(scope["query_string"], self._watch_max) if "wait_for_change" in query else None
+            watch = parse_watch(scope["query_string"], self._watch_max) if scope["query_string"] else None
             reply = await self._read(call, parts[1:], query)
         except ImdsError as exc:
             call.entry = None
-            return _failed(exc)
+            return _failed(exc), None
         if watch is None or call.entry is None:
-            call.entry = None  # the front's quoted ETag is not sent: ours is in the reply, unquoted
-            return reply
-        path = (parts[1:], query)
-        return Pending(complete=lambda receive: self._held(call, reply, watch, path, receive))
+            return reply, None
+        return reply, (watch, (parts[1:], query))
 
     def _admit(self, call: InstanceCall) -> None:
         """GCE's request checks: the flavor header, and no proxy in between."""
@@ -137,8 +153,7 @@ class GceFlavor:
         return Reply(200, body, content_type, (FLAVOR, (b"etag", entry.etag.strip(b'"'))))
 
     async def _held(
-        self, call: InstanceCall, first: Reply, watch: Watch, path: tuple[list[str], dict[str, list[str]]],
-        receive: Receive,
+        self, call: InstanceCall, first: Reply, watch: Watch, path: _Path, receive: Receive,
     ) -> Reply:
         """Hold the read until the instance's ETag differs from ``last_etag`` (``imds.web.watch.hold``)."""
 
