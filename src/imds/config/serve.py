@@ -20,6 +20,7 @@ _limits = Rows("limits")
 _logging = Rows("logging")
 _ganeti = Rows("ganeti")
 _channel = Rows("channel")
+_gce = Rows("gce")
 
 OPTIONS: tuple[Option, ...] = (
     _http("listen", "list", ("127.0.0.1:8000", "[::1]:8000"),
@@ -153,6 +154,14 @@ OPTIONS: tuple[Option, ...] = (
         "Instance requests a caller address may make at once before --rate-limit applies."),
     _callers("max_requests_per_source", "int", 32,
         "Instance requests one caller address may have in flight at once (0: off; over: 429)."),
+    # GCE identity tokens (services/identity/idtoken.py)
+    _gce("identity_issuer", "str", None,
+        "iss of GCE identity tokens, and the base URL of their key set (default: the first --listen as a URL)."),
+    _gce("identity_key_file", "path", None,
+        "Private key (PEM; EC P-256 signs ES256, RSA RS256) signing GCE identity tokens "
+        "(default: idtoken-key.pem generated into the data directory)."),
+    _gce("identity_previous_key_file", "path", None,
+        "The previous identity token key, still published in /.well-known/jwks.json during a rotation."),
 )
 
 

@@ -172,6 +172,15 @@ class ChannelSettings(Group, rows=OPTIONS):
 
 
 @dataclass(frozen=True, repr=False)
+class GceSettings(Group, rows=OPTIONS):
+    """GCE identity tokens: issuer and signing keys (services/identity/idtoken.py)."""
+
+    identity_issuer: str | None
+    identity_key_file: Path | None
+    identity_previous_key_file: Path | None
+
+
+@dataclass(frozen=True, repr=False)
 class LogSettings(Group, rows=OPTIONS):
     """Logging."""
 
@@ -193,6 +202,7 @@ class Settings:
     lookup: LookupSettings
     ganeti: GanetiSettings
     channel: ChannelSettings
+    gce: GceSettings
     logging: LogSettings
 
     @classmethod
