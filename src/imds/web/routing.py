@@ -14,7 +14,7 @@ from imds.services.catalog.catalog import Entry
 from imds.services.catalog.resolve import Resolver
 from imds.services.identity.identify import caller_address
 from imds.services.identity.proxied import Claim, SignedIdentity
-from imds.signing import INSTANCE_ID_HEADER, SIGNATURE_HEADER, TENANT_HEADER
+from imds.signing import INSTANCE_ID_HEADER, SIGNATURE_HEADER, TENANT_HEADER, TIMESTAMP_HEADER
 from imds.web.errors import error_parts
 
 Scope = MutableMapping[str, Any]
@@ -22,7 +22,7 @@ TEXT = b"text/plain; charset=utf-8"
 JSON = b"application/json"
 BINARY = b"application/octet-stream"
 READ_METHODS = frozenset({"GET", "HEAD"})
-_SIGNED = tuple(name.encode() for name in (INSTANCE_ID_HEADER, SIGNATURE_HEADER, TENANT_HEADER))
+_SIGNED = tuple(name.encode() for name in (INSTANCE_ID_HEADER, SIGNATURE_HEADER, TENANT_HEADER, TIMESTAMP_HEADER))
 
 
 class Unknown(Enum):
