@@ -119,6 +119,19 @@ def test_haproxy_signs_every_request_anew_and_serve_accepts_it(front: Front, ser
     assert legacy.json()["errors"][0]["field"] == "X-Instance-ID-Timestamp"
 
 
+def test_after_a_reload_haproxy_still_signs_with_the_key(base: Path, server: Server) -> None:
+    """The master re-executes itself on reload: the key in its environment survives, and serve accepts."""
+    for front in _haproxy(base / "reload-state", server.url):
+        text = front.haproxy.current
+        assert text is not None
+        workers = front.haproxy.workers()
+        assert front.haproxy.apply(text.replace("# Written by imds agent", "# Written again by imds agent"))
+        assert front.haproxy.workers() != workers  # a new worker, from the re-executed master
+        with client_at(VM_A) as client:
+            answer = client.get(f"{front.url}/latest/meta-data/instance-id")
+        assert (answer.status_code, answer.text) == (200, ALPHA)
+
+
 def test_a_forged_x_forwarded_for_gets_the_vm_its_own_record(front: Front) -> None:
     """B's address in X-Forwarded-For from VM A: serve still answers A's own record."""
     for vm, instance_id, other in ((VM_A, ALPHA, "10.82.0.2"), (VM_B, BETA, "10.82.0.1")):

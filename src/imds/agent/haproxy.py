@@ -385,7 +385,7 @@ def _alive(pid: int) -> bool:
 
 
 def _write_private(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` with mode 0600 from the start (it holds signatures)."""
+    """Write ``text`` to ``path`` with mode 0600 from the start (it names every VM on the host)."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as handle:
         handle.write(text)
