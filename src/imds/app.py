@@ -163,7 +163,9 @@ def _signed_identity(settings: Settings) -> SignedIdentity:
         (settings.callers.proxy_previous_secret_file, "--proxy-previous-secret-file"),
     )
     secrets = [read_secret(path, flag) for path, flag in files if path is not None]
-    return SignedIdentity(settings.callers.trusted_proxy, secrets)
+    callers = settings.callers
+    return SignedIdentity(callers.trusted_proxy, secrets, window=callers.proxy_signature_window,
+                          accept_unstamped=callers.accept_unstamped_signatures)
 
 
 def _channel(settings: Settings, store: Store) -> Channel:

@@ -11,18 +11,23 @@ with serve's own answer (403, ``403 - Forbidden``), before those headers are dro
 Each port may hold at most ``--max-connections-per-source`` open connections (one counter
 per port, over its Meta IPv4 and IPv6 alike, in a stick table; sources that are no port's
 share one counter); a connection over it is closed as soon as it is accepted. The
-signature is precomputed here (``imds.signing.sign``), so the shared secret is never
-written to disk; the file holds per-instance signatures and is kept mode 0600.
+signature is computed by haproxy per request (its ``hmac`` converter, 2.6+): each backend
+stamps ``X-Instance-ID-Timestamp`` with ``date`` and signs ``imds.signing.stamped_message``
+of it, the id and the tenant, so a captured header is good only within serve's
+``--proxy-signature-window``. The key reaches haproxy in its environment
+(``SIGNING_KEY_ENV``, base64, set by ``Haproxy`` for its child alone), never in the
+config or on disk; the config refuses to load without it. The file is kept mode 0600.
 
 Usage::
 
     text = render(Frontend(...), [Backend(...)], upstream)
-    proxy = Haproxy(Path("/usr/sbin/haproxy"), state_dir)
+    proxy = Haproxy(Path("/usr/sbin/haproxy"), state_dir, secret)
     proxy.apply(text)        # validates with `haproxy -c`, swaps the file, starts or reloads
 """
 
 from __future__ import annotations
 
+import base64
 import ipaddress
 import os
 import re
@@ -43,6 +48,8 @@ READY_TIMEOUT = 15.0
 # imds serve's answer to a token PUT through a proxy (Refused, as imds.web.errors maps it).
 TOKEN_REFUSED = (403, "text/plain; charset=utf-8", "403 - Forbidden")
 STOP_TIMEOUT = 10.0
+# The shared secret, base64 (as haproxy's hmac converter wants it), in haproxy's environment only.
+SIGNING_KEY_ENV = "IMDS_HAPROXY_SIGNING_KEY"
 
 
 def safe_token(value: str) -> bool:
@@ -99,7 +106,6 @@ class Backend:
     name: str  # the OVS port, for the reader of the file
     sources: tuple[str, ...]
     instance_id: str
-    signature: str
     tenant: str | None = None
 
 
@@ -120,12 +126,36 @@ def _backend(index: int, backend: Backend, upstream: Upstream) -> list[str]:
         f"backend vm{index}",
         f"    # port {backend.name}",
         f"    http-request set-header X-Instance-ID {backend.instance_id}",
-        f"    http-request set-header X-Instance-ID-Signature {backend.signature}",
+        *_signature(backend),
         tenant,
         *(f"    http-request del-header {name}" for name in FORWARDING_HEADERS),
         f"    http-request del-header {FORWARDING_PREFIX} -m beg",
         f"    server imds {upstream.address}{tls}",
         "",
+    ]
+
+
+def _signing_key() -> list[str]:
+    """Load the signing key from haproxy's environment into ``proc.imds_key``; refuse to start without it."""
+    return [
+        f"    .if !defined({SIGNING_KEY_ENV})",
+        f'        .alert "{SIGNING_KEY_ENV} is not set: imds agent starts haproxy with the signing key"',
+        "    .endif",
+        f"    set-var proc.imds_key env({SIGNING_KEY_ENV})",
+    ]
+
+
+def _signature(backend: Backend) -> list[str]:
+    r"""Stamp the request with haproxy's clock and sign ``"<date>\n<id>\n<tenant>"`` (``imds.signing``).
+
+    The date is taken once per request (``txn.imds_ts``), so the header and the signature agree.
+    """
+    rest = f"\\n{backend.instance_id}\\n{backend.tenant or ''}"
+    return [
+        "    http-request set-var(txn.imds_ts) date",
+        "    http-request set-header X-Instance-ID-Timestamp %[var(txn.imds_ts)]",
+        (f'    http-request set-header X-Instance-ID-Signature %[var(txn.imds_ts),concat("{rest}"),'
+         "hmac(sha256,proc.imds_key),hex,lower]"),
     ]
 
 
@@ -168,6 +198,7 @@ def render(frontend: Frontend, backends: Sequence[Backend], upstream: Upstream) 
         "# Written by imds agent: regenerated whenever the VM ports change. Do not edit.",
         "global",
         "    maxconn 4096",
+        *_signing_key(),
         "",
         "defaults",
         "    mode http",
@@ -202,8 +233,10 @@ def render(frontend: Frontend, backends: Sequence[Backend], upstream: Upstream) 
 class Haproxy:
     """One haproxy master (``-W -S master.sock``) run as a child of the agent, config under ``state_dir``."""
 
-    def __init__(self, binary: str, state_dir: Path) -> None:
+    def __init__(self, binary: str, state_dir: Path, secret: bytes) -> None:
         self.binary = binary
+        # haproxy's environment: ours plus the signing key (never logged, never on disk).
+        self._env = {**os.environ, SIGNING_KEY_ENV: base64.b64encode(secret).decode()}
         self.state_dir = state_dir.resolve()
         self.config = self.state_dir / "haproxy.cfg"
         self.socket = self.state_dir / "haproxy-master.sock"
@@ -217,7 +250,8 @@ class Haproxy:
         _write_private(candidate, text)
         try:
             result = subprocess.run(  # noqa: S603 - the configured haproxy binary on our own file
-                [self.binary, "-c", "-q", "-f", str(candidate)], capture_output=True, text=True, timeout=30, check=False
+                [self.binary, "-c", "-q", "-f", str(candidate)],
+                capture_output=True, text=True, timeout=30, check=False, env=self._env,
             )
         except OSError as exc:
             raise HaproxyFailed(f"cannot run {self.binary}: {exc.strerror}") from exc
@@ -250,7 +284,7 @@ class Haproxy:
         with self.log.open("ab") as sink:
             self.process = subprocess.Popen(  # noqa: S603 - the configured haproxy binary
                 [self.binary, "-W", "-S", f"{self.socket},mode,600", "-f", str(self.config)],
-                stdin=subprocess.DEVNULL, stdout=sink, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, stdout=sink, stderr=subprocess.STDOUT, env=self._env,
             )
         self._wait_worker(exclude=set())
 
@@ -351,7 +385,7 @@ def _alive(pid: int) -> bool:
 
 
 def _write_private(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` with mode 0600 from the start (it holds signatures)."""
+    """Write ``text`` to ``path`` with mode 0600 from the start (it names every VM on the host)."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as handle:
         handle.write(text)

@@ -92,8 +92,9 @@ def check_http(values: Values) -> None:
 
 
 def check_callers(values: Values) -> None:
-    """Rate limit bounds; the previous proxy secret only beside a current one."""
+    """Rate limit bounds, a positive signature window; the previous proxy secret only beside a current one."""
     values.require(("rate_limit", "rate_burst", "max_requests_per_source"), lambda n: n >= 0, "must be zero or more")
+    values.require(("proxy_signature_window",), _positive, "must be positive")
     if values["rate_limit"] and values["rate_burst"] < 1:
         msg = "--rate-burst / IMDS_RATE_BURST must be at least 1 when --rate-limit is on"
         raise ConfigError(msg)

@@ -44,6 +44,11 @@ OPTIONS: tuple[Option, ...] = (
         "File holding the secret a trusted proxy signs X-Instance-ID with (unset: signed ids are refused)."),
     _callers("proxy_previous_secret_file", "path", None,
         "The previous proxy secret, still accepted during a rotation (remove it when every proxy has the new one)."),
+    _callers("proxy_signature_window", "int", 30,
+        "Seconds X-Instance-ID-Timestamp may be from this server's clock (an older, replayed signature is refused)."),
+    _callers("accept_unstamped_signatures", "bool", False,  # noqa: FBT003 - a table row, not a call site
+        "Also accept the legacy signature of the id alone, without X-Instance-ID-Timestamp (a Neutron-style proxy; "
+        "replayable until the secret rotates, see docs/hypervisor.md)."),
     _templates("api_url", "str", None,
         "Template for the api_url field, e.g. https://{{.facility}}.example/{{.id}}.", parse=template),
     _templates("phone_home_url", "str", None, "Template for the phone_home_url field.", parse=template),

@@ -4,7 +4,8 @@ Raw ASGI (no framework) on the hot path. For every request:
 
 - the socket peer (never a header) goes to the ``Identifier``; unknown → 404 with a body,
   without contacting upstream;
-- every copy the VM sent of ``X-Instance-ID``, ``X-Instance-ID-Signature``, ``X-Tenant-ID``
+- every copy the VM sent of ``X-Instance-ID``, ``X-Instance-ID-Signature``,
+  ``X-Instance-ID-Timestamp``, ``X-Tenant-ID``
   and of every forwarding header (``imds.services.identity.tokens.FORWARDING_HEADERS``,
   any ``X-Forwarded-*``) is dropped, with the hop-by-hop headers, and the proxy's own are
   added (``X-Forwarded-For`` is the peer alone);
@@ -21,6 +22,7 @@ Raw ASGI (no framework) on the hot path. For every request:
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
 from typing import Any
@@ -31,7 +33,7 @@ from imds.proxy.upstream import UpstreamFailed, UpstreamPool, UpstreamTimeout
 from imds.services.admission.ratelimit import InFlight
 from imds.services.catalog.addresses import parse_host
 from imds.services.identity.tokens import FORWARDING_HEADERS, FORWARDING_PREFIX, forwarding, is_token_path
-from imds.signing import INSTANCE_ID_HEADER, SIGNATURE_HEADER, TENANT_HEADER, sign
+from imds.signing import INSTANCE_ID_HEADER, SIGNATURE_HEADER, TENANT_HEADER, TIMESTAMP_HEADER, sign_stamped
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
@@ -45,7 +47,7 @@ HOP_BY_HOP = frozenset(
 # What only the proxy may say about who is calling: every client-sent copy is dropped
 # (and so is any other ``X-Forwarded-*``).
 IDENTITY_HEADERS = frozenset(
-    {INSTANCE_ID_HEADER.encode(), SIGNATURE_HEADER.encode(), TENANT_HEADER.encode(),
+    {INSTANCE_ID_HEADER.encode(), SIGNATURE_HEADER.encode(), TIMESTAMP_HEADER.encode(), TENANT_HEADER.encode(),
      *(name.encode() for name in FORWARDING_HEADERS)}
 )
 _DROPPED = HOP_BY_HOP | IDENTITY_HEADERS | {b"content-length", b"host", b"expect"}
@@ -82,7 +84,6 @@ class ProxyApp:
         self.identifier = identifier
         self.policy = policy
         self._secret = secret
-        self._signatures: dict[str, bytes] = {}
         self._upstream = policy.upstream
         self._in_flight = InFlight(policy.max_requests_per_source)
         self._pool = UpstreamPool(
@@ -160,15 +161,12 @@ class ProxyApp:
 
     def _headers(self, scope: Scope, identity: Identity, peer: str) -> list[tuple[bytes, bytes]]:
         headers = [(k, v) for k, v in scope["headers"] if k not in _DROPPED and not k.startswith(_FORWARDED_PREFIX)]
-        instance_id = identity.instance_id
-        signature = self._signatures.get(instance_id)
-        if signature is None:
-            if len(self._signatures) > 65536:  # ids come from the identifier, but keep it bounded anyway
-                self._signatures.clear()
-            signature = self._signatures[instance_id] = sign(self._secret, instance_id).encode()
+        instance_id, tenant = identity.instance_id, identity.tenant_id or None
+        now = int(time.time())  # signed per request: a captured header is only good within serve's window
         headers += [
             (INSTANCE_ID_HEADER.encode(), instance_id.encode()),
-            (SIGNATURE_HEADER.encode(), signature),
+            (TIMESTAMP_HEADER.encode(), str(now).encode()),
+            (SIGNATURE_HEADER.encode(), sign_stamped(self._secret, instance_id, now, tenant).encode()),
             (b"x-forwarded-for", peer.encode()),
         ]
         if identity.tenant_id:
