@@ -7,6 +7,10 @@ batches, each one transaction (``imds.services.records.bulk``); an item that wou
 is ``unchanged`` and not written, so a re-run reports everything unchanged. Progress goes to
 stderr (a bar on a terminal, a line every few seconds otherwise); the summary and every
 rejected item (with its line and reason) go to stdout.
+
+``--from-hollow DSN`` reads a hollow-metadataservice database instead of SOURCE
+(``imds.cli.hollow``). On the database, a new or empty one is migrated first, as
+``imds serve`` does at start-up (``IMDS_MIGRATE=false`` turns that off).
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from typing import IO, Any
 import click
 
 from imds.cli.records import SUBJECT, Target, target_options
-from imds.errors import InvalidInput
+from imds.errors import ImdsError, InvalidInput
 from imds.services.records.bulk import OUTCOMES, Item, Result, parse_item, rejected
 
 BATCH_BYTES = 512 * 1024  # per POST /device-records, under the default --max-body-bytes (1 MiB)
@@ -83,9 +87,12 @@ def _decode(text: str) -> Any:
 class Progress:
     """A rich bar with rate and ETA on a terminal; otherwise a plain line every ``interval`` seconds."""
 
-    def __init__(self, total: int | None, *, interval: float, clock: Callable[[], float] = time.monotonic) -> None:
-        self._total, self._interval, self._clock = total, interval, clock
-        self._done = 0
+    def __init__(
+        self, total: int | None, *, interval: float, clock: Callable[[], float] = time.monotonic,
+        read: Callable[[], int] | None = None,
+    ) -> None:
+        self._total, self._interval, self._clock, self._read = total, interval, clock, read
+        self._done = self._written = 0
         self._started = self._last = clock()
         self._bar: Any = None
         if sys.stderr.isatty():
@@ -100,9 +107,10 @@ class Progress:
             self._task = self._bar.add_task("import", total=total, rate="-")
             self._bar.start()
 
-    def advance(self, count: int) -> None:
-        """``count`` more items are done."""
+    def advance(self, count: int, results: list[Result] | None = None) -> None:
+        """``count`` more items are done (``results``: their outcomes, to count the ones written)."""
         self._done += count
+        self._written += sum(r.outcome in ("created", "updated") for r in results or [])
         now = self._clock()
         rate = self._done / max(now - self._started, 1e-9)
         if self._bar is not None:
@@ -110,7 +118,8 @@ class Progress:
         elif now - self._last >= self._interval:
             self._last = now
             of = f"/{self._total}" if self._total is not None else ""
-            click.echo(f"imds import: {self._done}{of} items ({rate:.0f}/s)", err=True)
+            read = f"{self._read()} read, " if self._read is not None else ""
+            click.echo(f"imds import: {self._done}{of} items ({read}{self._written} written, {rate:.0f}/s)", err=True)
 
     def close(self) -> float:
         """Stop the bar; the seconds taken."""
@@ -147,38 +156,74 @@ def _remote_batch(target: Target, items: list[Item], objects: list[Any], *, dry_
 
 
 @click.command(name="import")
-@click.argument("source", type=click.Path(allow_dash=True, exists=False))
+@click.argument("source", required=False, type=click.Path(allow_dash=True, exists=False))
 @target_options
+@click.option("--from-hollow", "hollow", metavar="DSN", default=None,
+              help="Read a hollow-metadataservice database (postgresql://USER:PASS@HOST:PORT/DB) instead of SOURCE.")
 @click.option("--dry-run", is_flag=True, help="Compare and report; write nothing.")
 @click.option("--strict", is_flag=True, help="Check every item first; write nothing if any is rejected.")
 @click.option("--batch-size", type=click.IntRange(1, 10000), default=1000, show_default=True,
               help="Items per transaction.")
 @click.option("--progress-interval", type=float, default=5.0, show_default=True, hidden=True,
               help="Seconds between plain progress lines when stderr is not a terminal.")
-def import_(
-    source: str, dry_run: bool, strict: bool, batch_size: int, progress_interval: float, **flags: Any,
+def import_(  # noqa: PLR0913, PLR0917 - click passes every option
+    source: str | None, hollow: str | None, dry_run: bool, strict: bool, batch_size: int, progress_interval: float,
+    **flags: Any,
 ) -> None:
-    """Create or replace instances from SOURCE: a JSON-lines file, a JSON array, a directory of *.json, or -."""
-    if source != "-" and not Path(source).exists():
+    """Create or replace instances from SOURCE: a JSON-lines file, a JSON array, a directory of *.json, or -.
+
+    Or from a hollow-metadataservice database with --from-hollow DSN (and no SOURCE).
+    """
+    if (source is None) == (hollow is None):
+        raise click.UsageError("give SOURCE or --from-hollow DSN (one of them)")
+    if source is not None and source != "-" and not Path(source).exists():
         raise click.BadParameter(f"{source} does not exist", param_hint="SOURCE")
     rejections: list[Result] = []
     results: list[Result] = []
     with Target(flags) as target:
-        objects = list(read_objects(source)) if strict else None  # --strict checks everything first
+        if not dry_run:
+            _migrate_new(target)
+        read_all, total, read = _source(source, hollow, batch_size)
+        objects = list(read_all()) if strict else None  # --strict checks everything first
         if strict:
             list(_batches(iter(objects or []), batch_size, rejections))
             if rejections:
                 _report([], rejections, dry_run=True, strict=True)
                 raise SystemExit(1)
-        progress = Progress(count_items(source) if objects is None else len(objects), interval=progress_interval)
+        progress = Progress(total if objects is None else len(objects), interval=progress_interval, read=read)
         try:
-            results = _run(target, iter(objects) if objects is not None else read_objects(source), batch_size,
+            results = _run(target, iter(objects) if objects is not None else read_all(), batch_size,
                            rejections, progress, dry_run=dry_run)
         finally:
             seconds = progress.close()
     _report(results, rejections, dry_run=dry_run, strict=False, seconds=seconds)
     if rejections:
         raise SystemExit(1)
+
+
+def _source(
+    source: str | None, hollow: str | None, page_size: int,
+) -> tuple[Callable[[], Iterator[tuple[str, Any]]], int | None, Callable[[], int] | None]:
+    """How to read every item, how many there are (None: unknown), and how many were read so far (hollow)."""
+    if hollow is None:
+        assert source is not None  # noqa: S101 - import_ checks that one is given
+        return lambda: read_objects(source), count_items(source), None
+    from imds.cli.hollow import HollowObjects  # noqa: PLC0415 - asyncpg loads only for --from-hollow
+
+    reader = HollowObjects(hollow, page_size=page_size)
+    return lambda: iter(reader), reader.start(), lambda: reader.read
+
+
+def _migrate_new(target: Target) -> None:
+    """Migrate the database first, as ``imds serve`` does (a new or empty one gets its tables)."""
+    if target.remote is not None or not target.settings.store.migrate or target.db_url.startswith("memory://"):
+        return
+    from imds.services import schema  # noqa: PLC0415 - Alembic loads only when a database is used
+
+    try:
+        schema.upgrade(target.db_url)
+    except ImdsError as exc:
+        raise click.ClickException(exc.message) from exc
 
 
 def _run(  # noqa: PLR0913 - the pieces of one import
@@ -189,15 +234,17 @@ def _run(  # noqa: PLR0913 - the pieces of one import
     if target.remote is not None:
         for batch in _batches(objects, batch_size, rejections):
             wire = [_item_object(item) for item in batch]
-            results += _remote_batch(target, batch, wire, dry_run=dry_run)
-            progress.advance(len(batch))
+            done = _remote_batch(target, batch, wire, dry_run=dry_run)
+            results += done
+            progress.advance(len(batch), done)
         return results
 
     async def run(offline: Any) -> list[Result]:
         done: list[Result] = []
         for batch in _batches(objects, batch_size, rejections):
-            done += await offline.upsert(batch, subject=SUBJECT, dry_run=dry_run)
-            progress.advance(len(batch))
+            written = await offline.upsert(batch, subject=SUBJECT, dry_run=dry_run)
+            done += written
+            progress.advance(len(batch), written)
         return done
 
     return target.offline(run)
