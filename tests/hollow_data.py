@@ -28,6 +28,8 @@ from typing import Any
 
 SCHEMA = Path(__file__).parent / "fixtures" / "hollow" / "schema.sql"
 STAMP = datetime(2026, 11, 1, tzinfo=UTC)
+V6_HOSTS = ipaddress.IPv6Address("2604:1380:4641:1f01::")
+V6_INTERFACES = ipaddress.IPv6Address("2604:1380:4641:1f00::")
 
 
 @dataclass(frozen=True)
@@ -51,11 +53,11 @@ def instance(n: int) -> HollowInstance:
     instance_id = str(uuid.UUID(int=(0x40110 << 96) + n + 1, version=4))
     addresses = [f"10.{(n >> 16) & 255}.{(n >> 8) & 255}.{n & 255}"]
     if n % 3 == 0:
-        addresses.append(f"2604:1380:4641:1f01::{n:x}")
+        addresses.append(str(V6_HOSTS + n))
     if n % 25 == 1:
         addresses.append(f"100.{64 + (n >> 15)}.{(n >> 7) & 255}.{(n & 127) * 2 + 1}/31")
     if n % 25 == 2:
-        addresses.append(f"2604:1380:4641:1f00::{4 * n + 1:x}/127")
+        addresses.append(f"{V6_INTERFACES + 4 * n + 1}/127")
     kind = n % 10
     metadata = None if kind == 9 else {
         "id": instance_id, "hostname": f"node-{n}", "facility": "da11", "plan": "c3.small.x86",

@@ -181,9 +181,9 @@ def import_(  # noqa: PLR0913, PLR0917 - click passes every option
     rejections: list[Result] = []
     results: list[Result] = []
     with Target(flags) as target:
+        read_all, total, read = _source(source, hollow, batch_size)
         if not dry_run:
             _migrate_new(target)
-        read_all, total, read = _source(source, hollow, batch_size)
         objects = list(read_all()) if strict else None  # --strict checks everything first
         if strict:
             list(_batches(iter(objects or []), batch_size, rejections))
