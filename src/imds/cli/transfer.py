@@ -107,19 +107,20 @@ class Progress:
             self._task = self._bar.add_task("import", total=total, rate="-")
             self._bar.start()
 
-    def advance(self, count: int, results: list[Result] | None = None) -> None:
-        """``count`` more items are done (``results``: their outcomes, to count the ones written)."""
+    def advance(self, count: int, results: list[Result] | None = None, *, rejected: int = 0) -> None:
+        """``count`` more items are done (``results``: their outcomes); ``rejected`` so far, done too."""
         self._done += count
         self._written += sum(r.outcome in ("created", "updated") for r in results or [])
+        done = self._done + rejected
         now = self._clock()
-        rate = self._done / max(now - self._started, 1e-9)
+        rate = done / max(now - self._started, 1e-9)
         if self._bar is not None:
-            self._bar.update(self._task, advance=count, rate=f"{rate:.0f}")
+            self._bar.update(self._task, completed=done, rate=f"{rate:.0f}")
         elif now - self._last >= self._interval:
             self._last = now
             of = f"/{self._total}" if self._total is not None else ""
             read = f"{self._read()} read, " if self._read is not None else ""
-            click.echo(f"imds import: {self._done}{of} items ({read}{self._written} written, {rate:.0f}/s)", err=True)
+            click.echo(f"imds import: {done}{of} items ({read}{self._written} written, {rate:.0f}/s)", err=True)
 
     def close(self) -> float:
         """Stop the bar; the seconds taken."""
@@ -159,7 +160,8 @@ def _remote_batch(target: Target, items: list[Item], objects: list[Any], *, dry_
 @click.argument("source", required=False, type=click.Path(allow_dash=True, exists=False))
 @target_options
 @click.option("--from-hollow", "hollow", metavar="DSN", default=None,
-              help="Read a hollow-metadataservice database (postgresql://USER:PASS@HOST:PORT/DB) instead of SOURCE.")
+              help="Read a hollow-metadataservice database (postgresql://USER@HOST:PORT/DB) instead of SOURCE; "
+                   "its password from PGPASSWORD or ~/.pgpass (flags show in ps).")
 @click.option("--dry-run", is_flag=True, help="Compare and report; write nothing.")
 @click.option("--strict", is_flag=True, help="Check every item first; write nothing if any is rejected.")
 @click.option("--batch-size", type=click.IntRange(1, 10000), default=1000, show_default=True,
@@ -236,7 +238,7 @@ def _run(  # noqa: PLR0913 - the pieces of one import
             wire = [_item_object(item) for item in batch]
             done = _remote_batch(target, batch, wire, dry_run=dry_run)
             results += done
-            progress.advance(len(batch), done)
+            progress.advance(len(batch), done, rejected=len(rejections))
         return results
 
     async def run(offline: Any) -> list[Result]:
@@ -244,7 +246,7 @@ def _run(  # noqa: PLR0913 - the pieces of one import
         for batch in _batches(objects, batch_size, rejections):
             written = await offline.upsert(batch, subject=SUBJECT, dry_run=dry_run)
             done += written
-            progress.advance(len(batch), written)
+            progress.advance(len(batch), written, rejected=len(rejections))
         return done
 
     return target.offline(run)
