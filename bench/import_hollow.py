@@ -12,7 +12,7 @@ from each source into each target, always a new database (a fresh SQLite data di
 new PostgreSQL database on the same server, migrated by the import itself), and once more from
 the hollow database (every instance unchanged). Per run: wall seconds, instances/s (every
 instance read, the refused ones included), and the peak RSS of the ``imds`` process (its own
-``ru_maxrss`` from ``wait4``). Prints one JSON line per run and, with ``--markdown FILE``,
+``%M`` from ``/usr/bin/time``). Prints one JSON line per run and, with ``--markdown FILE``,
 appends a table to FILE (``bench/results.md``).
 """
 
@@ -40,6 +40,7 @@ from hollow_data import HollowInstance, create_hollow, instance  # noqa: E402 - 
 from postgres_server import PostgresServer, _execute, _Server, in_thread  # noqa: E402
 
 IMDS = Path(sys.executable).parent / "imds"
+TIME = "/usr/bin/time"  # GNU time: the peak RSS of the process it runs (%M, KiB)
 
 
 def wire(generated: HollowInstance) -> dict[str, Any]:
@@ -71,20 +72,22 @@ def fill_hollow(server: PostgresServer, count: int) -> str:
     return server.url(name)
 
 
-def measure(args: list[str], env: dict[str, str]) -> dict[str, Any]:
-    """Run ``imds ARGS``: wall seconds, peak RSS (MiB) of that process alone, and its summary line."""
+def measure(args: list[str], env: dict[str, str], scratch: Path) -> dict[str, Any]:
+    """Run ``imds ARGS``: wall seconds, peak RSS (MiB) of that process alone, and its summary line.
+
+    The peak comes from ``/usr/bin/time`` (a small process forking imds): a child forked from
+    this script would start its ``ru_maxrss`` at this script's own size, the fleet included.
+    """
+    report = scratch / "time.txt"
     started = time.monotonic()
-    process = subprocess.Popen([str(IMDS), *args, "--log-level", "warning"], env=env, stdout=subprocess.PIPE,
-                               stderr=subprocess.DEVNULL, text=True)
-    assert process.stdout is not None  # noqa: S101 - piped above
-    stdout = process.stdout.read()
-    _pid, status, usage = os.wait4(process.pid, 0)
-    process.returncode = os.waitstatus_to_exitcode(status)
+    done = subprocess.run([TIME, "-f", "%M", "-o", str(report), str(IMDS), *args, "--log-level", "warning"],
+                          env=env, capture_output=True, text=True, check=False)
     seconds = time.monotonic() - started
-    summary = stdout.splitlines()[0] if stdout else ""
-    if process.returncode not in {0, 1} or " created, " not in summary:
-        sys.exit(f"imds {' '.join(args)} failed ({process.returncode}):\n{stdout[:2000]}")
-    return {"seconds": round(seconds, 1), "peak_rss_mib": round(usage.ru_maxrss / 1024), "summary": summary}
+    summary = done.stdout.splitlines()[0] if done.stdout else ""
+    if done.returncode not in {0, 1} or " created, " not in summary:
+        sys.exit(f"imds {' '.join(args)} failed ({done.returncode}):\n{done.stdout[:2000]}\n{done.stderr[-2000:]}")
+    peak_kib = int(report.read_text().split()[-1])
+    return {"seconds": round(seconds, 1), "peak_rss_mib": round(peak_kib / 1024), "summary": summary}
 
 
 def run(options: argparse.Namespace, server: PostgresServer, scratch: Path) -> list[dict[str, Any]]:
@@ -106,7 +109,7 @@ def run(options: argparse.Namespace, server: PostgresServer, scratch: Path) -> l
                         name = f"imds_{uuid.uuid4().hex[:12]}"
                         _execute(server, f'CREATE DATABASE "{name}"')
                         db = server.url(name)
-                figures = measure(["import", *args, "--db", db, "--batch-size", str(options.batch_size)], env)
+                figures = measure(["import", *args, "--db", db, "--batch-size", str(options.batch_size)], env, scratch)
                 row = {"count": count, "source": label, "target": target, **figures,
                        "instances_per_s": round(count / figures["seconds"])}
                 print(json.dumps(row), flush=True)
@@ -122,7 +125,7 @@ def markdown(rows: list[dict[str, Any]], command: str, load: tuple[str, str]) ->
         (f"{os.cpu_count()} cores, Python {platform.python_version()}, load average {load[0]} before / {load[1]} "
          f"after (a shared machine). Command: `{command}`. Each run a new database, migrated by `imds import`; "
          "instances/s counts every instance read (the refused ones too); peak RSS is the `imds` process's own "
-         "`ru_maxrss`."), "",
+         "(GNU time's `%M`)."), "",
         "| instances | source | target | seconds | instances/s | peak RSS MiB | imds's summary |",
         "|---|---|---|---|---|---|---|",
     ]
