@@ -26,7 +26,7 @@ from typing import IO, Any
 import click
 
 from imds.cli.records import SUBJECT, Target, target_options
-from imds.errors import ImdsError, InvalidInput
+from imds.errors import InvalidInput
 from imds.services.records.bulk import OUTCOMES, Item, Result, parse_item, rejected
 
 BATCH_BYTES = 512 * 1024  # per POST /device-records, under the default --max-body-bytes (1 MiB)
@@ -185,7 +185,7 @@ def import_(  # noqa: PLR0913, PLR0917 - click passes every option
     with Target(flags) as target:
         read_all, total, read = _source(source, hollow, batch_size)
         if not dry_run:
-            _migrate_new(target)
+            target.migrate()
         objects = list(read_all()) if strict else None  # --strict checks everything first
         if strict:
             list(_batches(iter(objects or []), batch_size, rejections))
@@ -214,18 +214,6 @@ def _source(
 
     reader = HollowObjects(hollow, page_size=page_size)
     return lambda: iter(reader), reader.start(), lambda: reader.read
-
-
-def _migrate_new(target: Target) -> None:
-    """Migrate the database first, as ``imds serve`` does (a new or empty one gets its tables)."""
-    if target.remote is not None or not target.settings.store.migrate or target.db_url.startswith("memory://"):
-        return
-    from imds.services import schema  # noqa: PLC0415 - Alembic loads only when a database is used
-
-    try:
-        schema.upgrade(target.db_url)
-    except ImdsError as exc:
-        raise click.ClickException(exc.message) from exc
 
 
 def _run(  # noqa: PLR0913 - the pieces of one import
