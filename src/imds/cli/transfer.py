@@ -11,6 +11,11 @@ is ``unchanged`` and not written, so a re-run reports everything unchanged. Prog
 stderr (a bar on a terminal, a line every few seconds otherwise); the summary and every
 rejected item (with its line and reason) go to stdout; warnings (an id twice, an address with
 host bits set, a secret OS value an offline import cannot keep) to stderr.
+
+``--from-hollow DSN`` reads a hollow-metadataservice database instead of SOURCE
+(``imds.cli.hollow``): its ids are unique, so it is read once (twice with ``--strict``), and
+its instance count is the total. On the database, a new or empty one is migrated before the
+first write, as ``imds serve`` does at start-up (``IMDS_MIGRATE=false`` turns that off).
 """
 
 from __future__ import annotations
@@ -19,21 +24,24 @@ import json
 import shutil
 import sys
 import tempfile
-import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import click
 
 from imds.cli.options import settings_options
+from imds.cli.progress import Progress
 from imds.cli.records import SUBJECT, Target, target_options
 from imds.config import OPTIONS
 from imds.errors import InvalidInput
 from imds.services.records.bulk import OUTCOMES, Item, Result, item_notes, parse_item, rejected
 from imds.services.records.limits import Limits
 from imds.services.records.source import Raw, UnreadableInput, read_path, read_stream
+
+if TYPE_CHECKING:
+    from imds.cli.hollow import HollowItems
 
 BATCH_BYTES = 512 * 1024  # per POST /device-records, under the default --max-body-bytes (1 MiB)
 SHOWN_NOTES = 20  # warning lines of one kind shown before they are only counted
@@ -114,45 +122,6 @@ class Notes:
                 click.echo(f"warning: … and {count - SHOWN_NOTES} more {kind} warnings", err=True)
 
 
-class Progress:
-    """A rich bar with rate and ETA on a terminal; otherwise a plain line every ``interval`` seconds."""
-
-    def __init__(self, total: int | None, *, interval: float, clock: Callable[[], float] = time.monotonic) -> None:
-        self._total, self._interval, self._clock = total, interval, clock
-        self._done = 0
-        self._started = self._last = clock()
-        self._bar: Any = None
-        if sys.stderr.isatty():
-            from rich import progress as rich_progress  # noqa: PLC0415 - rich loads only on a terminal
-            from rich.console import Console  # noqa: PLC0415
-
-            self._bar = rich_progress.Progress(
-                rich_progress.TextColumn("importing"), rich_progress.BarColumn(), rich_progress.MofNCompleteColumn(),
-                rich_progress.TaskProgressColumn(), rich_progress.TextColumn("{task.fields[rate]}/s"),
-                rich_progress.TimeRemainingColumn(), transient=True, console=Console(stderr=True),
-            )
-            self._task = self._bar.add_task("import", total=total, rate="-")
-            self._bar.start()
-
-    def advance(self, count: int) -> None:
-        """``count`` more items are done."""
-        self._done += count
-        now = self._clock()
-        rate = self._done / max(now - self._started, 1e-9)
-        if self._bar is not None:
-            self._bar.update(self._task, advance=count, rate=f"{rate:.0f}")
-        elif now - self._last >= self._interval:
-            self._last = now
-            of = f"/{self._total}" if self._total is not None else ""
-            click.echo(f"imds import: {self._done}{of} items ({rate:.0f}/s)", err=True)
-
-    def close(self) -> float:
-        """Stop the bar; the seconds taken."""
-        if self._bar is not None:
-            self._bar.stop()
-        return self._clock() - self._started
-
-
 def _batches(
     raws: Iterator[Raw], size: int, rejections: list[Result], parse: Callable[[Raw], Item],
     notes: Callable[[Item], None],
@@ -186,9 +155,12 @@ def _remote_batch(target: Target, items: list[Item], objects: list[Any], *, dry_
 
 
 @click.command(name="import")
-@click.argument("source", type=click.Path(allow_dash=True, exists=False))
+@click.argument("source", required=False, type=click.Path(allow_dash=True, exists=False))
 @target_options
 @settings_options(("strict_records", "max_body_bytes"), table=tuple(o for o in OPTIONS if o.group == "limits"))
+@click.option("--from-hollow", "hollow", metavar="DSN", default=None,
+              help="Read a hollow-metadataservice database (postgresql://USER@HOST:PORT/DB) instead of SOURCE; "
+                   "its password from PGPASSWORD or ~/.pgpass (flags show in ps).")
 @click.option("--dry-run", is_flag=True, help="Compare and report; write nothing.")
 @click.option("--strict", is_flag=True,
               help="Check every item first; write nothing if any is rejected or an id is given twice.")
@@ -196,8 +168,9 @@ def _remote_batch(target: Target, items: list[Item], objects: list[Any], *, dry_
               help="Items per transaction.")
 @click.option("--progress-interval", type=float, default=5.0, show_default=True, hidden=True,
               help="Seconds between plain progress lines when stderr is not a terminal.")
-def import_(
-    source: str, dry_run: bool, strict: bool, batch_size: int, progress_interval: float, **flags: Any,
+def import_(  # noqa: PLR0913, PLR0917 - click passes every option
+    source: str | None, hollow: str | None, dry_run: bool, strict: bool, batch_size: int, progress_interval: float,
+    **flags: Any,
 ) -> None:
     """Create or replace instances from SOURCE: a JSON-lines file, a JSON array, a directory of *.json, or -.
 
@@ -205,8 +178,12 @@ def import_(
     that the JSON parser cannot take stops the import (naming the line) with nothing written,
     and an id given twice is reported (the later item wins; --strict rejects the file). Items
     are held to the admin API's limits (--max-body-bytes, --strict-records ...).
+
+    Or from a hollow-metadataservice database with --from-hollow DSN (and no SOURCE).
     """
-    if source != "-" and not Path(source).exists():
+    if (source is None) == (hollow is None):
+        raise click.UsageError("give SOURCE or --from-hollow DSN (one of them)")
+    if source is not None and source != "-" and not Path(source).exists():
         raise click.BadParameter(f"{source} does not exist", param_hint="SOURCE")
     rejections: list[Result] = []
     results: list[Result] = []
@@ -217,12 +194,14 @@ def import_(
         def parse(raw: Raw) -> Item:
             return parse_item(raw.value, label=raw.label, max_os_value_bytes=os_bytes, limits=limits)
 
-        opened = Source(source)
-        try:
-            survey = _survey(opened, parse, strict=strict)
-            if strict and survey.rejections:
+        opened = _open(source, hollow, batch_size)
+        try:  # hollow's ids are unique: its items are checked first only for --strict
+            survey = _survey(opened, parse, strict=strict) if hollow is None or strict else None
+            if strict and survey is not None and survey.rejections:
                 _report([], survey.rejections, dry_run=True, strict=True)
                 raise SystemExit(1)
+            if not dry_run:
+                target.migrate()
             notes = Notes()
             offline = target.remote is None
 
@@ -230,10 +209,14 @@ def import_(
                 for text in item_notes(item, offline=offline):
                     notes.say(text.split(":", 1)[0].split(".", 1)[0], f"{item.label} ({item.id}): {text}")
 
-            progress = Progress(survey.count if source != "-" else None, interval=progress_interval)
+            if isinstance(opened, Source):
+                total, read = (survey.count if survey is not None and source != "-" else None), None
+            else:
+                total, read = opened.total, opened.read
+            progress = Progress(total, interval=progress_interval, read=read)
             try:
-                results = _run(target, _batches(opened.items(), batch_size, rejections, parse, note), progress,
-                               dry_run=dry_run)
+                results = _run(target, _batches(opened.items(), batch_size, rejections, parse, note), rejections,
+                               progress, dry_run=dry_run)
             finally:
                 seconds = progress.close()
                 notes.close()
@@ -244,7 +227,17 @@ def import_(
         raise SystemExit(1)
 
 
-def _survey(opened: Source, parse: Callable[[Raw], Item], *, strict: bool) -> Survey:
+def _open(source: str | None, hollow: str | None, page_size: int) -> Source | HollowItems:
+    """The source to read: SOURCE, or the hollow database (connected and counted; asyncpg loads only for it)."""
+    if hollow is None:
+        assert source is not None  # noqa: S101 - import_ checks that one is given
+        return Source(source)
+    from imds.cli.hollow import HollowItems  # noqa: PLC0415
+
+    return HollowItems(hollow, page_size=page_size)
+
+
+def _survey(opened: Source | HollowItems, parse: Callable[[Raw], Item], *, strict: bool) -> Survey:
     """The first pass; unreadable input ends the import here, before anything is written."""
     try:
         survey = Survey(opened.items(), parse, strict=strict)
@@ -256,20 +249,24 @@ def _survey(opened: Source, parse: Callable[[Raw], Item], *, strict: bool) -> Su
     return survey
 
 
-def _run(target: Target, batches: Iterator[list[Item]], progress: Progress, *, dry_run: bool) -> list[Result]:
+def _run(
+    target: Target, batches: Iterator[list[Item]], rejections: list[Result], progress: Progress, *, dry_run: bool,
+) -> list[Result]:
     results: list[Result] = []
     if target.remote is not None:
         for batch in batches:
             wire = [_item_object(item) for item in batch]
-            results += _remote_batch(target, batch, wire, dry_run=dry_run)
-            progress.advance(len(batch))
+            done = _remote_batch(target, batch, wire, dry_run=dry_run)
+            results += done
+            progress.advance(len(batch), done, rejected=len(rejections))
         return results
 
     async def run(offline: Any) -> list[Result]:
         done: list[Result] = []
         for batch in batches:
-            done += await offline.upsert(batch, subject=SUBJECT, dry_run=dry_run)
-            progress.advance(len(batch))
+            written = await offline.upsert(batch, subject=SUBJECT, dry_run=dry_run)
+            done += written
+            progress.advance(len(batch), written, rejected=len(rejections))
         return done
 
     return target.offline(run)
