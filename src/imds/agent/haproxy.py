@@ -14,6 +14,12 @@ share one counter); a connection over it is closed as soon as it is accepted. Th
 signature is precomputed here (``imds.signing.sign``), so the shared secret is never
 written to disk; the file holds per-instance signatures and is kept mode 0600.
 
+haproxy waits ``SERVER_TIMEOUT`` for serve's answer (then 504), except for a change watch
+(any ``wait_for_change`` in the query): that one may be held ``--watch-max-timeout`` plus
+the same margin (``http-request set-timeout server``), so a legitimate long poll is never
+cut short while every other request keeps the short bound. ``timeout client`` does not
+run while haproxy waits on the server, so it needs no such exception.
+
 Usage::
 
     text = render(Frontend(...), [Backend(...)], upstream)
@@ -43,6 +49,7 @@ READY_TIMEOUT = 15.0
 # imds serve's answer to a token PUT through a proxy (Refused, as imds.web.errors maps it).
 TOKEN_REFUSED = (403, "text/plain; charset=utf-8", "403 - Forbidden")
 STOP_TIMEOUT = 10.0
+SERVER_TIMEOUT = 30  # seconds serve may take to answer an ordinary request; a watch gets its wait on top
 
 
 def safe_token(value: str) -> bool:
@@ -90,6 +97,8 @@ class Frontend:
     port: int = 80
     namespace: str | None = None
     max_connections_per_source: int = 32
+    watch_max_timeout: int = 300  # imds serve's --watch-max-timeout
+    server_timeout: int = SERVER_TIMEOUT
 
 
 @dataclass(frozen=True)
@@ -109,7 +118,7 @@ def _bind(frontend: Frontend, address: str) -> str:
     return f"    bind {shown}:{frontend.port}{namespace}"
 
 
-def _backend(index: int, backend: Backend, upstream: Upstream) -> list[str]:
+def _backend(index: int, backend: Backend, upstream: Upstream, frontend: Frontend) -> list[str]:
     tls = " ssl verify required ca-file @system-ca sni str(" + upstream.host + ")" if upstream.tls else ""
     tenant = (
         f"    http-request set-header X-Tenant-ID {backend.tenant}"
@@ -124,9 +133,20 @@ def _backend(index: int, backend: Backend, upstream: Upstream) -> list[str]:
         tenant,
         *(f"    http-request del-header {name}" for name in FORWARDING_HEADERS),
         f"    http-request del-header {FORWARDING_PREFIX} -m beg",
+        _watch_timeout(frontend),
         f"    server imds {upstream.address}{tls}",
         "",
     ]
+
+
+def _watch_timeout(frontend: Frontend) -> str:
+    """A change watch may be held ``watch_max_timeout`` on top of the ordinary server timeout.
+
+    Any ``wait_for_change`` parameter counts (haproxy's ``url_param`` reads the first one,
+    serve the last): a ``false`` one is answered at once by serve anyway.
+    """
+    seconds = frontend.watch_max_timeout + frontend.server_timeout
+    return f"    http-request set-timeout server {seconds}s if {{ url_param(wait_for_change) -m found }}"
 
 
 def _per_source_cap(ports: int, limit: int) -> list[str]:
@@ -173,7 +193,7 @@ def render(frontend: Frontend, backends: Sequence[Backend], upstream: Upstream) 
         "    mode http",
         "    timeout connect 5s",
         "    timeout client 30s",
-        "    timeout server 30s",
+        f"    timeout server {frontend.server_timeout}s",
         "    timeout http-request 10s",
         "    option idle-close-on-response",
         "",
@@ -195,7 +215,7 @@ def render(frontend: Frontend, backends: Sequence[Backend], upstream: Upstream) 
         "",
     ]
     for index, backend in enumerate(ordered):
-        lines += _backend(index, backend, upstream)
+        lines += _backend(index, backend, upstream, frontend)
     return "\n".join(lines)
 
 

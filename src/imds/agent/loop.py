@@ -198,7 +198,8 @@ class Agent:
                                     sign(self.secret, port.vm_uuid), tenant))
         gw = self.pool.gateway
         frontend = Frontend((str(gw.ip), str(gw.ip6)), namespace=self.settings.meta_netns,
-                            max_connections_per_source=self.settings.max_connections_per_source)
+                            max_connections_per_source=self.settings.max_connections_per_source,
+                            watch_max_timeout=self.settings.watch_max_timeout)
         if self.haproxy.apply(render(frontend, backends, self.upstream)):
             self.log.info("agent.haproxy_applied", backends=len(backends))
 
