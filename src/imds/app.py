@@ -7,7 +7,7 @@ the services; nothing happens at import time.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 import httpx
@@ -115,6 +115,15 @@ def build_served_app(settings: Settings) -> Bounded:
 # -- wiring: the services for Settings (nothing connects until Services.start) --------
 
 
+def _os_gone(os_records: OsRecords) -> Callable[[str, str], None]:
+    """When an OS record leaves the catalog: the vault forgets its secrets, the cipher its unreadable values."""
+    def gone(instance_id: str, generation: str) -> None:
+        os_records.vault.forget(instance_id, generation)
+        os_records.cipher.forget(instance_id)
+
+    return gone
+
+
 def build_services(
     settings: Settings, *, store: Store | None = None, http: httpx.AsyncClient | None = None
 ) -> Services:
@@ -132,7 +141,7 @@ def build_services(
         store, catalog, cipher=PrivateCipher.from_file(settings.ganeti.private_key_file),
         definitions=OsDefinitions.load(settings.ganeti.os_definitions_dir),
     )
-    catalog.on_os_gone = os_records.vault.forget  # no secret outlives its record (issue 11)
+    catalog.on_os_gone = _os_gone(os_records)  # no secret outlives its record (issue 11)
     return Services(
         settings=settings,
         store=store,

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from imds.agent.haproxy import Backend, Frontend, Haproxy, Upstream, render
+from imds.agent.haproxy import Backend, Frontend, Upstream, render
+from imds.agent.haproxyctl import Haproxy
 from imds.services.identity.tokens import FORWARDING_HEADERS
 from imds.signing import sign, sign_stamped
 from serve_process import Server, client_at, free_port, serving

@@ -22,7 +22,8 @@ from imds import log
 from imds.agent import flows
 from imds.agent.allocate import Meta, Pool, allocate
 from imds.agent.command import run
-from imds.agent.haproxy import Backend, Frontend, Haproxy, Upstream, render, safe_token
+from imds.agent.haproxy import Backend, Frontend, Upstream, render, safe_token
+from imds.agent.haproxyctl import Haproxy
 from imds.agent.metaport import MetaPort
 from imds.agent.ovsdb import Ovsdb, Snapshot, VmPort
 from imds.config import AgentSettings
@@ -196,7 +197,8 @@ class Agent:
             backends.append(Backend(port.name, (str(item.meta.ip), str(item.meta.ip6)), port.vm_uuid, tenant))
         gw = self.pool.gateway
         frontend = Frontend((str(gw.ip), str(gw.ip6)), namespace=self.settings.meta_netns,
-                            max_connections_per_source=self.settings.max_connections_per_source)
+                            max_connections_per_source=self.settings.max_connections_per_source,
+                            watch_max_timeout=self.settings.watch_max_timeout)
         if self.haproxy.apply(render(frontend, backends, self.upstream)):
             self.log.info("agent.haproxy_applied", backends=len(backends))
 

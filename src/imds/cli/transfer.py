@@ -20,14 +20,16 @@ first write, as ``imds serve`` does at start-up (``IMDS_MIGRATE=false`` turns th
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import shutil
 import sys
 import tempfile
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, TextIO
 
 import click
 
@@ -347,16 +349,23 @@ def export(destination: str, fmt: str, no_private: bool, **flags: Any) -> None:
 
 
 def _write(records: Iterator[dict[str, Any]], destination: str, fmt: str) -> int:
-    """Stream ``records`` out as ``fmt``; how many were written."""
+    """Stream ``records`` out as ``fmt``; how many were written.
+
+    What is written may hold private values: files are created 0600 (a ``dir`` folder
+    made here 0700) from the start, and a file appears whole or not at all.
+    """
     count = 0
     if fmt == "dir":
         folder = Path(destination)
-        folder.mkdir(parents=True, exist_ok=True)
+        if not folder.exists():
+            folder.mkdir(mode=0o700, parents=True)
         for record in records:
-            (folder / f"{record['id']}.json").write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+            with _private_file(folder / f"{record['id']}.json") as out:
+                out.write(json.dumps(record, indent=2, sort_keys=True) + "\n")
             count += 1
         return count
-    with click.open_file(destination, "w", encoding="utf-8", atomic=destination != "-") as out:
+    stdout: contextlib.AbstractContextManager[TextIO] = contextlib.nullcontext(sys.stdout)
+    with stdout if destination == "-" else _private_file(Path(destination)) as out:
         if fmt == "json":
             out.write("[")
         for record in records:
@@ -366,3 +375,16 @@ def _write(records: Iterator[dict[str, Any]], destination: str, fmt: str) -> int
         if fmt == "json":
             out.write("\n]\n")
     return count
+
+
+@contextlib.contextmanager
+def _private_file(path: Path) -> Iterator[TextIO]:
+    """A text file written under a temporary name (mode 0600 from the start), renamed into place when complete."""
+    fd, scratch = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            yield out
+        Path(scratch).replace(path)
+    except BaseException:
+        Path(scratch).unlink(missing_ok=True)
+        raise

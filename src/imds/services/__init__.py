@@ -100,6 +100,7 @@ class Services:
     async def _loaded(self) -> None:
         await self.catalog.load()
         warn_stored(self.catalog.holdings(), self.settings.callers.trusted_proxy)
+        self.os.cipher.audit(self.catalog.os_records())  # clear private values warn; unreadable ones: /readyz
 
     async def _load_then_follow(self) -> None:
         delay = 0.5

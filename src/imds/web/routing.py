@@ -41,9 +41,10 @@ class InstanceCall:
     ``scope`` is the ASGI scope (method, path, headers). The ``Locator`` fills in the rest,
     each at most once per request (``UNKNOWN`` until then): ``address``, the caller's
     address; ``claim``, what a trusted proxy signed for (or None); and ``entry``, the
-    caller's catalog entry when found by address: the front sends its ETag with a 200 read
-    and the change watch holds on it. A handler whose answer is no instance document sets
-    ``entry`` back to None. Slotted, four fields: it costs what the scope keys it replaced did.
+    caller's catalog entry however it was found (by address, or by the id a trusted proxy
+    signed for): the front sends its ETag with a 200 read and the change watch holds on it.
+    A handler whose answer is no instance document sets ``entry`` back to None. Slotted,
+    four fields: it costs what the scope keys it replaced did.
     """
 
     __slots__ = ("address", "claim", "entry", "scope")
@@ -151,8 +152,7 @@ class Locator:
         claim = self.claim(call)
         address = self.address(call) if claim is None else None
         entry = await self._resolver.caller(kind, address=address, claim=claim, count=count, needs_record=needs_record)
-        if claim is None:
-            call.entry = entry
+        call.entry = entry  # by address or by claim alike: through a proxy the ETag and the watch work too
         return entry
 
     async def record(self, call: InstanceCall, entry: Entry, kind: str) -> Entry:

@@ -9,7 +9,8 @@ import subprocess
 
 import pytest
 
-from imds.agent.haproxy import SIGNING_KEY_ENV, Backend, Frontend, Haproxy, Upstream, render, safe_token
+from imds.agent.haproxy import SIGNING_KEY_ENV, Backend, Frontend, Upstream, render, safe_token
+from imds.agent.haproxyctl import Haproxy
 from imds.errors import ConfigError, HaproxyFailed
 from imds.services.identity.tokens import FORWARDING_HEADERS, TOKEN_PATH_PATTERN
 
@@ -139,3 +140,11 @@ def test_tokens_that_could_break_the_config_are_refused():
     assert safe_token("6f1b1a2e-0d4c-4c1e-9a7e-3d2f1b0c9a8e")
     for bad in ("a b", 'a"b', "a\nb", "", "-x", "a#b"):
         assert not safe_token(bad)
+
+
+def test_a_change_watch_gets_the_watch_maximum_on_top_of_the_server_timeout(haproxy):
+    """Ordinary requests keep ``timeout server``; any wait_for_change read gets --watch-max-timeout more."""
+    text = render(Frontend(("240.0.0.1",), watch_max_timeout=120, server_timeout=30), [VM_A], UPSTREAM)
+    assert "    timeout server 30s\n" in text
+    assert "    http-request set-timeout server 150s if { url_param(wait_for_change) -m found }\n" in text
+    haproxy.check(text)
