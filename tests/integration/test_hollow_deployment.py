@@ -46,7 +46,7 @@ def test_hollow_crdb_uri_with_sslmode_connects(postgres_server) -> None:
 
 @pytest.mark.postgres
 def test_quickstart_environment_serves(postgres_empty_url: str, tmp_path) -> None:
-    """The hollow quickstart.yml variables (plus IMDS_ADMIN_TOKEN) migrate, serve a record and log the ignored names."""
+    """The hollow quickstart.yml variables (plus IMDS_ADMIN_TOKEN) migrate, serve a record and log ignored names."""
     port = free_port()
     env = clean_env(
         tmp_path,
@@ -58,6 +58,11 @@ def test_quickstart_environment_serves(postgres_empty_url: str, tmp_path) -> Non
         METADATASERVICE_LOGGING_PRETTY="true",
         IMDS_ADMIN_TOKEN=ADMIN_TOKEN,
     )
+    # quickstart.yml's migrate container (``metadataservice migrate up``), then the service.
+    migrated = subprocess.run([str(IMDS), "db", "upgrade"], env=env, capture_output=True, text=True, timeout=60,
+                              check=False)
+    assert migrated.returncode == 0, migrated.stderr
+    assert asyncio.run(_revision(postgres_empty_url)), "imds db upgrade did not migrate hollow's database"
     log = tmp_path / "serve.log"
     with log.open("wb") as sink:
         process = subprocess.Popen([str(IMDS), "serve", "--rate-limit", "0"], env=env, stdin=subprocess.DEVNULL,
@@ -73,3 +78,13 @@ def test_quickstart_environment_serves(postgres_empty_url: str, tmp_path) -> Non
         assert "METADATASERVICE_LOGGING_PRETTY ignored" in server.output()
     finally:
         assert stop_process(process) == 0, server.output()
+
+
+async def _revision(url: str) -> str | None:
+    """The Alembic revision the database at ``url`` is at."""
+    conn = await asyncpg.connect(plain_dsn(url))
+    try:
+        revision: str | None = await conn.fetchval("SELECT version_num FROM alembic_version")
+    finally:
+        await conn.close()
+    return revision
