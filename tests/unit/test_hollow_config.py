@@ -153,7 +153,7 @@ def test_hollow_flags_parse(runner: CliRunner):
                 "--gin-trusted-proxies", "10.0.0.1,10.0.0.2", "--gin-trusted-proxies", "10.0.0.3",
                 "--shutdown-grace-period", "250ms", "--lookup-oidc-scopes", "a,b", "--db-enabled=true",
                 "--debug", "--pretty", "--db-uri", "postgres://u:pw@h/db")
-    assert rows["lookup_url"] == ("https://env.example/", "flag")
+    assert rows["lookup_url"] == ("https://env.example/", "hollow")  # the URL is the variable's
     assert rows["oidc_audience"] == ("aud", "flag")
     assert rows["oidc_jwks_url"] == ("https://jwks/", "flag")
     assert rows["trusted_proxy"] == ("10.0.0.1,10.0.0.2,10.0.0.3", "flag")
@@ -221,3 +221,19 @@ def test_a_bad_go_duration_names_the_variable():
     """A value that is no Go duration is refused naming hollow's variable."""
     with pytest.raises(ConfigError, match="METADATASERVICE_SHUTDOWN_GRACE_PERIOD"):
         load(environ={"METADATASERVICE_SHUTDOWN_GRACE_PERIOD": "10 s"})
+
+
+def test_lists_split_as_viper_and_pflag_split_them(runner: CliRunner):
+    """A variable's list splits on spaces (viper), a flag's on commas (pflag); either lands as one imds list."""
+    rows = show(runner, {"METADATASERVICE_GIN_TRUSTEDPROXIES": "10.0.0.1 10.0.0.2",
+                         "METADATASERVICE_LOOKUP_OIDC_SCOPES": "read:a read:b"})
+    assert rows["trusted_proxy"] == ("10.0.0.1,10.0.0.2", "hollow")
+    assert rows["lookup_scope"] == ("read:a,read:b", "hollow")
+
+
+def test_hollow_default_scopes_stay_below_imds_scopes(runner: CliRunner):
+    """The hollow default lookup scopes apply only where neither imds nor hollow names any scope."""
+    env = {"METADATASERVICE_LOOKUP_SERVICE_URL": "https://lookup.example/", "IMDS_LOOKUP_SCOPES": "mine"}
+    rows = show(runner, env, "--lookup-enabled")
+    assert rows["lookup_scope"] == ("mine", "env")
+    assert rows["lookup_url"] == ("https://lookup.example/", "hollow")

@@ -125,11 +125,11 @@ HOLLOW: tuple[HollowName, ...] = (
     _h("--lookup-oidc-client-secret", "lookup.oidc.clientsecret", "honour", "lookup_client_secret", "same meaning"),
     _h("--lookup-oidc-aud", "lookup.oidc.audience", "honour", "lookup_audience", "same meaning"),
     _h("--lookup-oidc-scopes", "lookup.oidc.scopes", "honour", "lookup_scope",
-       "comma-separated; with lookup.enabled and no scopes given, hollow's default "
+       "comma- or space-separated; with lookup.enabled and no scopes given, hollow's default "
        "metadata:read:metadata,metadata:read:userdata", "list"),
     # serving
     _h("--gin-trusted-proxies", "gin.trustedproxies", "honour", "trusted_proxy",
-       "comma-separated addresses or CIDRs", "list"),
+       "addresses or CIDRs, comma- or space-separated", "list"),
     _h("--api-url", "metadata.api_url", "honour", "api_url", "same template syntax"),
     _h("--phone-home-url", "metadata.phone_home_url", "honour", "phone_home_url", "same template syntax"),
     _h("--user-state-url", "metadata.user_state_url", "honour", "user_state_url", "same template syntax"),
@@ -248,6 +248,11 @@ def _text(_name: HollowName, text: str) -> str:
     return text
 
 
+def _list(_name: HollowName, text: str) -> str:
+    """A list as pflag (commas) or viper from a variable (spaces) splits it, joined by commas."""
+    return ",".join(part for part in re.split(r"[\s,]+", text) if part)
+
+
 def _duration(name: HollowName, text: str) -> str:
     return _seconds(go_duration(name, text))
 
@@ -255,8 +260,8 @@ def _duration(name: HollowName, text: str) -> str:
 _DIRECT: dict[str, Callable[[HollowName, str], str]] = {
     "listen": _text, "oidc_audience": _text, "oidc_issuer": _text, "oidc_jwks_url": _text,
     "oidc_roles_claim": _text, "oidc_username_claim": _text, "lookup_oidc_issuer": _text,
-    "lookup_client_id": _text, "lookup_client_secret": _text, "lookup_audience": _text, "lookup_scope": _text,
-    "trusted_proxy": _text, "api_url": _text, "phone_home_url": _text, "user_state_url": _text,
+    "lookup_client_id": _text, "lookup_client_secret": _text, "lookup_audience": _text, "lookup_scope": _list,
+    "trusted_proxy": _list, "api_url": _text, "phone_home_url": _text, "user_state_url": _text,
     "shutdown_timeout": _duration,
 }
 
@@ -303,9 +308,9 @@ def _lookup(given: Mapping[str, str], notes: list[str]) -> Translated:
     if url_key is None:
         raise ConfigError(f"{BY_KEY['lookup.enabled'].named}=true needs {BY_KEY['lookup.service.url'].named} "
                           "(imds: --lookup-url / IMDS_LOOKUP_URL)")
-    values = {"lookup_url": (given[url_key], frozenset({"lookup.enabled", url_key}))}
-    if "lookup.oidc.scopes" not in given:
-        values["lookup_scope"] = (DEFAULT_SCOPES, frozenset({"lookup.enabled"}))
+    values = {"lookup_url": (given[url_key], frozenset({url_key}))}
+    if "lookup.oidc.scopes" not in given:  # hollow's default: below every given value (no keys: a variable's)
+        values["lookup_scope"] = (DEFAULT_SCOPES, frozenset())
     return values
 
 
