@@ -7,7 +7,7 @@ the services; nothing happens at import time.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 import httpx
@@ -17,6 +17,7 @@ from starlette.exceptions import HTTPException
 from imds import __version__, log
 from imds.config import Settings
 from imds.errors import AuthNotConfigured, ImdsError
+from imds.metad.luxi import serving as metad_serving
 from imds.metrics import Metrics
 from imds.services import Services
 from imds.services.admission.auth import Authenticator, Chain, NoAuth, StaticTokens
@@ -69,7 +70,8 @@ def build_app(
                 instance_id = await load_demo(services.records)
                 _log.info("demo.loaded", instance_id=instance_id, addresses=["127.0.0.1", "::1"])
             _log.info("imds.started", version=__version__, instances=len(services.catalog))
-            yield
+            async with metad_serving(services):  # --ganeti-metad-socket (imds.metad)
+                yield
         _log.info("imds.stopped")
 
     admin = FastAPI(
@@ -113,6 +115,15 @@ def build_served_app(settings: Settings) -> Bounded:
 # -- wiring: the services for Settings (nothing connects until Services.start) --------
 
 
+def _os_gone(os_records: OsRecords) -> Callable[[str, str], None]:
+    """When an OS record leaves the catalog: the vault forgets its secrets, the cipher its unreadable values."""
+    def gone(instance_id: str, generation: str) -> None:
+        os_records.vault.forget(instance_id, generation)
+        os_records.cipher.forget(instance_id)
+
+    return gone
+
+
 def build_services(
     settings: Settings, *, store: Store | None = None, http: httpx.AsyncClient | None = None
 ) -> Services:
@@ -130,7 +141,7 @@ def build_services(
         store, catalog, cipher=PrivateCipher.from_file(settings.ganeti.private_key_file),
         definitions=OsDefinitions.load(settings.ganeti.os_definitions_dir),
     )
-    catalog.on_os_gone = os_records.vault.forget  # no secret outlives its record (issue 11)
+    catalog.on_os_gone = _os_gone(os_records)  # no secret outlives its record (issue 11)
     return Services(
         settings=settings,
         store=store,
@@ -151,7 +162,7 @@ def build_services(
 
 def limits_of(settings: Settings) -> Limits:
     """The write limits configured in ``settings``."""
-    return Limits(settings.limits.max_addresses, settings.limits.max_document_depth, settings.limits.max_document_keys)
+    return Limits.of(settings.limits)
 
 
 def _signed_identity(settings: Settings) -> SignedIdentity:
@@ -161,7 +172,9 @@ def _signed_identity(settings: Settings) -> SignedIdentity:
         (settings.callers.proxy_previous_secret_file, "--proxy-previous-secret-file"),
     )
     secrets = [read_secret(path, flag) for path, flag in files if path is not None]
-    return SignedIdentity(settings.callers.trusted_proxy, secrets)
+    callers = settings.callers
+    return SignedIdentity(callers.trusted_proxy, secrets, window=callers.proxy_signature_window,
+                          accept_unstamped=callers.accept_unstamped_signatures)
 
 
 def _channel(settings: Settings, store: Store) -> Channel:

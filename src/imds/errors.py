@@ -175,6 +175,17 @@ class BadSignature(Refused):
         self.instance_id = instance_id
 
 
+class StaleSignature(BadSignature):
+    """A trusted proxy's signature verifies, but its ``X-Instance-ID-Timestamp`` is outside the window."""
+
+    def __init__(self, instance_id: str, window: int) -> None:
+        Refused.__init__(
+            self, f"X-Instance-ID-Timestamp is more than {window} s away from this server's clock for instance "
+            f"{instance_id} (a replayed header, or the proxy's clock is off)"
+        )
+        self.instance_id = instance_id
+
+
 class ProxyNotConfigured(Refused):
     """A signed instance id arrived from a trusted proxy, but ``imds serve`` has no secret to check it."""
 

@@ -9,6 +9,52 @@ from typing import Any
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+
+class SpelledIPv4Network(ipaddress.IPv4Network):
+    """A network written as an address inside it plus a prefix, as Equinix lists them (``10.70.17.9/31``).
+
+    It covers (and equals, and hashes as) the network it names (``10.70.17.8/31``), but shows
+    and is stored as sent: ``str()`` is the text that was written.
+    """
+
+    def __init__(self, text: str) -> None:
+        """The network ``text`` names (host bits allowed), remembering ``text``."""
+        super().__init__(text, strict=False)
+        self.sent = text
+
+    def __str__(self) -> str:
+        """The text as sent."""
+        return self.sent
+
+
+class SpelledIPv6Network(ipaddress.IPv6Network):
+    """``SpelledIPv4Network`` for IPv6 (``2604:1380:4641:1f00::9/127``)."""
+
+    def __init__(self, text: str) -> None:
+        """The network ``text`` names (host bits allowed), remembering ``text``."""
+        super().__init__(text, strict=False)
+        self.sent = text
+
+    def __str__(self) -> str:
+        """The text as sent."""
+        return self.sent
+
+
+def stored_network(text: str) -> Network:
+    """A stored address text → its network: a host, a CIDR, or an address with a prefix (kept as spelled)."""
+    v6 = ":" in text
+    try:  # the class picked up front: an IPv6 row skips a failed IPv4 parse
+        return ipaddress.IPv6Network(text) if v6 else ipaddress.IPv4Network(text)
+    except ValueError:  # host bits set: stored as sent
+        return SpelledIPv6Network(text) if v6 else SpelledIPv4Network(text)
+
+
+def covered(network: Network) -> str | None:
+    """The network a spelled address covers (``10.70.17.8/31`` for ``10.70.17.9/31``); None for plain ones."""
+    if isinstance(network, SpelledIPv4Network | SpelledIPv6Network):
+        return f"{network.network_address}/{network.prefixlen}"
+    return None
 JsonObject = dict[str, Any]
 
 METADATA = "metadata"
@@ -20,7 +66,8 @@ RECORD_KINDS = (METADATA, USERDATA)
 class Instance:
     """The canonical record of one instance, as the store holds it.
 
-    ``addresses`` are normalised networks (a host address is a /32 or /128).
+    ``addresses`` are normalised networks (a host address is a /32 or /128), or an address
+    with a prefix kept as sent (``SpelledIPv4Network``: ``10.70.17.9/31`` covering ``10.70.17.8/31``).
     ``metadata`` and ``userdata`` are ``None`` when that record type is absent.
     """
 

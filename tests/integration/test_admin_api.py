@@ -440,7 +440,6 @@ VALID_ID = "3f2504e0-4f89-11d3-9a0c-0305e82c3301"
             {"ipAddresses[3]"},
         ),
         ("/device-metadata", json.dumps({"id": VALID_ID, "ipAddresses": [], "metadata": "{x"}).encode(), {"metadata"}),
-        ("/device-metadata", json.dumps({"id": VALID_ID, "metadata": {}}).encode(), {"ipAddresses"}),
         (
             "/device-metadata",
             json.dumps({"id": VALID_ID, "ipAddresses": [], "metadata": {"updated_at": "later"}}).encode(),
@@ -462,7 +461,17 @@ VALID_ID = "3f2504e0-4f89-11d3-9a0c-0305e82c3301"
 )
 async def test_bad_input_is_400_naming_each_offending_field(path, raw, expected):
     """Every malformed body is a 400 with ``message`` and one ``errors`` entry per offending field."""
-    async with admin_app() as (_app, admin):
+    await _assert_each_field_named(path, raw, expected)
+
+
+async def test_a_missing_address_list_is_400_with_strict_records():
+    """--strict-records: no ``ipAddresses`` is a 400 naming it (by default it is hollow's empty list)."""
+    raw = json.dumps({"id": VALID_ID, "metadata": {}}).encode()
+    await _assert_each_field_named("/device-metadata", raw, {"ipAddresses"}, strict_records=True)
+
+
+async def _assert_each_field_named(path: str, raw: bytes, expected: set[str], **overrides: Any) -> None:
+    async with admin_app(**overrides) as (_app, admin):
         for prefix in PREFIXES:
             answer = await admin.post(prefix + path, content=raw, headers={"content-type": "application/json"})
             assert answer.status_code == 400

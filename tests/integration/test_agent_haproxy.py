@@ -9,14 +9,16 @@ that records every header it received, to see exactly what serve would be told.
 from __future__ import annotations
 
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from imds.agent.haproxy import Backend, Frontend, Haproxy, Upstream, render
+from imds.agent.haproxy import Backend, Frontend, Upstream, render
+from imds.agent.haproxyctl import Haproxy
 from imds.services.identity.tokens import FORWARDING_HEADERS
-from imds.signing import sign
+from imds.signing import sign, sign_stamped
 from serve_process import Server, client_at, free_port, serving
 from token_put_cases import (
     FORWARDING,
@@ -50,9 +52,8 @@ def _haproxy(state: Path, upstream: str) -> Iterator[Front]:
         pytest.fail("haproxy is not installed: scripts/test installs it")
     state.mkdir()
     port = free_port()
-    backends = [Backend("tap-a", (VM_A,), ALPHA, sign(SECRET, ALPHA), "tenant-a"),
-                Backend("tap-b", (VM_B,), BETA, sign(SECRET, BETA))]
-    haproxy = Haproxy(binary, state)
+    backends = [Backend("tap-a", (VM_A,), ALPHA, "tenant-a"), Backend("tap-b", (VM_B,), BETA)]
+    haproxy = Haproxy(binary, state, SECRET)
     haproxy.apply(render(Frontend(("127.0.0.1",), port=port), backends, Upstream.parse(upstream)))
     try:
         yield Front(haproxy, port)
@@ -92,19 +93,53 @@ def recorded(base: Path) -> Iterator[tuple[Front, Recorder]]:
 def test_vm_sent_identity_and_forwarding_headers_never_reach_serve(recorded: tuple[Front, Recorder]) -> None:
     """VM A forges B's signed id, a tenant and every forwarding header: upstream sees A's id and none of them."""
     front, recorder = recorded
-    forged = [("X-Instance-ID", BETA), ("X-Instance-ID-Signature", sign(SECRET, BETA)), ("X-Tenant-ID", "tenant-b"),
+    now = int(time.time())
+    forged = [("X-Instance-ID", BETA), ("X-Instance-ID-Timestamp", str(now - 3600)),
+              ("X-Instance-ID-Signature", sign_stamped(SECRET, BETA, now, "tenant-b")), ("X-Tenant-ID", "tenant-b"),
               ("X-Forwarded-For", "10.82.0.2"), ("x-forwarded-for", "10.82.0.3"), *FORWARDING, ("X-Kept", "yes")]
     for vm, instance_id, tenant in ((VM_A, ALPHA, ["tenant-a"]), (VM_B, BETA, [])):
         with client_at(vm) as client:
             answer = client.get(f"{front.url}/latest/meta-data/instance-id", headers=forged)
         assert (answer.status_code, answer.text) == (200, "ok")
         assert recorder.last("x-instance-id") == [instance_id]
-        assert recorder.last("x-instance-id-signature") == [sign(SECRET, instance_id)]
+        [stamp] = recorder.last("x-instance-id-timestamp")  # haproxy's own clock, one copy
+        assert abs(int(stamp) - time.time()) < 5
+        signature = sign_stamped(SECRET, instance_id, int(stamp), tenant[0] if tenant else None)
+        assert recorder.last("x-instance-id-signature") == [signature]
         assert recorder.last("x-tenant-id") == tenant
         assert recorder.last("x-kept") == ["yes"]  # the recorder sees the VM's other headers
         for name in FORWARDING_HEADERS:
             assert recorder.last(name) == [], name
         assert [name for name, _ in recorder.requests[-1] if name.startswith("x-forwarded-")] == []
+
+
+def test_haproxy_signs_every_request_anew_and_serve_accepts_it(front: Front, server: Server) -> None:
+    """The per-request HMAC haproxy computes verifies on serve (which accepts no unstamped signature), tenant and all.
+
+    The id alone, signed as before (what a leaked pre-stamp config held), is refused by serve.
+    """
+    for vm, instance_id in ((VM_A, ALPHA), (VM_B, BETA)):
+        with client_at(vm) as client:
+            answer = client.get(f"{front.url}/latest/meta-data/instance-id")
+        assert (answer.status_code, answer.text) == (200, instance_id)
+    with client_at("127.0.0.1") as client:  # a trusted peer replaying the old, timeless header
+        legacy = client.get(f"{server.url}/metadata",
+                            headers={"X-Instance-ID": ALPHA, "X-Instance-ID-Signature": sign(SECRET, ALPHA)})
+    assert legacy.status_code == 400
+    assert legacy.json()["errors"][0]["field"] == "X-Instance-ID-Timestamp"
+
+
+def test_after_a_reload_haproxy_still_signs_with_the_key(base: Path, server: Server) -> None:
+    """The master re-executes itself on reload: the key in its environment survives, and serve accepts."""
+    for front in _haproxy(base / "reload-state", server.url):
+        text = front.haproxy.current
+        assert text is not None
+        workers = front.haproxy.workers()
+        assert front.haproxy.apply(text.replace("# Written by imds agent", "# Written again by imds agent"))
+        assert front.haproxy.workers() != workers  # a new worker, from the re-executed master
+        with client_at(VM_A) as client:
+            answer = client.get(f"{front.url}/latest/meta-data/instance-id")
+        assert (answer.status_code, answer.text) == (200, ALPHA)
 
 
 def test_a_forged_x_forwarded_for_gets_the_vm_its_own_record(front: Front) -> None:

@@ -11,13 +11,14 @@ import ipaddress
 import json
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from helpers import wait_for
-from imds.signing import sign
+from imds.signing import sign_stamped
 from ovs_harness import (
     AgentProcess,
     Ovs,
@@ -170,7 +171,9 @@ def test_inport_mode_served_by_imds_proxy_inport(ovs, tmp_path):
                     headers = json.loads(body)["headers"]
                     assert status == 200
                     assert headers["x-instance-id"] == vm.uuid
-                    assert headers["x-instance-id-signature"] == sign(SECRET, vm.uuid)
+                    stamp = int(headers["x-instance-id-timestamp"])
+                    assert abs(stamp - time.time()) < 30
+                    assert headers["x-instance-id-signature"] == sign_stamped(SECRET, vm.uuid, stamp, vm.tenant)
                     assert headers.get("x-tenant-id") == vm.tenant
     finally:
         if proxy is not None:

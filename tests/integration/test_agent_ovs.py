@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from helpers import wait_for
-from imds.signing import sign
+from imds.signing import sign_stamped
 from ovs_harness import READY_TIMEOUT, AgentProcess, Ovs, Vm, echo_upstream, netns_exec, ovs_daemons, vms
 
 SECRET = b"agent-test-shared-secret"
@@ -102,7 +103,9 @@ def test_two_vms_with_one_ip_each_get_their_own_identity(host):
         status, headers = host.identity(vm)
         assert status == 200
         assert headers["x-instance-id"] == vm.uuid
-        assert headers["x-instance-id-signature"] == sign(SECRET, vm.uuid)
+        stamp = int(headers["x-instance-id-timestamp"])  # haproxy's clock, this request's
+        assert abs(stamp - time.time()) < 30
+        assert headers["x-instance-id-signature"] == sign_stamped(SECRET, vm.uuid, stamp, vm.tenant)
     _, headers_a = host.identity(host.vms[UUID_A])
     _, headers_b = host.identity(host.vms[UUID_B])
     assert headers_a["x-tenant-id"] == "tenant-a"
@@ -130,11 +133,13 @@ def test_client_sent_identity_headers_are_replaced(host):
     """A VM cannot claim another's identity with headers: haproxy overwrites them."""
     vm = host.vms[UUID_B]
     status, body = vm.get(METADATA, "-H", f"X-Instance-ID: {UUID_A}", "-H", "X-Instance-ID-Signature: 00",
-                          "-H", "X-Tenant-ID: tenant-a")
+                          "-H", "X-Tenant-ID: tenant-a", "-H", "X-Instance-ID-Timestamp: 1")
     assert status == 200
     headers = json.loads(body)["headers"]
     assert headers["x-instance-id"] == UUID_B
-    assert headers["x-instance-id-signature"] == sign(SECRET, UUID_B)
+    stamp = int(headers["x-instance-id-timestamp"])
+    assert abs(stamp - time.time()) < 30
+    assert headers["x-instance-id-signature"] == sign_stamped(SECRET, UUID_B, stamp)
     assert "x-tenant-id" not in headers
 
 

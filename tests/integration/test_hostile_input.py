@@ -298,8 +298,11 @@ async def test_an_oversized_body_names_its_flag():
 @pytest.mark.parametrize(("entry", "network", "host"), [("10.1.2.3/8", "10.0.0.0/8", "10.1.2.3"),
                                                          ("2001:db8::7/64", "2001:db8::/64", "2001:db8::7")])
 async def test_a_cidr_with_host_bits_is_refused_not_widened(db_url, entry, network, host):
-    """10.1.2.3/8 was stored as 10.0.0.0/8, binding 16 million callers: now 400 naming the entry."""
-    async with admin_app(db_url) as (app, admin):
+    """10.1.2.3/8 was stored as 10.0.0.0/8, binding 16 million callers: now 400 naming the entry (--strict-records).
+
+    Without --strict-records it is hollow's reading: see test_hollow_records.py.
+    """
+    async with admin_app(db_url, strict_records=True) as (app, admin):
         body = metadata_body(ips=[next_ipv4(), entry])
         problems = fields_of(await admin.post("/device-metadata", json=body))
         assert problems == {"ipAddresses[1]": f"{entry!r} has host bits set: write the network {network} "
@@ -311,8 +314,9 @@ async def test_a_document_id_must_be_the_record_id(db_url):
     """A document id other than the record id is refused; every flavor shows the record id.
 
     EC2 used to show the document's id and OpenStack the record's. The same UUID in another case is fine.
+    With --strict-records only; without, the document is stored as sent (test_hollow_records.py).
     """
-    async with admin_app(db_url) as (app, admin):
+    async with admin_app(db_url, strict_records=True) as (app, admin):
         body = metadata_body(ips=[ip := next_ipv4()])
         other = {**body, "metadata": {**body["metadata"], "id": new_id()}}
         assert fields_of(await admin.post("/device-metadata", json=other)) == {

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ import pytest
 
 from helpers import wait_for
 from imds.services.identity.tokens import FORWARDING_HEADERS
-from imds.signing import sign
+from imds.signing import sign_stamped
 from proxy_process import Proxy, proxying
 from serve_process import Server, client_at, free_port, run_imds, serving
 from token_put_cases import (
@@ -109,9 +110,11 @@ def test_userdata_and_head_pass_through(proxy: Proxy) -> None:
 
 def test_forged_identity_headers_from_the_vm_are_overwritten(proxy: Proxy) -> None:
     """VM A sends B's id with B's *valid* signature, and B's address in every forwarding header: it gets A."""
+    now = int(time.time())
     forged = {
         "X-Instance-ID": BETA,
-        "X-Instance-ID-Signature": sign(SECRET, BETA),
+        "X-Instance-ID-Timestamp": str(now),
+        "X-Instance-ID-Signature": sign_stamped(SECRET, BETA, now),
         "X-Tenant-ID": "tenant-b",
         "X-Forwarded-For": "10.81.0.2",
         "Forwarded": "for=10.81.0.2",
@@ -124,8 +127,10 @@ def test_forged_identity_headers_from_the_vm_are_overwritten(proxy: Proxy) -> No
 
 def test_identity_and_forwarding_headers_the_vm_sent_never_reach_upstream(files: dict[str, Path]) -> None:
     """What upstream receives: the proxy's one id, signature, tenant and X-Forwarded-For, none of the VM's copies."""
-    forged = [("X-Instance-ID", BETA), ("x-instance-id", BETA), ("X-Instance-ID-Signature", sign(SECRET, BETA)),
-              ("X-Tenant-ID", "tenant-b"), ("X-Forwarded-For", "10.81.0.2"), ("x-forwarded-for", "10.81.0.3"),
+    now = int(time.time())
+    forged = [("X-Instance-ID", BETA), ("x-instance-id", BETA), ("X-Instance-ID-Timestamp", str(now - 3600)),
+              ("X-Instance-ID-Signature", sign_stamped(SECRET, BETA, now, "tenant-b")), ("X-Tenant-ID", "tenant-b"),
+              ("X-Forwarded-For", "10.81.0.2"), ("x-forwarded-for", "10.81.0.3"),
               *FORWARDING, ("X-Kept", "yes")]
     with recording_upstream() as recorder:
         args = ("--upstream", recorder.url, "--shared-secret-file", str(files["secret"]), "--map", str(files["map"]))
@@ -134,7 +139,10 @@ def test_identity_and_forwarding_headers_the_vm_sent_never_reach_upstream(files:
                 answer = vm(source, running, "GET", "/latest/meta-data/instance-id", headers=forged)
                 assert (answer.status_code, answer.text) == (200, "ok")
                 assert recorder.last("x-instance-id") == [instance_id]
-                assert recorder.last("x-instance-id-signature") == [sign(SECRET, instance_id)]
+                [stamp] = recorder.last("x-instance-id-timestamp")  # the proxy's own, one copy, now
+                assert abs(int(stamp) - time.time()) < 5
+                signature = sign_stamped(SECRET, instance_id, int(stamp), tenant[0] if tenant else None)
+                assert recorder.last("x-instance-id-signature") == [signature]
                 assert recorder.last("x-tenant-id") == tenant
                 assert recorder.last("x-forwarded-for") == [source]  # the proxy's own: the peer alone
                 assert recorder.last("x-kept") == ["yes"]  # the VM's other headers pass
@@ -267,8 +275,8 @@ def test_upstream_down_is_503_with_a_body(files: dict[str, Path], tmp_path: Path
     assert answer.json() == {"message": "metadata service unavailable"}
 
 
-def test_an_upstream_that_never_answers_times_out_as_503(files: dict[str, Path], tmp_path: Path) -> None:
-    """A listener that accepts (in the kernel) but never answers: the per-request timeout ends it."""
+def test_an_upstream_that_never_answers_times_out_as_504(files: dict[str, Path], tmp_path: Path) -> None:
+    """A listener that accepts (in the kernel) but never answers: the per-request deadline ends it (504, as haproxy)."""
     with socket.socket() as silent:
         silent.bind(("127.0.0.1", 0))
         silent.listen(16)
@@ -277,8 +285,8 @@ def test_an_upstream_that_never_answers_times_out_as_503(files: dict[str, Path],
                 "--timeout", "0.5")
         with proxying(tmp_path, *args) as proxy:
             answer = vm(VM_A, proxy, "GET", "/metadata")
-    assert answer.status_code == 503
-    assert "did not answer in time" in answer.json()["message"]
+    assert answer.status_code == 504
+    assert "did not answer within 0.5 s" in answer.json()["message"]
 
 
 def test_ipv6_listener(files: dict[str, Path], server: Server, tmp_path: Path) -> None:

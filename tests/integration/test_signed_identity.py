@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -17,7 +18,7 @@ from fake_upstream import running_upstream
 from helpers import admin_client, client_from, make_settings, running_app
 from imds import config
 from imds.errors import ConfigError
-from imds.signing import sign
+from imds.signing import sign_stamped
 from imds.web.instance import InstanceFront
 
 pytestmark = pytest.mark.anyio
@@ -64,7 +65,11 @@ async def proxied_app(tmp_path: Path, *secrets: bytes, trusted: bool = True) -> 
 
 
 def signed(instance_id: str, secret: bytes = SECRET, **extra: str) -> dict[str, str]:
-    return {"X-Instance-ID": instance_id, "X-Instance-ID-Signature": sign(secret, instance_id), **extra}
+    """The headers a proxy sends now: the id, the time, and their signature (with ``X-Tenant-ID`` if in ``extra``)."""
+    now = int(time.time())
+    signature = sign_stamped(secret, instance_id, now, extra.get("X-Tenant-ID"))
+    return {"X-Instance-ID": instance_id, "X-Instance-ID-Timestamp": str(now), "X-Instance-ID-Signature": signature,
+            **extra}
 
 
 async def fetch(app: InstanceFront, path: str, peer: str = PROXY, method: str = "GET", **kwargs: Any) -> httpx.Response:
@@ -112,10 +117,11 @@ async def test_an_id_without_a_signature_is_a_400_naming_the_header(tmp_path: Pa
 
 async def test_a_bad_signature_is_a_403_logged_without_secret_or_expected_value(tmp_path: Path) -> None:
     """Signed for another id, or with another key: 403; the log names the id, never the secret or a signature."""
-    forged = sign(SECRET, BETA)
+    beta = signed(BETA)
+    forged = beta["X-Instance-ID-Signature"]
     async with proxied_app(tmp_path, SECRET) as app:
         with capture_logs() as logs:
-            swapped = await fetch(app, "/metadata", headers={"X-Instance-ID": ALPHA, "X-Instance-ID-Signature": forged})
+            swapped = await fetch(app, "/metadata", headers={**beta, "X-Instance-ID": ALPHA})
             other_key = await fetch(app, "/metadata", headers=signed(ALPHA, b"not-the-secret"))
     assert (swapped.status_code, other_key.status_code) == (403, 403)
     assert ALPHA in swapped.json()["message"]
@@ -123,7 +129,10 @@ async def test_a_bad_signature_is_a_403_logged_without_secret_or_expected_value(
     assert len(events) == 2
     assert events[0]["instance_id"] == ALPHA
     logged = json.dumps(logs, default=str)
-    for needle in (SECRET.decode(), sign(SECRET, ALPHA), forged, sign(b"not-the-secret", ALPHA)):
+    stamp = int(beta["X-Instance-ID-Timestamp"])
+    keys = (SECRET, b"not-the-secret")
+    expected = [sign_stamped(key, ALPHA, when, None) for key in keys for when in (stamp, stamp + 1)]
+    for needle in (SECRET.decode(), forged, *expected):
         assert needle not in logged
     assert ALPHA in logged
 

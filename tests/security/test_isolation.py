@@ -10,7 +10,9 @@ anywhere in the answer. Cases are grouped; each group's test id says how many it
 
 from __future__ import annotations
 
+import base64
 import ipaddress
+import json
 import secrets
 import socket
 from collections.abc import Iterator
@@ -142,7 +144,29 @@ def ipv6_groups() -> dict[str, list[Case]]:
     return {"ipv6-peer": cases}
 
 
-GROUPS = {**untrusted_groups(), **proxy_groups(), **ipv6_groups()}
+GCE_PATHS = [
+    "/computeMetadata/v1/instance/id", "/computeMetadata/v1/instance/hostname", "/computeMetadata/v1/instance/tags",
+    "/computeMetadata/v1/instance/?recursive=true", "/computeMetadata/v1/instance/attributes/user-data",
+    "/computeMetadata/v1/instance/attributes/?recursive=true&alt=text", "/computeMetadata/v1/?recursive=true",
+    "/computeMetadata/v1/instance/../instance/id", "/computeMetadata//v1/instance/hostname",
+]
+GOOGLE = ("Metadata-Flavor", "Google")
+
+
+def gce_groups() -> dict[str, list[Case]]:
+    """GCE's paths with its header, from every source, forged or relayed through the (unsigned) proxy."""
+    cases = []
+    for source in SOURCES:
+        mine = owner(source)
+        for path in GCE_PATHS:
+            cases.append(Case(source, path, (GOOGLE,), expected=mine))
+            cases += [Case(source, path, (GOOGLE, *headers), expected=mine) for headers in forged("127.0.10.2")]
+    cases += [Case(PROXY, path, (GOOGLE, ("X-Forwarded-For", "127.0.10.1")), expected=None) for path in GCE_PATHS]
+    cases += [Case("::1", path, (GOOGLE,), expected=BY_NAME["v6"]) for path in GCE_PATHS]
+    return {"gce-metadata-flavor": cases}
+
+
+GROUPS = {**untrusted_groups(), **proxy_groups(), **ipv6_groups(), **gce_groups()}
 
 
 def raw_request(server: Server, case: Case) -> bytes:
@@ -219,3 +243,22 @@ def test_an_imdsv2_token_works_only_for_the_instance_it_was_minted_for(server):
     relayed = Case(PROXY, "/latest/api/token", (("X-aws-ec2-metadata-token-ttl-seconds", "60"),
                                                  ("X-Forwarded-For", a.binding)), method="PUT")
     assert raw_request(server, relayed).startswith(b"HTTP/1.1 403")
+
+
+def test_a_gce_identity_token_names_only_the_caller(server):
+    """Each source's identity token names its own instance (sub); a stranger, a forger or the proxy gets none."""
+    path = "/computeMetadata/v1/instance/service-accounts/default/identity?audience=https://a.example&format=full"
+    for source in SOURCES:
+        mine = owner(source)
+        answer = raw_request(server, Case(source, path, (GOOGLE,)))
+        if mine is None:
+            assert answer.startswith(b"HTTP/1.1 404"), (source, answer[:200])
+            continue
+        assert answer.startswith(b"HTTP/1.1 200"), (source, answer[:200])
+        payload = answer.split(b"\r\n\r\n", 1)[1].split(b".")[1]
+        claims = json.loads(base64.urlsafe_b64decode(payload + b"==="))
+        assert claims["sub"] == claims["google"]["compute_engine"]["instance_id"] == mine.id
+        forged_answer = raw_request(server, Case(source, path, (GOOGLE, ("X-Forwarded-For", "127.0.10.2"))))
+        assert forged_answer.startswith(b"HTTP/1.1 403")
+    relayed = raw_request(server, Case(PROXY, path, (GOOGLE, ("X-Forwarded-For", "127.0.10.1"))))
+    assert relayed.startswith(b"HTTP/1.1 403")

@@ -11,31 +11,36 @@ with serve's own answer (403, ``403 - Forbidden``), before those headers are dro
 Each port may hold at most ``--max-connections-per-source`` open connections (one counter
 per port, over its Meta IPv4 and IPv6 alike, in a stick table; sources that are no port's
 share one counter); a connection over it is closed as soon as it is accepted. The
-signature is precomputed here (``imds.signing.sign``), so the shared secret is never
-written to disk; the file holds per-instance signatures and is kept mode 0600.
+signature is computed by haproxy per request (its ``hmac`` converter, 2.6+): each backend
+stamps ``X-Instance-ID-Timestamp`` with ``date`` and signs ``imds.signing.stamped_message``
+of it, the id and the tenant, so a captured header is good only within serve's
+``--proxy-signature-window``. The key reaches haproxy in its environment
+(``SIGNING_KEY_ENV``, base64, set by ``Haproxy`` for its child alone), never in the
+config or on disk; the config refuses to load without it. The file is kept mode 0600.
+
+haproxy waits ``SERVER_TIMEOUT`` for serve's answer (then 504), except for a change watch
+(any ``wait_for_change`` in the query): that one may be held ``--watch-max-timeout`` plus
+the same margin (``http-request set-timeout server``), so a legitimate long poll is never
+cut short while every other request keeps the short bound. ``timeout client`` does not
+run while haproxy waits on the server, so it needs no such exception.
 
 Usage::
 
     text = render(Frontend(...), [Backend(...)], upstream)
-    proxy = Haproxy(Path("/usr/sbin/haproxy"), state_dir)
+    proxy = Haproxy(  # imds.agent.haproxyctl
+        Path("/usr/sbin/haproxy"), state_dir, secret)
     proxy.apply(text)        # validates with `haproxy -c`, swaps the file, starts or reloads
 """
 
 from __future__ import annotations
 
 import ipaddress
-import os
 import re
-import signal
-import socket
-import subprocess
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from urllib.parse import urlsplit
 
-from imds.errors import ConfigError, HaproxyFailed
+from imds.errors import ConfigError
 from imds.services.identity.tokens import FORWARDING_HEADERS, FORWARDING_PREFIX, TOKEN_PATH_PATTERN
 
 _TOKEN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$")
@@ -43,6 +48,9 @@ READY_TIMEOUT = 15.0
 # imds serve's answer to a token PUT through a proxy (Refused, as imds.web.errors maps it).
 TOKEN_REFUSED = (403, "text/plain; charset=utf-8", "403 - Forbidden")
 STOP_TIMEOUT = 10.0
+# The shared secret, base64 (as haproxy's hmac converter wants it), in haproxy's environment only.
+SIGNING_KEY_ENV = "IMDS_HAPROXY_SIGNING_KEY"
+SERVER_TIMEOUT = 30  # seconds serve may take to answer an ordinary request; a watch gets its wait on top
 
 
 def safe_token(value: str) -> bool:
@@ -90,6 +98,8 @@ class Frontend:
     port: int = 80
     namespace: str | None = None
     max_connections_per_source: int = 32
+    watch_max_timeout: int = 300  # imds serve's --watch-max-timeout
+    server_timeout: int = SERVER_TIMEOUT
 
 
 @dataclass(frozen=True)
@@ -99,7 +109,6 @@ class Backend:
     name: str  # the OVS port, for the reader of the file
     sources: tuple[str, ...]
     instance_id: str
-    signature: str
     tenant: str | None = None
 
 
@@ -109,7 +118,7 @@ def _bind(frontend: Frontend, address: str) -> str:
     return f"    bind {shown}:{frontend.port}{namespace}"
 
 
-def _backend(index: int, backend: Backend, upstream: Upstream) -> list[str]:
+def _backend(index: int, backend: Backend, upstream: Upstream, frontend: Frontend) -> list[str]:
     tls = " ssl verify required ca-file @system-ca sni str(" + upstream.host + ")" if upstream.tls else ""
     tenant = (
         f"    http-request set-header X-Tenant-ID {backend.tenant}"
@@ -120,13 +129,48 @@ def _backend(index: int, backend: Backend, upstream: Upstream) -> list[str]:
         f"backend vm{index}",
         f"    # port {backend.name}",
         f"    http-request set-header X-Instance-ID {backend.instance_id}",
-        f"    http-request set-header X-Instance-ID-Signature {backend.signature}",
+        *_signature(backend),
         tenant,
         *(f"    http-request del-header {name}" for name in FORWARDING_HEADERS),
         f"    http-request del-header {FORWARDING_PREFIX} -m beg",
+        _watch_timeout(frontend),
         f"    server imds {upstream.address}{tls}",
         "",
     ]
+
+
+def _signing_key() -> list[str]:
+    """Load the signing key from haproxy's environment into ``proc.imds_key``; refuse to start without it."""
+    return [
+        f"    .if !defined({SIGNING_KEY_ENV})",
+        f'        .alert "{SIGNING_KEY_ENV} is not set: imds agent starts haproxy with the signing key"',
+        "    .endif",
+        f"    set-var proc.imds_key env({SIGNING_KEY_ENV})",
+    ]
+
+
+def _signature(backend: Backend) -> list[str]:
+    r"""Stamp the request with haproxy's clock and sign ``"<date>\n<id>\n<tenant>"`` (``imds.signing``).
+
+    The date is taken once per request (``txn.imds_ts``), so the header and the signature agree.
+    """
+    rest = f"\\n{backend.instance_id}\\n{backend.tenant or ''}"
+    return [
+        "    http-request set-var(txn.imds_ts) date",
+        "    http-request set-header X-Instance-ID-Timestamp %[var(txn.imds_ts)]",
+        (f'    http-request set-header X-Instance-ID-Signature %[var(txn.imds_ts),concat("{rest}"),'
+         "hmac(sha256,proc.imds_key),hex,lower]"),
+    ]
+
+
+def _watch_timeout(frontend: Frontend) -> str:
+    """A change watch may be held ``watch_max_timeout`` on top of the ordinary server timeout.
+
+    Any ``wait_for_change`` parameter counts (haproxy's ``url_param`` reads the first one,
+    serve the last): a ``false`` one is answered at once by serve anyway.
+    """
+    seconds = frontend.watch_max_timeout + frontend.server_timeout
+    return f"    http-request set-timeout server {seconds}s if {{ url_param(wait_for_change) -m found }}"
 
 
 def _per_source_cap(ports: int, limit: int) -> list[str]:
@@ -168,12 +212,13 @@ def render(frontend: Frontend, backends: Sequence[Backend], upstream: Upstream) 
         "# Written by imds agent: regenerated whenever the VM ports change. Do not edit.",
         "global",
         "    maxconn 4096",
+        *_signing_key(),
         "",
         "defaults",
         "    mode http",
         "    timeout connect 5s",
         "    timeout client 30s",
-        "    timeout server 30s",
+        f"    timeout server {frontend.server_timeout}s",
         "    timeout http-request 10s",
         "    option idle-close-on-response",
         "",
@@ -195,163 +240,5 @@ def render(frontend: Frontend, backends: Sequence[Backend], upstream: Upstream) 
         "",
     ]
     for index, backend in enumerate(ordered):
-        lines += _backend(index, backend, upstream)
+        lines += _backend(index, backend, upstream, frontend)
     return "\n".join(lines)
-
-
-class Haproxy:
-    """One haproxy master (``-W -S master.sock``) run as a child of the agent, config under ``state_dir``."""
-
-    def __init__(self, binary: str, state_dir: Path) -> None:
-        self.binary = binary
-        self.state_dir = state_dir.resolve()
-        self.config = self.state_dir / "haproxy.cfg"
-        self.socket = self.state_dir / "haproxy-master.sock"
-        self.log = self.state_dir / "haproxy.log"
-        self.process: subprocess.Popen[bytes] | None = None
-        self.current: str | None = None
-
-    def check(self, text: str) -> None:
-        """``haproxy -c`` on ``text``; HaproxyFailed with haproxy's own words when it refuses."""
-        candidate = self.state_dir / "haproxy.cfg.new"
-        _write_private(candidate, text)
-        try:
-            result = subprocess.run(  # noqa: S603 - the configured haproxy binary on our own file
-                [self.binary, "-c", "-q", "-f", str(candidate)], capture_output=True, text=True, timeout=30, check=False
-            )
-        except OSError as exc:
-            raise HaproxyFailed(f"cannot run {self.binary}: {exc.strerror}") from exc
-        if result.returncode != 0:
-            candidate.unlink(missing_ok=True)
-            raise HaproxyFailed(f"haproxy refused the rendered config: {(result.stderr or result.stdout).strip()}")
-
-    def apply(self, text: str) -> bool:
-        """Validate, swap in atomically and start or reload; False when ``text`` is what runs already."""
-        if text == self.current and self.running:
-            return False
-        self.check(text)
-        (self.state_dir / "haproxy.cfg.new").replace(self.config)
-        if self.running:
-            self.reload()
-        else:
-            self.start()
-        self.current = text
-        return True
-
-    @property
-    def running(self) -> bool:
-        """Whether the master process is alive."""
-        return self.process is not None and self.process.poll() is None
-
-    def start(self) -> None:
-        """Start the master and wait until it reports a worker; HaproxyFailed with its log otherwise."""
-        self._stop_leftover()
-        self.socket.unlink(missing_ok=True)
-        with self.log.open("ab") as sink:
-            self.process = subprocess.Popen(  # noqa: S603 - the configured haproxy binary
-                [self.binary, "-W", "-S", f"{self.socket},mode,600", "-f", str(self.config)],
-                stdin=subprocess.DEVNULL, stdout=sink, stderr=subprocess.STDOUT,
-            )
-        self._wait_worker(exclude=set())
-
-    def _stop_leftover(self) -> None:
-        """Stop a master a killed agent left behind (it still answers on our socket), by its PID."""
-        if not self.socket.exists():
-            return
-        try:
-            text = self.command("show proc")
-        except OSError:
-            return  # a stale socket file: nobody is listening
-        for line in text.splitlines():
-            fields = line.split()
-            if len(fields) >= 2 and fields[1] == "master" and fields[0].isdigit():
-                pid = int(fields[0])
-                os.kill(pid, signal.SIGTERM)
-                deadline = time.monotonic() + STOP_TIMEOUT
-                while _alive(pid) and time.monotonic() < deadline:
-                    time.sleep(0.05)
-
-    def workers(self) -> set[int]:
-        """PIDs of the current (not old) workers, from the master CLI's ``show proc``."""
-        text = self.command("show proc")
-        current: set[int] = set()
-        section = "master"
-        for line in text.splitlines():
-            if line.startswith("#"):  # "# workers", "# old workers", "# programs"
-                section = line.lstrip("#").strip()
-                continue
-            fields = line.split()
-            if section == "workers" and len(fields) >= 2 and fields[1] == "worker" and fields[0].isdigit():
-                current.add(int(fields[0]))
-        return current
-
-    def command(self, line: str) -> str:
-        """One command on the master CLI socket; its answer."""
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-            sock.settimeout(5.0)
-            sock.connect(str(self.socket))
-            sock.sendall(line.encode() + b"\n")
-            sock.shutdown(socket.SHUT_WR)  # the master CLI answers and closes once the input ends
-            chunks = []
-            while chunk := sock.recv(65536):
-                chunks.append(chunk)
-        return b"".join(chunks).decode(errors="replace")
-
-    def reload(self) -> None:
-        """Master-worker reload: a new worker takes the listeners, the old one finishes its requests."""
-        before = self.workers()
-        try:
-            self.command("reload")
-        except OSError as exc:
-            raise HaproxyFailed(f"haproxy master socket {self.socket}: {exc.strerror}") from exc
-        self._wait_worker(exclude=before)
-
-    def _wait_worker(self, exclude: set[int]) -> None:
-        deadline = time.monotonic() + READY_TIMEOUT
-        while time.monotonic() < deadline:
-            if not self.running:
-                raise HaproxyFailed(f"haproxy exited: {self._tail()}")
-            try:
-                if self.workers() - exclude:
-                    return
-            except OSError:
-                pass  # the master socket is not there yet, or is being re-created by the reload
-            time.sleep(0.05)
-        raise HaproxyFailed(f"haproxy started no new worker within {READY_TIMEOUT}s: {self._tail()}")
-
-    def tail(self) -> str:
-        """The end of haproxy's own log."""
-        return self._tail()
-
-    def _tail(self) -> str:
-        return self.log.read_text(errors="replace")[-2000:].strip() if self.log.exists() else ""
-
-    def stop(self) -> None:
-        """Stop the master (and its workers) by PID."""
-        if self.process is None:
-            return
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=STOP_TIMEOUT)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=STOP_TIMEOUT)
-        self.process = None
-        self.current = None
-
-
-def _alive(pid: int) -> bool:
-    """Whether ``pid`` still runs; an exited process waiting to be reaped by init counts as gone."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
-
-
-def _write_private(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` with mode 0600 from the start (it holds signatures)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as handle:
-        handle.write(text)

@@ -22,12 +22,12 @@ from imds import log
 from imds.agent import flows
 from imds.agent.allocate import Meta, Pool, allocate
 from imds.agent.command import run
-from imds.agent.haproxy import Backend, Frontend, Haproxy, Upstream, render, safe_token
+from imds.agent.haproxy import Backend, Frontend, Upstream, render, safe_token
+from imds.agent.haproxyctl import Haproxy
 from imds.agent.metaport import MetaPort
 from imds.agent.ovsdb import Ovsdb, Snapshot, VmPort
 from imds.config import AgentSettings
 from imds.errors import AgentError, OvsCommandFailed
-from imds.signing import sign
 
 PATCH_INT = "imds-int-patch"  # on the integration bridge
 PATCH_META = "imds-meta-patch"  # on the metadata bridge
@@ -72,7 +72,7 @@ class Agent:
             (f"{flows.INPORT_BASE}/16",) if inport else (),
         )
         settings.state_dir.mkdir(parents=True, exist_ok=True)
-        self.haproxy = None if inport else Haproxy(settings.haproxy_bin, Path(settings.state_dir))
+        self.haproxy = None if inport else Haproxy(settings.haproxy_bin, Path(settings.state_dir), secret)
         self.applied = _Applied()
 
     # -- the metadata bridge, patch ports and tap-meta -------------------------------------------
@@ -194,11 +194,11 @@ class Agent:
             if not safe_token(port.vm_uuid):
                 self.log.error("agent.bad_vm_uuid", port=port.name, reason="characters haproxy cannot carry")
                 continue
-            backends.append(Backend(port.name, (str(item.meta.ip), str(item.meta.ip6)), port.vm_uuid,
-                                    sign(self.secret, port.vm_uuid), tenant))
+            backends.append(Backend(port.name, (str(item.meta.ip), str(item.meta.ip6)), port.vm_uuid, tenant))
         gw = self.pool.gateway
         frontend = Frontend((str(gw.ip), str(gw.ip6)), namespace=self.settings.meta_netns,
-                            max_connections_per_source=self.settings.max_connections_per_source)
+                            max_connections_per_source=self.settings.max_connections_per_source,
+                            watch_max_timeout=self.settings.watch_max_timeout)
         if self.haproxy.apply(render(frontend, backends, self.upstream)):
             self.log.info("agent.haproxy_applied", backends=len(backends))
 

@@ -13,7 +13,7 @@ from typing import Any
 import click
 
 from imds.cli.options import settings_options
-from imds.config import COMMANDS, Command, effective
+from imds.config import COMMANDS, SERVE, Command, effective
 from imds.errors import ConfigError
 
 
@@ -25,7 +25,7 @@ def config() -> None:
 def _show(command: Command[Any]) -> click.Command:
     """The ``show`` subcommand for ``command``: its flags, ``--config`` and ``-o``."""
 
-    @settings_options(table=command.table)
+    @settings_options(table=command.table, hollow=command is SERVE)
     @click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table", show_default=True,
                   help="table, or json ([{name, value, source}]).")
     def show(output: str, **flags: Any) -> None:

@@ -52,13 +52,13 @@ def render_table(body: dict[str, Any]) -> str:
     """The explanation for people."""
     lines = [f"query        {body['query']}"]
     if body["instance_id"] is None:
-        lines.append("instance     none: no stored entry contains it" + (
-            "" if body["upstream"].get("known") is False else " and the upstream lookup has not answered for it"))
+        lines.append(f"instance     none: {body.get('why') or 'no stored entry contains it'}")
     else:
         lines.append(f"instance     {body['instance_id']} (by {body['resolved_by']})")
     if body["matched"]:
         match = body["matched"]
-        lines.append(f"entry        {match['entry']} ({match['kind']}, /{match['prefix']}: the longest prefix)")
+        covers = f", covering {match['covers']}" if match.get("covers") else ""
+        lines.append(f"entry        {match['entry']} ({match['kind']}, /{match['prefix']}{covers}: the longest prefix)")
     lines += [f"also in      {e['entry']} ({e['kind']}, held by {e['instance_id']})" for e in body["also_containing"]]
     upstream = body["upstream"]
     if upstream.get("known") is False:

@@ -7,7 +7,7 @@ from typing import Any, TypeVar
 
 import click
 
-from imds.config import CONFIG_OPTION, OPTIONS, SERVE, Command, Option, Settings, load_command
+from imds.config import ALIASED, CONFIG_OPTION, OPTIONS, SERVE, Command, HollowName, Option, Settings, load_command
 from imds.errors import ConfigError
 
 T = TypeVar("T")
@@ -29,11 +29,26 @@ def _decorator(option: Option) -> Callable[[Any], Any]:
     )
 
 
-def settings_options(names: tuple[str, ...] | None = None, table: tuple[Option, ...] = OPTIONS) -> Callable[[Any], Any]:
-    """Add ``--config`` and the flags for ``names`` (all options of ``table`` when None) to a click command."""
+def _hollow_decorator(name: HollowName) -> Callable[[Any], Any]:
+    """A hidden option taking hollow's spelling of a flag, as pflag reads it (``--db-enabled=false``, ``--debug``)."""
+    flag = name.flag or name.param
+    if name.kind == "bool":
+        return click.option(flag, name.param, is_flag=False, flag_value="true", default=None, hidden=True)
+    return click.option(flag, name.param, default=None, multiple=name.kind == "list", hidden=True)
+
+
+def settings_options(
+    names: tuple[str, ...] | None = None, table: tuple[Option, ...] = OPTIONS, *, hollow: bool = False,
+) -> Callable[[Any], Any]:
+    """Add ``--config`` and the flags for ``names`` (all options of ``table`` when None) to a click command.
+
+    ``hollow``: also hollow-metadataservice's flags spelled unlike imds's, hidden (``imds.config.hollow``).
+    """
     chosen = [CONFIG_OPTION, *(o for o in table if names is None or o.name in names)]
 
     def apply(command: Any) -> Any:
+        for name in ALIASED if hollow else ():
+            command = _hollow_decorator(name)(command)
         for option in reversed(chosen):
             command = _decorator(option)(command)
         return command

@@ -62,6 +62,20 @@ class Target:
         if self.remote is not None:
             self.remote.close()
 
+    def migrate(self) -> None:
+        """Migrate the database, as ``imds serve`` does at start-up (a new or empty one gets its tables).
+
+        Not for ``--url`` or ``memory://``, nor with ``IMDS_MIGRATE=false``.
+        """
+        if self.remote is not None or not self.settings.store.migrate or self.db_url.startswith("memory://"):
+            return
+        from imds.services import schema  # noqa: PLC0415 - Alembic loads only when a database is used
+
+        try:
+            schema.upgrade(self.db_url)
+        except ImdsError as exc:
+            raise click.ClickException(exc.message) from exc
+
     def offline(self, action: Callable[[OfflineRecords], Awaitable[T]]) -> T:
         """Run ``action`` on the database's records, with imds errors as one-line CLI errors."""
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 from typing import Any
 
@@ -11,7 +12,7 @@ from imds import log
 from imds.cli import servers
 from imds.cli.listen import listen_addresses
 from imds.cli.options import resolve, settings_options
-from imds.config import Settings
+from imds.config import SERVE, Settings
 from imds.errors import ImdsError
 
 
@@ -54,7 +55,9 @@ def bind(host: str, port: int, *, hop_limit: int = 0) -> socket.socket:
 def run(settings: Settings) -> None:
     """Migrate if asked, bind every listen address, and serve until SIGINT/SIGTERM."""
     from imds.app import build_served_app  # noqa: PLC0415 - the app stack loads only when serving
+    from imds.metad.luxi import check_workers  # noqa: PLC0415 - as above
 
+    check_workers(settings)
     logger = log.get("serve")
     if settings.store.migrate and not settings.store.db.startswith("memory://"):
         from imds.services import schema  # noqa: PLC0415 - Alembic loads only when a database is used
@@ -84,11 +87,16 @@ def run(settings: Settings) -> None:
 
 
 @click.command()
-@settings_options()
+@settings_options(hollow=True)
 def serve(**flags: Any) -> None:
-    """Serve instance metadata (all flavors) and the admin API."""
+    """Serve instance metadata (all flavors) and the admin API.
+
+    hollow-metadataservice's flags and METADATASERVICE_* variables are read too (docs/hollow.md).
+    """
     settings = resolve(flags)
     log.configure(settings.logging.log_level)
+    for note in SERVE.aliases_of(flags, os.environ).notes:
+        log.get("serve").info("hollow.setting", note=note)
     try:
         run(settings)
     except ImdsError as exc:

@@ -1,137 +1,147 @@
 """``imds import`` and ``imds export``: whole fleets in the upsert wire format, on the database or a server.
 
-Input: JSON lines, a JSON array, or a directory of per-instance ``*.json`` files, each
-object one instance (``id``, ``ipAddresses``, ``metadata`` and/or ``userdata``, as ``imds
-export`` writes and ``POST /device-metadata`` / ``/device-userdata`` take). Items go in
+Input: JSON lines, a JSON array (read one element at a time), or a directory of per-instance
+``*.json`` files, each object one instance (``id``, ``ipAddresses``, ``metadata`` and/or
+``userdata``, as ``imds export`` writes and ``POST /device-metadata`` / ``/device-userdata``
+take), held to the admin API's limits. The source is read twice: first to check that it can
+be read at all (UTF-8, parseable: otherwise nothing is written) and to find ids given twice
+(a warning naming both lines; ``--strict`` rejects the file), then to write. Items go in
 batches, each one transaction (``imds.services.records.bulk``); an item that would change nothing
 is ``unchanged`` and not written, so a re-run reports everything unchanged. Progress goes to
 stderr (a bar on a terminal, a line every few seconds otherwise); the summary and every
-rejected item (with its line and reason) go to stdout.
+rejected item (with its line and reason) go to stdout; warnings (an id twice, an address with
+host bits set, a secret OS value an offline import cannot keep) to stderr.
+
+``--from-hollow DSN`` reads a hollow-metadataservice database instead of SOURCE
+(``imds.cli.hollow``): its ids are unique, so it is read once (twice with ``--strict``), and
+its instance count is the total. On the database, a new or empty one is migrated before the
+first write, as ``imds serve`` does at start-up (``IMDS_MIGRATE=false`` turns that off).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import shutil
 import sys
-import time
+import tempfile
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any, TextIO
 
 import click
 
+from imds.cli.options import settings_options
+from imds.cli.progress import Progress
 from imds.cli.records import SUBJECT, Target, target_options
+from imds.config import OPTIONS
 from imds.errors import InvalidInput
-from imds.services.records.bulk import OUTCOMES, Item, Result, parse_item, rejected
+from imds.services.records.bulk import OUTCOMES, Item, Result, item_notes, parse_item, rejected
+from imds.services.records.limits import Limits
+from imds.services.records.source import Raw, UnreadableInput, read_path, read_stream
+
+if TYPE_CHECKING:
+    from imds.cli.hollow import HollowItems
 
 BATCH_BYTES = 512 * 1024  # per POST /device-records, under the default --max-body-bytes (1 MiB)
+SHOWN_NOTES = 20  # warning lines of one kind shown before they are only counted
 
 
-def read_objects(source: str) -> Iterator[tuple[str, Any]]:
-    """(label, parsed object or InvalidInput) for each item of a JSON-lines file, JSON array or directory."""
-    if source != "-" and Path(source).is_dir():
-        for path in sorted(Path(source).glob("*.json")):
-            yield path.name, _decode(path.read_text(encoding="utf-8"))
-        return
-    stream: IO[str] = sys.stdin if source == "-" else Path(source).open(encoding="utf-8")  # noqa: SIM115 - closed below
-    try:
-        first = _first_char(stream)
-        if first == "[":
-            whole = _decode(first + stream.read())
-            if isinstance(whole, InvalidInput):
-                yield "line 1", whole
-                return
-            for number, obj in enumerate(whole if isinstance(whole, list) else [whole], 1):
-                yield f"item {number}", obj
+class Source:
+    """An import source that can be read more than once (stdin is spooled to a temporary file first)."""
+
+    def __init__(self, source: str) -> None:
+        self._path = None if source == "-" else Path(source)
+        self._spool: IO[bytes] | None = None
+        if self._path is None:
+            self._spool = tempfile.SpooledTemporaryFile(max_size=8 * 1024 * 1024)  # noqa: SIM115 - closed in close()
+            shutil.copyfileobj(sys.stdin.buffer, self._spool)
+
+    def items(self) -> Iterator[Raw]:
+        """The source's items from the start (see ``imds.services.records.source``)."""
+        if self._path is not None:
+            return read_path(self._path)
+        assert self._spool is not None  # noqa: S101 - set for stdin
+        self._spool.seek(0)
+        return read_stream(self._spool)
+
+    def close(self) -> None:
+        """Drop the spooled copy of stdin."""
+        if self._spool is not None:
+            self._spool.close()
+
+
+class Survey:
+    """The first pass over a source: how many items, the ids given twice, and (``--strict``) every rejection."""
+
+    def __init__(self, raws: Iterator[Raw], parse: Callable[[Raw], Item], *, strict: bool) -> None:
+        self.count = 0
+        self.twice: list[tuple[str, Raw, Raw]] = []
+        self.rejections: list[Result] = []
+        first: dict[str, Raw] = {}
+        for raw in raws:  # UnreadableInput goes up: the import stops before writing anything
+            self.count += 1
+            instance_id = raw.value.get("id") if isinstance(raw.value, dict) else None
+            if isinstance(instance_id, str):
+                seen = first.setdefault(instance_id.lower(), raw)
+                if seen is not raw:
+                    self.twice.append((instance_id.lower(), seen, raw))
+            if strict:
+                self._check(raw, parse)
+        if strict:
+            self.rejections += [Result(again.label, instance_id, "rejected",
+                                       f"id: the same id as {seen.where} (--strict: each id once)")
+                                for instance_id, seen, again in self.twice]
+
+    def _check(self, raw: Raw, parse: Callable[[Raw], Item]) -> None:
+        if isinstance(raw.value, InvalidInput):
+            self.rejections.append(rejected(raw.label, None, raw.value))
             return
-        for number, line in enumerate((first + stream.readline(), *stream), 1):
-            if line.strip():
-                yield f"line {number}", _decode(line)
-    finally:
-        if stream is not sys.stdin:
-            stream.close()
+        try:
+            parse(raw)
+        except InvalidInput as exc:
+            self.rejections.append(rejected(raw.label, raw.value, exc))
 
 
-def count_items(source: str) -> int | None:
-    """How many items ``source`` holds, when that is cheap to know (None for stdin)."""
-    if source == "-":
-        return None
-    path = Path(source)
-    if path.is_dir():
-        return sum(1 for _ in path.glob("*.json"))
-    with path.open(encoding="utf-8") as stream:
-        if _first_char(stream) == "[":
-            return None  # counted when parsed
-        stream.seek(0)
-        return sum(1 for line in stream if line.strip())
+class Notes:
+    """Warning lines on stderr: the first few of each kind, then only a count."""
+
+    def __init__(self) -> None:
+        self._counts: Counter[str] = Counter()
+
+    def say(self, kind: str, text: str) -> None:
+        """One warning of ``kind``."""
+        self._counts[kind] += 1
+        if self._counts[kind] <= SHOWN_NOTES:
+            click.echo(f"warning: {text}", err=True)
+
+    def close(self) -> None:
+        """How many of each kind were not shown."""
+        for kind, count in sorted(self._counts.items()):
+            if count > SHOWN_NOTES:
+                click.echo(f"warning: … and {count - SHOWN_NOTES} more {kind} warnings", err=True)
 
 
-def _first_char(stream: IO[str]) -> str:
-    while (char := stream.read(1)) and char.isspace():
-        pass
-    return char
-
-
-def _decode(text: str) -> Any:
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        return InvalidInput.one("json", f"not valid JSON: {exc.msg} at column {exc.colno}")
-
-
-class Progress:
-    """A rich bar with rate and ETA on a terminal; otherwise a plain line every ``interval`` seconds."""
-
-    def __init__(self, total: int | None, *, interval: float, clock: Callable[[], float] = time.monotonic) -> None:
-        self._total, self._interval, self._clock = total, interval, clock
-        self._done = 0
-        self._started = self._last = clock()
-        self._bar: Any = None
-        if sys.stderr.isatty():
-            from rich import progress as rich_progress  # noqa: PLC0415 - rich loads only on a terminal
-            from rich.console import Console  # noqa: PLC0415
-
-            self._bar = rich_progress.Progress(
-                rich_progress.TextColumn("importing"), rich_progress.BarColumn(), rich_progress.MofNCompleteColumn(),
-                rich_progress.TaskProgressColumn(), rich_progress.TextColumn("{task.fields[rate]}/s"),
-                rich_progress.TimeRemainingColumn(), transient=True, console=Console(stderr=True),
-            )
-            self._task = self._bar.add_task("import", total=total, rate="-")
-            self._bar.start()
-
-    def advance(self, count: int) -> None:
-        """``count`` more items are done."""
-        self._done += count
-        now = self._clock()
-        rate = self._done / max(now - self._started, 1e-9)
-        if self._bar is not None:
-            self._bar.update(self._task, advance=count, rate=f"{rate:.0f}")
-        elif now - self._last >= self._interval:
-            self._last = now
-            of = f"/{self._total}" if self._total is not None else ""
-            click.echo(f"imds import: {self._done}{of} items ({rate:.0f}/s)", err=True)
-
-    def close(self) -> float:
-        """Stop the bar; the seconds taken."""
-        if self._bar is not None:
-            self._bar.stop()
-        return self._clock() - self._started
-
-
-def _batches(objects: Iterator[tuple[str, Any]], size: int, rejections: list[Result]) -> Iterator[list[Item]]:
+def _batches(
+    raws: Iterator[Raw], size: int, rejections: list[Result], parse: Callable[[Raw], Item],
+    notes: Callable[[Item], None],
+) -> Iterator[list[Item]]:
     batch: list[Item] = []
     weight = 0
-    for label, obj in objects:
-        if isinstance(obj, InvalidInput):
-            rejections.append(rejected(label, None, obj))
+    for raw in raws:
+        if isinstance(raw.value, InvalidInput):
+            rejections.append(rejected(raw.label, None, raw.value))
             continue
         try:
-            batch.append(parse_item(obj, label=label))
+            item = parse(raw)
         except InvalidInput as exc:
-            rejections.append(rejected(label, obj, exc))
+            rejections.append(rejected(raw.label, raw.value, exc))
             continue
-        weight += len(json.dumps(obj))
+        notes(item)
+        batch.append(item)
+        weight += len(json.dumps(raw.value))
         if len(batch) >= size or weight >= BATCH_BYTES:
             yield batch
             batch, weight = [], 0
@@ -147,57 +157,118 @@ def _remote_batch(target: Target, items: list[Item], objects: list[Any], *, dry_
 
 
 @click.command(name="import")
-@click.argument("source", type=click.Path(allow_dash=True, exists=False))
+@click.argument("source", required=False, type=click.Path(allow_dash=True, exists=False))
 @target_options
+@settings_options(("strict_records", "max_body_bytes"), table=tuple(o for o in OPTIONS if o.group == "limits"))
+@click.option("--from-hollow", "hollow", metavar="DSN", default=None,
+              help="Read a hollow-metadataservice database (postgresql://USER@HOST:PORT/DB) instead of SOURCE; "
+                   "its password from PGPASSWORD or ~/.pgpass (flags show in ps).")
 @click.option("--dry-run", is_flag=True, help="Compare and report; write nothing.")
-@click.option("--strict", is_flag=True, help="Check every item first; write nothing if any is rejected.")
+@click.option("--strict", is_flag=True,
+              help="Check every item first; write nothing if any is rejected or an id is given twice.")
 @click.option("--batch-size", type=click.IntRange(1, 10000), default=1000, show_default=True,
               help="Items per transaction.")
 @click.option("--progress-interval", type=float, default=5.0, show_default=True, hidden=True,
               help="Seconds between plain progress lines when stderr is not a terminal.")
-def import_(
-    source: str, dry_run: bool, strict: bool, batch_size: int, progress_interval: float, **flags: Any,
+def import_(  # noqa: PLR0913, PLR0917 - click passes every option
+    source: str | None, hollow: str | None, dry_run: bool, strict: bool, batch_size: int, progress_interval: float,
+    **flags: Any,
 ) -> None:
-    """Create or replace instances from SOURCE: a JSON-lines file, a JSON array, a directory of *.json, or -."""
-    if source != "-" and not Path(source).exists():
+    """Create or replace instances from SOURCE: a JSON-lines file, a JSON array, a directory of *.json, or -.
+
+    The whole source is read once before anything is written: input that is not UTF-8 or
+    that the JSON parser cannot take stops the import (naming the line) with nothing written,
+    and an id given twice is reported (the later item wins; --strict rejects the file). Items
+    are held to the admin API's limits (--max-body-bytes, --strict-records ...).
+
+    Or from a hollow-metadataservice database with --from-hollow DSN (and no SOURCE).
+    """
+    if (source is None) == (hollow is None):
+        raise click.UsageError("give SOURCE or --from-hollow DSN (one of them)")
+    if source is not None and source != "-" and not Path(source).exists():
         raise click.BadParameter(f"{source} does not exist", param_hint="SOURCE")
     rejections: list[Result] = []
     results: list[Result] = []
     with Target(flags) as target:
-        objects = list(read_objects(source)) if strict else None  # --strict checks everything first
-        if strict:
-            list(_batches(iter(objects or []), batch_size, rejections))
-            if rejections:
-                _report([], rejections, dry_run=True, strict=True)
+        limits = Limits.of(target.settings.limits)
+        os_bytes = target.settings.ganeti.os_param_max_bytes
+
+        def parse(raw: Raw) -> Item:
+            return parse_item(raw.value, label=raw.label, max_os_value_bytes=os_bytes, limits=limits)
+
+        opened = _open(source, hollow, batch_size)
+        try:  # hollow's ids are unique: its items are checked first only for --strict
+            survey = _survey(opened, parse, strict=strict) if hollow is None or strict else None
+            if strict and survey is not None and survey.rejections:
+                _report([], survey.rejections, dry_run=True, strict=True)
                 raise SystemExit(1)
-        progress = Progress(count_items(source) if objects is None else len(objects), interval=progress_interval)
-        try:
-            results = _run(target, iter(objects) if objects is not None else read_objects(source), batch_size,
-                           rejections, progress, dry_run=dry_run)
+            if not dry_run:
+                target.migrate()
+            notes = Notes()
+            offline = target.remote is None
+
+            def note(item: Item) -> None:
+                for text in item_notes(item, offline=offline):
+                    notes.say(text.split(":", 1)[0].split(".", 1)[0], f"{item.label} ({item.id}): {text}")
+
+            if isinstance(opened, Source):
+                total, read = (survey.count if survey is not None and source != "-" else None), None
+            else:
+                total, read = opened.total, opened.read
+            progress = Progress(total, interval=progress_interval, read=read)
+            try:
+                results = _run(target, _batches(opened.items(), batch_size, rejections, parse, note), rejections,
+                               progress, dry_run=dry_run)
+            finally:
+                seconds = progress.close()
+                notes.close()
         finally:
-            seconds = progress.close()
+            opened.close()
     _report(results, rejections, dry_run=dry_run, strict=False, seconds=seconds)
     if rejections:
         raise SystemExit(1)
 
 
-def _run(  # noqa: PLR0913 - the pieces of one import
-    target: Target, objects: Iterator[tuple[str, Any]], batch_size: int, rejections: list[Result],
-    progress: Progress, *, dry_run: bool,
+def _open(source: str | None, hollow: str | None, page_size: int) -> Source | HollowItems:
+    """The source to read: SOURCE, or the hollow database (connected and counted; asyncpg loads only for it)."""
+    if hollow is None:
+        assert source is not None  # noqa: S101 - import_ checks that one is given
+        return Source(source)
+    from imds.cli.hollow import HollowItems  # noqa: PLC0415
+
+    return HollowItems(hollow, page_size=page_size)
+
+
+def _survey(opened: Source | HollowItems, parse: Callable[[Raw], Item], *, strict: bool) -> Survey:
+    """The first pass; unreadable input ends the import here, before anything is written."""
+    try:
+        survey = Survey(opened.items(), parse, strict=strict)
+    except UnreadableInput as exc:
+        raise click.ClickException(f"{exc.message} (nothing was written)") from exc
+    for instance_id, seen, again in survey.twice:
+        click.echo(f"warning: instance {instance_id} is given twice: {seen.where} and {again.where}"
+                   + (" (--strict: the file is rejected)" if strict else " (the later one wins)"), err=True)
+    return survey
+
+
+def _run(
+    target: Target, batches: Iterator[list[Item]], rejections: list[Result], progress: Progress, *, dry_run: bool,
 ) -> list[Result]:
     results: list[Result] = []
     if target.remote is not None:
-        for batch in _batches(objects, batch_size, rejections):
+        for batch in batches:
             wire = [_item_object(item) for item in batch]
-            results += _remote_batch(target, batch, wire, dry_run=dry_run)
-            progress.advance(len(batch))
+            done = _remote_batch(target, batch, wire, dry_run=dry_run)
+            results += done
+            progress.advance(len(batch), done, rejected=len(rejections))
         return results
 
     async def run(offline: Any) -> list[Result]:
         done: list[Result] = []
-        for batch in _batches(objects, batch_size, rejections):
-            done += await offline.upsert(batch, subject=SUBJECT, dry_run=dry_run)
-            progress.advance(len(batch))
+        for batch in batches:
+            written = await offline.upsert(batch, subject=SUBJECT, dry_run=dry_run)
+            done += written
+            progress.advance(len(batch), written, rejected=len(rejections))
         return done
 
     return target.offline(run)
@@ -278,16 +349,23 @@ def export(destination: str, fmt: str, no_private: bool, **flags: Any) -> None:
 
 
 def _write(records: Iterator[dict[str, Any]], destination: str, fmt: str) -> int:
-    """Stream ``records`` out as ``fmt``; how many were written."""
+    """Stream ``records`` out as ``fmt``; how many were written.
+
+    What is written may hold private values: files are created 0600 (a ``dir`` folder
+    made here 0700) from the start, and a file appears whole or not at all.
+    """
     count = 0
     if fmt == "dir":
         folder = Path(destination)
-        folder.mkdir(parents=True, exist_ok=True)
+        if not folder.exists():
+            folder.mkdir(mode=0o700, parents=True)
         for record in records:
-            (folder / f"{record['id']}.json").write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+            with _private_file(folder / f"{record['id']}.json") as out:
+                out.write(json.dumps(record, indent=2, sort_keys=True) + "\n")
             count += 1
         return count
-    with click.open_file(destination, "w", encoding="utf-8", atomic=destination != "-") as out:
+    stdout: contextlib.AbstractContextManager[TextIO] = contextlib.nullcontext(sys.stdout)
+    with stdout if destination == "-" else _private_file(Path(destination)) as out:
         if fmt == "json":
             out.write("[")
         for record in records:
@@ -297,3 +375,16 @@ def _write(records: Iterator[dict[str, Any]], destination: str, fmt: str) -> int
         if fmt == "json":
             out.write("\n]\n")
     return count
+
+
+@contextlib.contextmanager
+def _private_file(path: Path) -> Iterator[TextIO]:
+    """A text file written under a temporary name (mode 0600 from the start), renamed into place when complete."""
+    fd, scratch = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            yield out
+        Path(scratch).replace(path)
+    except BaseException:
+        Path(scratch).unlink(missing_ok=True)
+        raise

@@ -9,8 +9,10 @@ environment, else the TOML config file (``--config`` / ``IMDS_CONFIG``; keys are
 else default. ``imds serve``'s result is a frozen ``Settings`` of groups (``settings``), one frozen
 dataclass per concern (``settings.store.db``, ``settings.limits.max_body_bytes``), each built by
 name from the rows; ``ProxySettings`` and ``AgentSettings`` are one group each. Checks that need
-several options are small named functions in ``checks``. ``commands`` lists the commands and
-holds the loaders. A leaf: it imports only ``imds.errors``, ``imds.models`` and ``imds.templates``.
+several options are small named functions in ``checks``. ``hollow`` maps hollow-metadataservice's
+flags and ``METADATASERVICE_*`` variables onto ``imds serve``'s options (below imds's own).
+``commands`` lists the commands and holds the loaders. A leaf: it imports only ``imds.errors``,
+``imds.models`` and ``imds.templates``.
 """
 
 from imds.config.agent import AGENT_MODES, AGENT_OPTIONS, AgentSettings
@@ -26,6 +28,7 @@ from imds.config.commands import (
     load_proxy,
     options_table,
 )
+from imds.config.hollow import ALIASED, HOLLOW, HollowName, hollow_table
 from imds.config.option import INSTANCE_AUTH_FLAVORS, LOG_LEVELS, Group, Option, parse_listen
 from imds.config.proxy import PROXY_OPTIONS, ProxySettings
 from imds.config.resolve import CONFIG_OPTION, Command, layered, load_command
@@ -36,8 +39,10 @@ __all__ = [
     "AGENT",
     "AGENT_MODES",
     "AGENT_OPTIONS",
+    "ALIASED",
     "COMMANDS",
     "CONFIG_OPTION",
+    "HOLLOW",
     "INSTANCE_AUTH_FLAVORS",
     "LOG_LEVELS",
     "OPTIONS",
@@ -48,11 +53,13 @@ __all__ = [
     "AgentSettings",
     "Command",
     "Group",
+    "HollowName",
     "Option",
     "ProxySettings",
     "Settings",
     "effective",
     "groups",
+    "hollow_table",
     "layered",
     "load",
     "load_agent",

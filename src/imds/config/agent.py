@@ -40,6 +40,8 @@ AGENT_OPTIONS: tuple[Option, ...] = (
     _agent.log_level_row(),
     _agent("max_connections_per_source", "int", 32,
         "Open connections one VM port may hold to the metadata address (haproxy closes the rest at accept)."),
+    _agent("watch_max_timeout", "int", 300,
+        "Longest wait_for_change timeout_sec haproxy holds open (set it as imds serve's --watch-max-timeout)."),
 )
 AGENT_MODES = ("haproxy", "inport")
 
@@ -65,3 +67,4 @@ class AgentSettings(Group, rows=AGENT_OPTIONS):
     check_interval: float
     log_level: str
     max_connections_per_source: int
+    watch_max_timeout: int

@@ -92,8 +92,9 @@ def check_http(values: Values) -> None:
 
 
 def check_callers(values: Values) -> None:
-    """Rate limit bounds; the previous proxy secret only beside a current one."""
+    """Rate limit bounds, a positive signature window; the previous proxy secret only beside a current one."""
     values.require(("rate_limit", "rate_burst", "max_requests_per_source"), lambda n: n >= 0, "must be zero or more")
+    values.require(("proxy_signature_window",), _positive, "must be positive")
     if values["rate_limit"] and values["rate_burst"] < 1:
         msg = "--rate-burst / IMDS_RATE_BURST must be at least 1 when --rate-limit is on"
         raise ConfigError(msg)
@@ -146,7 +147,8 @@ def check_proxy(values: Values) -> None:
     if values["inport"] and not values["ovsdb"]:
         msg = "--inport needs --ovsdb unix:PATH / IMDS_PROXY_OVSDB"
         raise ConfigError(msg)
-    values.require(("timeout", "connect_timeout", "max_connections", "max_body_bytes"), _positive, "must be positive")
+    values.require(("timeout", "connect_timeout", "max_connections", "max_body_bytes", "watch_max_timeout"), _positive,
+                   "must be positive")
     values.require(("map_poll_interval", "max_requests_per_source"), lambda s: s >= 0, "must be 0 (off) or positive")
 
 
@@ -156,7 +158,7 @@ def check_agent(values: Values) -> None:
     if values["mode"] not in AGENT_MODES:
         raise ConfigError(f"--mode / IMDS_AGENT_MODE: {values['mode']!r} is not one of {', '.join(AGENT_MODES)}")
     values.require(("provider_vlan_id",), lambda vlan: 1 <= vlan <= 4094, "must be 1 to 4094")
-    values.require(("check_interval", "max_connections_per_source"), _positive, "must be positive")
+    values.require(("check_interval", "max_connections_per_source", "watch_max_timeout"), _positive, "must be positive")
     for name in ("meta_port", "integration_bridge", "metadata_bridge"):
         if not 0 < len(values[name]) <= 15:
             raise ConfigError(f"--{name.replace('_', '-')}: {values[name]!r} must be 1-15 characters (a Linux name)")

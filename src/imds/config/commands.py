@@ -10,14 +10,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from imds.config import checks, resolve
+from imds.config import checks, hollow, resolve
 from imds.config.agent import AGENT_OPTIONS, AgentSettings
 from imds.config.option import Group, Option
 from imds.config.proxy import PROXY_OPTIONS, ProxySettings
 from imds.config.serve import OPTIONS
 from imds.config.settings import SETTINGS_GROUPS, Settings
 
-SERVE = resolve.Command("serve", OPTIONS, Settings.assemble, checks.SERVE_CHECKS, derive=checks.store_location)
+SERVE = resolve.Command("serve", OPTIONS, Settings.assemble, checks.SERVE_CHECKS, derive=checks.store_location,
+                        aliases=hollow.hollow_aliases)
 PROXY = resolve.Command("proxy", PROXY_OPTIONS, ProxySettings.pick, (checks.check_proxy,))
 AGENT = resolve.Command("agent", AGENT_OPTIONS, AgentSettings.pick, (checks.check_agent,))
 COMMANDS: dict[str, resolve.Command[Any]] = {command.name: command for command in (SERVE, PROXY, AGENT)}

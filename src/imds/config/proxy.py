@@ -27,8 +27,12 @@ PROXY_OPTIONS: tuple[Option, ...] = (
     _proxy("ovsdb", "str", None, "OVSDB server for --inport (unix:PATH), e.g. unix:/var/run/openvswitch/db.sock."),
     _proxy("integration_bridge", "str", "br-int",
         "For --inport: the bridge whose OpenFlow port numbers the source addresses carry."),
-    _proxy("timeout", "float", 5.0, "Seconds an upstream read or write may take, per request (then 503)."),
+    _proxy("timeout", "float", 5.0,
+        "Seconds the whole proxied request may take: connect, answer and its body (then 504; a change watch "
+        "gets its timeout_sec on top)."),
     _proxy("connect_timeout", "float", 2.0, "Seconds to connect to the upstream (then 503)."),
+    _proxy("watch_max_timeout", "int", 300,
+        "Longest wait_for_change timeout_sec held open (set it as imds serve's --watch-max-timeout)."),
     _proxy("max_connections", "int", 64, "Keep-alive connections to the upstream, at most."),
     _proxy("max_body_bytes", "int", 64 * 1024, "Largest request body a VM may send (then 413)."),
     _proxy("max_requests_per_source", "int", 32,
@@ -51,6 +55,7 @@ class ProxySettings(Group, rows=PROXY_OPTIONS):
     integration_bridge: str
     timeout: float
     connect_timeout: float
+    watch_max_timeout: int
     max_connections: int
     max_body_bytes: int
     max_requests_per_source: int

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import tomllib
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
@@ -60,6 +60,25 @@ Derive = Callable[[Mapping[str, Any], Mapping[str, str]], Mapping[str, Any]]
 
 
 @dataclass(frozen=True)
+class Aliases:
+    """Values another program's names give (``imds.config.hollow``): below the command's own flags and variables.
+
+    ``flags``: option name to value, from the other program's spelling of a flag (used when the
+    option's own flag is not given). ``env``: option name to (text, source), from its variables
+    (used when the option's own variable is not set; above the config file). ``checks`` run after
+    the command's; ``notes`` say what was ignored (the command logs them).
+    """
+
+    flags: Mapping[str, Any] = field(default_factory=dict)
+    env: Mapping[str, tuple[str, str]] = field(default_factory=dict)
+    checks: tuple[Check, ...] = ()
+    notes: tuple[str, ...] = ()
+
+
+NO_ALIASES = Aliases()
+
+
+@dataclass(frozen=True)
 class Command(Generic[T]):
     """What one long-running command reads: its table, its checks, and what it builds from the values.
 
@@ -72,6 +91,11 @@ class Command(Generic[T]):
     build: Callable[[Mapping[str, Any]], T]
     checks: tuple[Check, ...] = ()
     derive: Derive | None = None
+    aliases: Callable[[Mapping[str, Any], Mapping[str, str]], Aliases] | None = None
+
+    def aliases_of(self, flags: Mapping[str, Any], env: Mapping[str, str]) -> Aliases:
+        """The values other programs' names give here (none unless the command has ``aliases``)."""
+        return NO_ALIASES if self.aliases is None else self.aliases(flags, env)
 
 
 def load_command(
@@ -84,27 +108,38 @@ def load_command(
     file is ``flags["config"]``, else ``IMDS_CONFIG`` (see ``layered``).
     """
     env = os.environ if environ is None else environ
-    found = layered(flags or {}, env, command.table)
+    aliases = command.aliases_of(flags or {}, env)
+    found = layered(flags or {}, env, command.table, aliases)
     values = {option.name: typed(option, found[option.name][0]) for option in command.table}
     if command.derive is not None:
         values.update(command.derive(values, env))
     checked = Values(values, {option.name: option for option in command.table})
-    for check in command.checks:
+    for check in (*command.checks, *aliases.checks):
         check(checked)
     return command.build(values)
 
 
-def layered(flags: Mapping[str, Any], env: Mapping[str, str], table: tuple[Option, ...]) -> dict[str, tuple[Any, str]]:
-    """Every option's value and where it came from (``flag``, ``env``, ``file`` or ``default``)."""
+def layered(
+    flags: Mapping[str, Any], env: Mapping[str, str], table: tuple[Option, ...], aliases: Aliases = NO_ALIASES,
+) -> dict[str, tuple[Any, str]]:
+    """Every option's value and where it came from: ``flag``, ``env``, an alias's source, ``file`` or ``default``.
+
+    The order: the option's flag, an alias flag, its variable, an alias variable, the file, the default.
+    """
     path, _source = config_path(flags, env)
     from_file = read_config_file(path, table) if path is not None else {}
     found: dict[str, tuple[Any, str]] = {}
     for option in table:
         given = flags.get(option.name)
+        if given is None or given == ():
+            given = aliases.flags.get(option.name)
         if given is not None and given != ():
             found[option.name] = (coerce(option, given), FLAG)
         elif option.env in env:
             found[option.name] = (coerce(option, env[option.env]), ENV)
+        elif option.name in aliases.env:
+            text, source = aliases.env[option.name]
+            found[option.name] = (coerce(option, text), source)
         elif option.name in from_file:
             found[option.name] = (from_file[option.name], FILE)
         else:
@@ -181,7 +216,7 @@ def effective(
     flags = flags or {}
     load_command(command, flags, env)
     path, path_source = config_path(flags, env)
-    values = layered(flags, env, command.table)
+    values = layered(flags, env, command.table, command.aliases_of(flags, env))
     rows = [(CONFIG_OPTION.name, str(path) if path is not None else "-", path_source)]
     rows += [(option.name, _shown(option, values[option.name][0]), values[option.name][1]) for option in command.table]
     return rows

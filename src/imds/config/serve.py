@@ -20,6 +20,7 @@ _limits = Rows("limits")
 _logging = Rows("logging")
 _ganeti = Rows("ganeti")
 _channel = Rows("channel")
+_gce = Rows("gce")
 
 OPTIONS: tuple[Option, ...] = (
     _http("listen", "list", ("127.0.0.1:8000", "[::1]:8000"),
@@ -43,6 +44,11 @@ OPTIONS: tuple[Option, ...] = (
         "File holding the secret a trusted proxy signs X-Instance-ID with (unset: signed ids are refused)."),
     _callers("proxy_previous_secret_file", "path", None,
         "The previous proxy secret, still accepted during a rotation (remove it when every proxy has the new one)."),
+    _callers("proxy_signature_window", "int", 30,
+        "Seconds X-Instance-ID-Timestamp may be from this server's clock (an older, replayed signature is refused)."),
+    _callers("accept_unstamped_signatures", "bool", False,  # noqa: FBT003 - a table row, not a call site
+        "Also accept the legacy signature of the id alone, without X-Instance-ID-Timestamp (a Neutron-style proxy; "
+        "replayable until the secret rotates, see docs/hypervisor.md)."),
     _templates("api_url", "str", None,
         "Template for the api_url field, e.g. https://{{.facility}}.example/{{.id}}.", parse=template),
     _templates("phone_home_url", "str", None, "Template for the phone_home_url field.", parse=template),
@@ -90,6 +96,8 @@ OPTIONS: tuple[Option, ...] = (
     _limits("max_document_depth", "int", 64, "Deepest nesting of objects and lists accepted in a metadata document."),
     _limits("max_document_keys", "int", 20000,
         "Most object keys (counted over every level) accepted in a metadata document."),
+    _limits("strict_records", "bool", False,  # noqa: FBT003 - a table row, not a call site
+        "Refuse what hollow accepts: host bits in a CIDR, a metadata id not the record id, no ipAddresses."),
     _admin("metrics_public", "bool", False,  # noqa: FBT003 - a table row, not a call site
         "Serve /metrics without a token (hollow-compatible scraping); off: it needs a metrics or read scope."),
     _store("demo", "bool", False,  # noqa: FBT003 - a table row, not a call site
@@ -112,6 +120,8 @@ OPTIONS: tuple[Option, ...] = (
         "Largest personalization package fetched for /ganeti/.../os/package, in bytes (held in memory, "
         "never on disk)."),
     _ganeti("os_package_timeout", "float", 30.0, "Seconds a personalization package fetch may take."),
+    _ganeti("ganeti_metad_socket", "path", None,
+        "Unix socket taking ganeti-metad's place: Ganeti's node daemon pushes instances here (Luxi, mode 0600)."),
     # The instance<->host channel and change watch (README: "The instance↔host channel").
     _channel("event_rate", "float", 1.0,
         "Events (and phone-homes) an instance may post per second, on average, per replica."),
@@ -149,6 +159,14 @@ OPTIONS: tuple[Option, ...] = (
         "Instance requests a caller address may make at once before --rate-limit applies."),
     _callers("max_requests_per_source", "int", 32,
         "Instance requests one caller address may have in flight at once (0: off; over: 429)."),
+    # GCE identity tokens (services/identity/idtoken.py)
+    _gce("identity_issuer", "str", None,
+        "iss of GCE identity tokens, and the base URL of their key set (default: the first --listen as a URL)."),
+    _gce("identity_key_file", "path", None,
+        "Private key (PEM; EC P-256 signs ES256, RSA RS256) signing GCE identity tokens "
+        "(default: idtoken-key.pem generated into the data directory)."),
+    _gce("identity_previous_key_file", "path", None,
+        "The previous identity token key, still published in /.well-known/jwks.json during a rotation."),
 )
 
 

@@ -42,6 +42,8 @@ class CallerSettings(Group, rows=OPTIONS):
     trusted_proxy: tuple[Network, ...]
     proxy_shared_secret_file: Path | None
     proxy_previous_secret_file: Path | None
+    proxy_signature_window: int
+    accept_unstamped_signatures: bool
     instance_auth: frozenset[str]
     rate_limit: float
     rate_burst: int
@@ -93,6 +95,7 @@ class LimitSettings(Group, rows=OPTIONS):
     max_addresses: int
     max_document_depth: int
     max_document_keys: int
+    strict_records: bool
 
 
 @dataclass(frozen=True, repr=False)
@@ -154,6 +157,7 @@ class GanetiSettings(Group, rows=OPTIONS):
     os_param_max_bytes: int
     os_package_max_bytes: int
     os_package_timeout: float
+    ganeti_metad_socket: Path | None
 
 
 @dataclass(frozen=True, repr=False)
@@ -167,6 +171,15 @@ class ChannelSettings(Group, rows=OPTIONS):
     message_max_bytes: int
     message_max_queued: int
     watch_max_timeout: int
+
+
+@dataclass(frozen=True, repr=False)
+class GceSettings(Group, rows=OPTIONS):
+    """GCE identity tokens: issuer and signing keys (services/identity/idtoken.py)."""
+
+    identity_issuer: str | None
+    identity_key_file: Path | None
+    identity_previous_key_file: Path | None
 
 
 @dataclass(frozen=True, repr=False)
@@ -191,6 +204,7 @@ class Settings:
     lookup: LookupSettings
     ganeti: GanetiSettings
     channel: ChannelSettings
+    gce: GceSettings
     logging: LogSettings
 
     @classmethod

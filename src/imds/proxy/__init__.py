@@ -3,7 +3,7 @@
 It sits where a VM's metadata requests arrive on the host (169.254.169.254 inside a tenant
 network namespace, or behind OVS flows), identifies the VM from something the VM cannot
 forge, and forwards the request to ``imds serve`` with ``X-Instance-ID``, ``X-Tenant-ID``,
-``X-Instance-ID-Signature`` and ``X-Forwarded-For`` set (``imds.signing``).
+``X-Instance-ID-Timestamp``, ``X-Instance-ID-Signature`` and ``X-Forwarded-For`` set (``imds.signing``).
 
 - ``identify``: the pluggable identification protocol (``Identifier``) and its result.
 - ``mapfile``: ``--map FILE``, source IP → instance (and tenant), reloaded on SIGHUP or change.

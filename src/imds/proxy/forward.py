@@ -4,7 +4,8 @@ Raw ASGI (no framework) on the hot path. For every request:
 
 - the socket peer (never a header) goes to the ``Identifier``; unknown → 404 with a body,
   without contacting upstream;
-- every copy the VM sent of ``X-Instance-ID``, ``X-Instance-ID-Signature``, ``X-Tenant-ID``
+- every copy the VM sent of ``X-Instance-ID``, ``X-Instance-ID-Signature``,
+  ``X-Instance-ID-Timestamp``, ``X-Tenant-ID``
   and of every forwarding header (``imds.services.identity.tokens.FORWARDING_HEADERS``,
   any ``X-Forwarded-*``) is dropped, with the hop-by-hop headers, and the proxy's own are
   added (``X-Forwarded-For`` is the peer alone);
@@ -13,25 +14,38 @@ Raw ASGI (no framework) on the hot path. For every request:
   as AWS refuses it: the VM's headers are about to be dropped, so ``imds serve`` could no
   longer tell (the rule is in ``imds.services.identity.tokens``);
 - the request (and its body, read whole up to ``max_body_bytes``) goes over a keep-alive
-  pool (``imds.proxy.upstream``); status, headers (minus hop-by-hop) and body stream back;
-- an upstream that cannot be reached or times out → 503 (504 is not used: instances
-  treat both alike, and 503 tells cloud-init to retry) with a JSON body.
+  pool (``imds.proxy.upstream``); status, headers (minus hop-by-hop, so ``ETag`` and a
+  VM's ``If-None-Match`` pass) and body stream back;
+- ``--timeout`` is one deadline for the whole exchange with the upstream: connect, the
+  request, the answer's headers and streaming its body back (``asyncio.timeout`` around
+  all of it), so an upstream trickling one byte a second holds a VM no longer than that.
+  A change watch (``?wait_for_change=true``, see ``watch_wait``) gets its ``timeout_sec``
+  (at most ``--watch-max-timeout``, the default when absent, as serve reads it) on top, so
+  a legitimate long poll is never cut short;
+- an upstream that cannot be reached (or not connected to within ``--connect-timeout``)
+  → 503; connected but no answer within the deadline → 504, as haproxy answers both
+  (cloud-init and botocore retry either); each with a JSON body. A deadline that passes
+  once the headers are out cuts the connection: the VM sees a short body, never a
+  truncated document taken for whole.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import parse_qs
 
 from imds import log
 from imds.proxy.identify import Identifier, Identity
-from imds.proxy.upstream import UpstreamFailed, UpstreamPool, UpstreamTimeout
+from imds.proxy.upstream import UpstreamFailed, UpstreamPool
 from imds.services.admission.ratelimit import InFlight
 from imds.services.catalog.addresses import parse_host
 from imds.services.identity.tokens import FORWARDING_HEADERS, FORWARDING_PREFIX, forwarding, is_token_path
-from imds.signing import INSTANCE_ID_HEADER, SIGNATURE_HEADER, TENANT_HEADER, sign
+from imds.signing import INSTANCE_ID_HEADER, SIGNATURE_HEADER, TENANT_HEADER, TIMESTAMP_HEADER, sign_stamped
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
@@ -45,7 +59,7 @@ HOP_BY_HOP = frozenset(
 # What only the proxy may say about who is calling: every client-sent copy is dropped
 # (and so is any other ``X-Forwarded-*``).
 IDENTITY_HEADERS = frozenset(
-    {INSTANCE_ID_HEADER.encode(), SIGNATURE_HEADER.encode(), TENANT_HEADER.encode(),
+    {INSTANCE_ID_HEADER.encode(), SIGNATURE_HEADER.encode(), TIMESTAMP_HEADER.encode(), TENANT_HEADER.encode(),
      *(name.encode() for name in FORWARDING_HEADERS)}
 )
 _DROPPED = HOP_BY_HOP | IDENTITY_HEADERS | {b"content-length", b"host", b"expect"}
@@ -65,6 +79,24 @@ class ForwardPolicy:
     max_connections: int = 64
     max_body_bytes: int = 64 * 1024
     max_requests_per_source: int = 32
+    watch_max_timeout: int = 300
+
+
+def watch_wait(query: bytes, maximum: int) -> int:
+    """Seconds a ``?wait_for_change=true`` read may be held upstream on top of ``--timeout``; 0 for any other.
+
+    Serve's reading (``imds.web.watch.parse_watch``): the last ``wait_for_change`` decides,
+    ``timeout_sec`` defaults to the maximum; a value serve would refuse (400 at once) gets
+    the maximum here too, never more.
+    """
+    if b"wait_for_change" not in query:  # most reads: no parsing at all
+        return 0
+    params = parse_qs(query.decode("latin-1"), keep_blank_values=True)
+    flag = params.get("wait_for_change")
+    if not flag or flag[-1].lower() not in {"true", "1"}:
+        return 0
+    asked = params.get("timeout_sec", [""])[-1]
+    return min(int(asked), maximum) if asked.isdigit() and int(asked) > 0 else maximum
 
 
 class BodyTooLarge(Exception):
@@ -82,11 +114,10 @@ class ProxyApp:
         self.identifier = identifier
         self.policy = policy
         self._secret = secret
-        self._signatures: dict[str, bytes] = {}
         self._upstream = policy.upstream
         self._in_flight = InFlight(policy.max_requests_per_source)
         self._pool = UpstreamPool(
-            policy.upstream, size=policy.max_connections, connect_timeout=policy.connect_timeout, timeout=policy.timeout
+            policy.upstream, size=policy.max_connections, connect_timeout=policy.connect_timeout
         )
 
     async def start(self) -> None:
@@ -133,42 +164,42 @@ class ProxyApp:
 
     async def _forward(self, scope: Scope, send: Send, identity: Identity, peer: str, body: bytes | None) -> None:
         target = scope.get("raw_path") or scope["path"].encode()
-        if scope.get("query_string"):
-            target += b"?" + scope["query_string"]
+        query = scope.get("query_string") or b""
+        if query:
+            target += b"?" + query
         headers = self._headers(scope, identity, peer)
+        deadline = self.policy.timeout + watch_wait(query, self.policy.watch_max_timeout)
+        answered = False
         try:
-            response = await self._pool.request(scope["method"], target, headers, body)
-        except UpstreamTimeout as exc:
-            _log.warning("proxy.upstream_timeout", upstream=self._upstream, error=str(exc))
-            await _answer(send, *_reply(503, f"metadata service did not answer in time: {exc}"))
-            return
+            async with asyncio.timeout(deadline):  # connect, request, headers and the whole body
+                response = await self._pool.request(scope["method"], target, headers, body)
+                try:
+                    answer = [(k, v) for k, v in response.headers if k.lower() not in HOP_BY_HOP]
+                    await send({"type": "http.response.start", "status": response.status, "headers": answer})
+                    answered = True
+                    async for chunk in response.chunks():
+                        await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                    await send({"type": "http.response.body", "body": b""})
+                finally:
+                    response.close()
+        except TimeoutError:
+            _log.warning("proxy.upstream_timeout", upstream=self._upstream, seconds=deadline, answered=answered)
+            if not answered:  # once the headers are out, all that is left is to cut the answer short
+                await _answer(send, *_reply(504, f"metadata service did not answer within {deadline:g} s"))
         except UpstreamFailed as exc:
-            _log.warning("proxy.upstream_unavailable", upstream=self._upstream, error=str(exc))
-            await _answer(send, *_reply(503, "metadata service unavailable"))
-            return
-        try:
-            answer = [(k, v) for k, v in response.headers if k.lower() not in HOP_BY_HOP]
-            await send({"type": "http.response.start", "status": response.status, "headers": answer})
-            async for chunk in response.chunks():
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            await send({"type": "http.response.body", "body": b""})
-        except UpstreamFailed as exc:
-            # Headers are out: all that is left is to cut the answer short.
-            _log.warning("proxy.upstream_broke", upstream=self._upstream, error=str(exc))
-        finally:
-            response.close()
+            _log.warning("proxy.upstream_unavailable" if not answered else "proxy.upstream_broke",
+                         upstream=self._upstream, error=str(exc))
+            if not answered:
+                await _answer(send, *_reply(503, "metadata service unavailable"))
 
     def _headers(self, scope: Scope, identity: Identity, peer: str) -> list[tuple[bytes, bytes]]:
         headers = [(k, v) for k, v in scope["headers"] if k not in _DROPPED and not k.startswith(_FORWARDED_PREFIX)]
-        instance_id = identity.instance_id
-        signature = self._signatures.get(instance_id)
-        if signature is None:
-            if len(self._signatures) > 65536:  # ids come from the identifier, but keep it bounded anyway
-                self._signatures.clear()
-            signature = self._signatures[instance_id] = sign(self._secret, instance_id).encode()
+        instance_id, tenant = identity.instance_id, identity.tenant_id or None
+        now = int(time.time())  # signed per request: a captured header is only good within serve's window
         headers += [
             (INSTANCE_ID_HEADER.encode(), instance_id.encode()),
-            (SIGNATURE_HEADER.encode(), signature),
+            (TIMESTAMP_HEADER.encode(), str(now).encode()),
+            (SIGNATURE_HEADER.encode(), sign_stamped(self._secret, instance_id, now, tenant).encode()),
             (b"x-forwarded-for", peer.encode()),
         ]
         if identity.tenant_id:

@@ -8,7 +8,10 @@ go, the response parsed by ``httptools`` (the parser uvicorn uses) and streamed 
 
 A request that fails on a *reused* connection before any response byte arrived (the
 upstream closed it while idle) is retried once on a fresh connection: the upstream never
-saw it. Any other failure is ``UpstreamFailed``; a timeout is ``UpstreamTimeout``.
+saw it. Any other failure is ``UpstreamFailed``. Only the connect has a bound here
+(``connect_timeout``, then ``UpstreamFailed``): how long the whole exchange may take is the
+caller's deadline (``imds.proxy.forward`` wraps the request and the streamed body in one
+``asyncio.timeout``), so a slow upstream cannot stretch it read by read.
 """
 
 from __future__ import annotations
@@ -30,10 +33,6 @@ _CHUNK = 64 * 1024
 
 class UpstreamFailed(Exception):
     """The upstream could not be reached, or broke the connection."""
-
-
-class UpstreamTimeout(UpstreamFailed):
-    """The upstream did not connect or answer within the configured time."""
 
 
 @dataclass
@@ -135,7 +134,7 @@ def _feed(parser: httptools.HttpResponseParser, data: bytes) -> None:
 class UpstreamPool:
     """Keep-alive connections to one ``http://host:port`` (at most ``size`` kept idle)."""
 
-    def __init__(self, url: str, *, size: int = 64, connect_timeout: float = 2.0, timeout: float = 5.0) -> None:
+    def __init__(self, url: str, *, size: int = 64, connect_timeout: float = 2.0) -> None:
         parts = urlsplit(url)
         if parts.scheme != "http" or not parts.hostname:
             msg = f"--upstream {url!r}: only http://HOST[:PORT] is supported"
@@ -148,7 +147,6 @@ class UpstreamPool:
         self.prefix = parts.path.rstrip("/").encode()
         self._size = size
         self._connect_timeout = connect_timeout
-        self._timeout = timeout
         self._idle: deque[_Connection] = deque()
 
     async def request(
@@ -178,20 +176,17 @@ class UpstreamPool:
         parser = parsed.parser = httptools.HttpResponseParser(parsed)
         try:
             conn.writer.write(payload)
-            async with asyncio.timeout(self._timeout):
-                await conn.writer.drain()
+            await conn.writer.drain()
         except (ConnectionError, OSError) as exc:
             if conn.reused:
                 raise _StaleConnection from exc
             raise UpstreamFailed(str(exc)) from exc
-        except TimeoutError as exc:
-            raise UpstreamTimeout("upstream did not take the request in time") from exc
         received = False
         while not parsed.headers_done:
             try:
                 data = await self.read(conn)
             except UpstreamFailed as exc:
-                if conn.reused and not received and not isinstance(exc, UpstreamTimeout):
+                if conn.reused and not received:
                     raise _StaleConnection from exc
                 raise
             if not data:
@@ -203,12 +198,9 @@ class UpstreamPool:
         return Response(self, conn, parser, parsed, head=head)
 
     async def read(self, conn: _Connection) -> bytes:
-        """The next bytes from the upstream (b"" at EOF), within the per-read timeout."""
+        """The next bytes from the upstream (b"" at EOF); no bound of its own (the caller's deadline is)."""
         try:
-            async with asyncio.timeout(self._timeout):
-                return await conn.reader.read(_CHUNK)
-        except TimeoutError as exc:
-            raise UpstreamTimeout("upstream did not answer in time") from exc
+            return await conn.reader.read(_CHUNK)
         except (ConnectionError, OSError) as exc:
             raise UpstreamFailed(str(exc)) from exc
 
@@ -223,7 +215,8 @@ class UpstreamPool:
             async with asyncio.timeout(self._connect_timeout):
                 reader, writer = await asyncio.open_connection(self.host, self.port)
         except TimeoutError as exc:
-            raise UpstreamTimeout("could not connect to the upstream in time") from exc
+            msg = f"could not connect to the upstream within {self._connect_timeout:g} s"
+            raise UpstreamFailed(msg) from exc
         except OSError as exc:
             raise UpstreamFailed(f"cannot connect to the upstream: {exc.strerror or exc}") from exc
         sock = writer.get_extra_info("socket")

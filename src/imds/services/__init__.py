@@ -22,6 +22,7 @@ from imds.services.catalog.catalog import Catalog
 from imds.services.channel import Channel
 from imds.services.ganeti.records import OsRecords
 from imds.services.identity.document import IdentitySigner
+from imds.services.identity.idtoken import IdTokens, serve_url
 from imds.services.identity.proxied import SignedIdentity
 from imds.services.identity.proxytrust import warn_stored
 from imds.services.identity.tokens import TokenIssuer
@@ -54,6 +55,7 @@ class Services:
     signed: SignedIdentity | None = None
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
     _signer: IdentitySigner | None = None
+    _idtokens: IdTokens | None = None
 
     @property
     def signer(self) -> IdentitySigner:
@@ -65,6 +67,17 @@ class Services:
             )
         return self._signer
 
+    @property
+    def idtokens(self) -> IdTokens:
+        """The GCE identity-token signer and its key set, loaded (or generated) on first use."""
+        if self._idtokens is None:
+            gce = self.settings.gce
+            self._idtokens = IdTokens.load(
+                issuer=gce.identity_issuer or serve_url(self.settings.http.listen), key_file=gce.identity_key_file,
+                previous_file=gce.identity_previous_key_file, data_dir=self.settings.store.key_dir,
+            )
+        return self._idtokens
+
     async def start(self, *, background: bool = False) -> None:
         """Load keys and the catalog, and start following the change feed.
 
@@ -73,6 +86,8 @@ class Services:
         """
         if self.settings.ec2.identity_key or self.settings.store.key_dir:
             _ = self.signer  # a bad key fails at startup, not at the first identity request
+        if self.settings.gce.identity_key_file or self.settings.store.key_dir:
+            _ = self.idtokens  # likewise for the GCE identity token key
         if background:
             self._tasks.append(asyncio.create_task(self._load_then_follow(), name="imds-catalog-load"))
         else:
@@ -85,6 +100,7 @@ class Services:
     async def _loaded(self) -> None:
         await self.catalog.load()
         warn_stored(self.catalog.holdings(), self.settings.callers.trusted_proxy)
+        self.os.cipher.audit(self.catalog.os_records())  # clear private values warn; unreadable ones: /readyz
 
     async def _load_then_follow(self) -> None:
         delay = 0.5

@@ -17,7 +17,7 @@ import ipaddress
 from collections.abc import Callable
 from typing import Any
 
-from imds.models import PRIVATE, PUBLIC, SECRET, Address, Instance, Network
+from imds.models import PRIVATE, PUBLIC, SECRET, Address, Instance, Network, covered
 from imds.services.catalog.addresses import AddressIndex, display
 from imds.services.ganeti.records import active
 from imds.services.records.readout import InstanceNotStored
@@ -34,27 +34,50 @@ MASKED = {PRIVATE: "<private>", SECRET: "<secret>"}
 
 
 def entry(network: Network, instance_id: str) -> dict[str, Any]:
-    """One stored address entry as shown."""
+    """One stored address entry as shown (as sent; ``covers``: the network an address with a prefix covers)."""
     host = network.prefixlen == network.max_prefixlen
-    return {"entry": display(network), "kind": "host" if host else "cidr", "prefix": network.prefixlen,
-            "instance_id": instance_id}
+    shown = {"entry": display(network), "kind": "host" if host else "cidr", "prefix": network.prefixlen,
+             "instance_id": instance_id}
+    covers = covered(network)
+    if covers is not None:
+        shown["covers"] = covers
+    return shown
+
+
+def _as_stored(entries: list[tuple[Network, str]], instance: Callable[[str], Instance | None],
+               ) -> list[tuple[Network, str]]:
+    """``entries`` (networks as the index holds them) with each network as its holder stored it (as sent)."""
+    spelled = []
+    for network, holder in entries:
+        found = instance(holder)
+        stored = next((a for a in found.addresses if a == network), network) if found is not None else network
+        spelled.append((stored, holder))
+    return spelled
 
 
 def explain_address(
     address: Address, entries: list[tuple[Network, str]], instance: Callable[[str], Instance | None], *,
     templates: tuple[Template, ...], upstream: dict[str, Any] | None,
 ) -> dict[str, Any]:
-    """The explanation for ``address``; ``entries`` is every stored entry containing it, longest first."""
+    """The explanation for ``address``; ``entries`` is every stored entry containing it, longest first.
+
+    ``upstream`` is what the lookup did (None: unknown here; without ``by_ip_cache``: no
+    lookup configured). No instance holding the address is an answer, not an error: ``why``
+    says so.
+    """
+    entries = _as_stored(entries, instance)
     matched = entry(*entries[0]) if entries else None
     instance_id = matched["instance_id"] if matched else None
     how = "stored entry" if matched else None
-    if instance_id is None and upstream is not None and upstream["by_ip_cache"]:
-        instance_id, how = next(iter(upstream["by_ip_cache"].values())), "upstream lookup (by-IP cache)"
+    cached = (upstream or {}).get("by_ip_cache")
+    if instance_id is None and cached:
+        instance_id, how = next(iter(cached.values())), "upstream lookup (by-IP cache)"
     found = instance(instance_id) if instance_id is not None else None
     return {
         "query": str(address),
         "instance_id": instance_id,
         "resolved_by": how,
+        **({} if instance_id is not None else {"why": _nobody(address, upstream_known=cached is not None)}),
         "matched": matched,
         "also_containing": [entry(network, holder) for network, holder in entries[1:]],
         "upstream": upstream if upstream is not None else {"known": False,
@@ -63,6 +86,11 @@ def explain_address(
         "instance": summary(found) if found is not None else None,
         "previews": previews(found, templates) if found is not None else {},
     }
+
+
+def _nobody(address: Address, *, upstream_known: bool) -> str:
+    upstream = " and the upstream lookup has not answered for it" if upstream_known else ""
+    return f"no stored entry contains it{upstream}: no instance holds {address}"
 
 
 def explain_instance(

@@ -99,6 +99,7 @@ class _MemoryTx:
             del holders[address]
         moved = {a: holders[a] for a in addresses if holders.get(a, instance_id) != instance_id}
         for address in wanted:
+            holders.pop(address, None)  # the key as written now: an address with a prefix is kept as sent
             holders[address] = instance_id
         self._s.rows.setdefault(instance_id, _Row())
         self.journal.ops.append(Op(ADDRESSES, instance_id, value=tuple(addresses), moved=moved))

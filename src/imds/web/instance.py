@@ -28,6 +28,7 @@ from imds.web.errors import error_body, handle_imds_error
 from imds.web.flavors.channel import ChannelFlavor
 from imds.web.flavors.ec2 import Ec2Flavor
 from imds.web.flavors.ganeti import GanetiFlavor
+from imds.web.flavors.gce import GceFlavor
 from imds.web.flavors.json import JsonFlavor
 from imds.web.flavors.nocloud import NoCloudFlavor
 from imds.web.flavors.openstack import OpenStackFlavor
@@ -100,7 +101,8 @@ class InstanceFront:
         channel = ChannelFlavor(services, locator)  # /events, /phone-home, and /ganeti/<v>/read|write
         self.ganeti = GanetiFlavor(services, locator, {"read": channel.handle_read, "write": channel.handle_write})
         flavors = {"json": JsonFlavor(services, locator), "ec2": self._ec2, "channel": channel, "ganeti": self.ganeti,
-                   "openstack": OpenStackFlavor(services, locator), "nocloud": NoCloudFlavor(services, locator)}
+                   "openstack": OpenStackFlavor(services, locator), "nocloud": NoCloudFlavor(services, locator),
+                   "gce": GceFlavor(services, locator)}
         guard = FlavorGuard(services, locator)  # --instance-auth: the anti-SSRF policy of the guarded routes
         self._exact, self._prefixes = dispatch(flavors, guard.wrap)
         self._groups = Groups(admin_paths)

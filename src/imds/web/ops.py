@@ -33,7 +33,7 @@ def ops_router(services: Services, openapi: Callable[[], dict[str, Any]]) -> API
 
     @router.get("/readyz")
     async def readyz() -> Response:
-        state = await readiness(services.catalog, services.store)
+        state = await readiness(services.catalog, services.store, services.os.cipher)
         headers = None if state.ready else {"retry-after": "1"}
         return Response(encode(state.document()), status_code=200 if state.ready else 503, media_type=JSON,
                         headers=headers)

@@ -13,7 +13,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
+from imds.services.identity.idtoken import DISCOVERY_PATH, JWKS_PATH
 from imds.services.render.ec2 import VERSIONS as EC2_VERSIONS
+from imds.services.render.gce import PREFIX as GCE_PREFIX
 from imds.web.routing import Handler
 
 API_V1 = "/api/v1"  # hollow's versioned prefix: the JSON reads and the whole admin API answer under it too
@@ -53,11 +55,14 @@ class Route:
 ROUTES: tuple[Route, ...] = (
     Route("json", "metadata", exact=("/metadata", "/metadata/"), guarded=True, aliased=True),
     Route("json", "userdata", exact=("/userdata", "/userdata/"), guarded=True, aliased=True),
-    Route("ec2", "versions", exact=("/",)),
+    Route("ec2", "versions", exact=("/",)),  # GCE's root with Metadata-Flavor: Google (web/flavors/gce.py)
     Route("ec2", "handle", prefixes=EC2_VERSIONS),
     Route("openstack", "handle", prefixes=("openstack",), guarded=True),
     Route("nocloud", "handle", prefixes=("nocloud",), guarded=True),
     Route("ganeti", "handle", prefixes=("ganeti",), guarded=True),  # with /ganeti/<v>/read|write (the channel)
+    Route("gce", "handle", prefixes=(GCE_PREFIX,)),  # its own header checks: Metadata-Flavor, no X-Forwarded-For
+    Route("gce", "jwks", exact=(JWKS_PATH,)),
+    Route("gce", "discovery", exact=(DISCOVERY_PATH,)),
     Route("channel", "events", exact=("/events",)),
     Route("channel", "phone_home", exact=("/phone-home",)),
 )

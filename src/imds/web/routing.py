@@ -14,7 +14,7 @@ from imds.services.catalog.catalog import Entry
 from imds.services.catalog.resolve import Resolver
 from imds.services.identity.identify import caller_address
 from imds.services.identity.proxied import Claim, SignedIdentity
-from imds.signing import INSTANCE_ID_HEADER, SIGNATURE_HEADER, TENANT_HEADER
+from imds.signing import INSTANCE_ID_HEADER, SIGNATURE_HEADER, TENANT_HEADER, TIMESTAMP_HEADER
 from imds.web.errors import error_parts
 
 Scope = MutableMapping[str, Any]
@@ -22,7 +22,8 @@ TEXT = b"text/plain; charset=utf-8"
 JSON = b"application/json"
 BINARY = b"application/octet-stream"
 READ_METHODS = frozenset({"GET", "HEAD"})
-_SIGNED = tuple(name.encode() for name in (INSTANCE_ID_HEADER, SIGNATURE_HEADER, TENANT_HEADER))
+_SIGNED = tuple(name.encode() for name in (INSTANCE_ID_HEADER, SIGNATURE_HEADER, TENANT_HEADER, TIMESTAMP_HEADER))
+_SIGNED_SET = frozenset(_SIGNED)
 
 
 class Unknown(Enum):
@@ -40,9 +41,10 @@ class InstanceCall:
     ``scope`` is the ASGI scope (method, path, headers). The ``Locator`` fills in the rest,
     each at most once per request (``UNKNOWN`` until then): ``address``, the caller's
     address; ``claim``, what a trusted proxy signed for (or None); and ``entry``, the
-    caller's catalog entry when found by address: the front sends its ETag with a 200 read
-    and the change watch holds on it. A handler whose answer is no instance document sets
-    ``entry`` back to None. Slotted, four fields: it costs what the scope keys it replaced did.
+    caller's catalog entry however it was found (by address, or by the id a trusted proxy
+    signed for): the front sends its ETag with a 200 read and the change watch holds on it.
+    A handler whose answer is no instance document sets ``entry`` back to None. Slotted,
+    four fields: it costs what the scope keys it replaced did.
     """
 
     __slots__ = ("address", "claim", "entry", "scope")
@@ -110,7 +112,11 @@ class Locator:
         scope = call.scope
         peer = scope.get("client")
         peer_address = parse_host(peer[0]) if peer else None
-        values = [header(scope, name) for name in _SIGNED]
+        found: dict[bytes, str] = {}
+        for key, value in scope["headers"]:  # one pass for the four headers (the first copy of each)
+            if key in _SIGNED_SET and key not in found:
+                found[key] = value.decode("latin-1")
+        values = [found.get(name) for name in _SIGNED]
         claim = call.claim = self._signed.claim(peer_address, *values)
         return claim
 
@@ -146,8 +152,7 @@ class Locator:
         claim = self.claim(call)
         address = self.address(call) if claim is None else None
         entry = await self._resolver.caller(kind, address=address, claim=claim, count=count, needs_record=needs_record)
-        if claim is None:
-            call.entry = entry
+        call.entry = entry  # by address or by claim alike: through a proxy the ETag and the watch work too
         return entry
 
     async def record(self, call: InstanceCall, entry: Entry, kind: str) -> Entry:

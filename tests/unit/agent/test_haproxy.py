@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
+import base64
+import os
 import shutil
+import subprocess
 
 import pytest
 
-from imds.agent.haproxy import Backend, Frontend, Haproxy, Upstream, render, safe_token
+from imds.agent.haproxy import SIGNING_KEY_ENV, Backend, Frontend, Upstream, render, safe_token
+from imds.agent.haproxyctl import Haproxy
 from imds.errors import ConfigError, HaproxyFailed
 from imds.services.identity.tokens import FORWARDING_HEADERS, TOKEN_PATH_PATTERN
-from imds.signing import sign
 
 UPSTREAM = Upstream.parse("http://127.0.0.1:8000")
 FRONT = Frontend(("240.0.0.1", "fd00:a9fe::1"))
-VM_A = Backend("tap-a", ("240.0.0.2", "fd00:a9fe::2"), "uuid-a", sign(b"s", "uuid-a"), "tenant-a")
-VM_B = Backend("tap-b", ("240.0.0.3", "fd00:a9fe::3"), "uuid-b", sign(b"s", "uuid-b"))
+VM_A = Backend("tap-a", ("240.0.0.2", "fd00:a9fe::2"), "uuid-a", "tenant-a")
+VM_B = Backend("tap-b", ("240.0.0.3", "fd00:a9fe::3"), "uuid-b")
+SECRET = b"a-long-shared-secret"
 
 
 @pytest.fixture
@@ -22,7 +26,7 @@ def haproxy(tmp_path):
     binary = shutil.which("haproxy", path="/usr/sbin:/usr/bin:/sbin")
     if binary is None:
         pytest.fail("haproxy is not installed: scripts/test installs it")
-    return Haproxy(binary, tmp_path)
+    return Haproxy(binary, tmp_path, SECRET)
 
 
 def test_rendered_config_passes_haproxy_check(haproxy):
@@ -48,11 +52,17 @@ def test_each_vm_has_an_acl_on_its_meta_addresses_and_signed_headers():
     assert "    use_backend vm0 if vm0\n    use_backend vm1 if vm1\n" in text
     backend_a = text.split("backend vm0\n", 1)[1].split("\n\n", 1)[0]
     assert "http-request set-header X-Instance-ID uuid-a" in backend_a
-    assert f"http-request set-header X-Instance-ID-Signature {sign(b's', 'uuid-a')}" in backend_a
+    stamp = "    http-request set-var(txn.imds_ts) date\n"
+    assert stamp + "    http-request set-header X-Instance-ID-Timestamp %[var(txn.imds_ts)]\n" in backend_a
+    # The signed message is imds.signing.stamped_message: "<date>\n<id>\n<tenant>", the date taken once.
+    signature = ("    http-request set-header X-Instance-ID-Signature "
+                 '%[var(txn.imds_ts),concat("\\nuuid-a\\ntenant-a"),hmac(sha256,proc.imds_key),hex,lower]\n')
+    assert signature in backend_a
     assert "http-request set-header X-Tenant-ID tenant-a" in backend_a
     assert "server imds 127.0.0.1:8000" in backend_a
     backend_b = text.split("backend vm1\n", 1)[1]
     assert "http-request del-header X-Tenant-ID" in backend_b
+    assert 'concat("\\nuuid-b\\n"),hmac(sha256,proc.imds_key)' in backend_b
     assert "default_backend unknown" in text
     assert "http-request return status 404" in text
 
@@ -82,12 +92,27 @@ def test_a_token_put_carrying_a_forwarding_header_is_refused_in_the_frontend():
     assert frontend.index(refuse) < frontend.index("use_backend vm0")
 
 
-def test_rendering_is_deterministic_and_secret_free():
-    """Same VMs in any order give the same text; the shared secret itself never appears."""
-    assert render(FRONT, [VM_A, VM_B], UPSTREAM) == render(FRONT, [VM_B, VM_A], UPSTREAM)
-    secret = "a-long-shared-secret"
-    text = render(FRONT, [Backend("t", ("240.0.0.2",), "u", sign(secret.encode(), "u"))], UPSTREAM)
-    assert secret not in text
+def test_rendering_is_deterministic_and_secret_free(haproxy, tmp_path):
+    """Same VMs in any order give the same text; neither the secret nor its base64 is ever on disk."""
+    text = render(FRONT, [VM_A, VM_B], UPSTREAM)
+    assert text == render(FRONT, [VM_B, VM_A], UPSTREAM)
+    assert f"    set-var proc.imds_key env({SIGNING_KEY_ENV})\n" in text.split("\ndefaults\n", 1)[0]
+    haproxy.check(text)
+    written = b"".join(path.read_bytes() for path in tmp_path.iterdir() if path.is_file())
+    assert text.encode() in written
+    for needle in (SECRET, base64.b64encode(SECRET)):
+        assert needle not in written
+
+
+def test_the_config_refuses_to_load_without_the_signing_key(haproxy, tmp_path):
+    """Started by hand, without the agent's environment, haproxy stops instead of sending empty signatures."""
+    config = tmp_path / "bare.cfg"
+    config.write_text(render(FRONT, [VM_A], UPSTREAM))
+    env = {key: value for key, value in os.environ.items() if key != SIGNING_KEY_ENV}
+    bare = subprocess.run([haproxy.binary, "-c", "-f", str(config)], capture_output=True, text=True, env=env,
+                          check=False, timeout=30)
+    assert bare.returncode != 0
+    assert f"{SIGNING_KEY_ENV} is not set" in bare.stdout + bare.stderr
 
 
 def test_namespace_and_ipv6_upstream(haproxy):
@@ -115,3 +140,11 @@ def test_tokens_that_could_break_the_config_are_refused():
     assert safe_token("6f1b1a2e-0d4c-4c1e-9a7e-3d2f1b0c9a8e")
     for bad in ("a b", 'a"b', "a\nb", "", "-x", "a#b"):
         assert not safe_token(bad)
+
+
+def test_a_change_watch_gets_the_watch_maximum_on_top_of_the_server_timeout(haproxy):
+    """Ordinary requests keep ``timeout server``; any wait_for_change read gets --watch-max-timeout more."""
+    text = render(Frontend(("240.0.0.1",), watch_max_timeout=120, server_timeout=30), [VM_A], UPSTREAM)
+    assert "    timeout server 30s\n" in text
+    assert "    http-request set-timeout server 150s if { url_param(wait_for_change) -m found }\n" in text
+    haproxy.check(text)

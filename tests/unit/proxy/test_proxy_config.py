@@ -47,3 +47,10 @@ def test_errors_name_the_flag(change, named):
 
 def test_every_proxy_variable_is_namespaced():
     assert all(option.env.startswith("IMDS_PROXY_") for option in PROXY_OPTIONS)
+
+
+def test_watch_max_timeout_defaults_to_serves_and_must_be_positive():
+    assert load_proxy({}, BASE).watch_max_timeout == 300
+    assert load_proxy({}, {**BASE, "IMDS_PROXY_WATCH_MAX_TIMEOUT": "60"}).watch_max_timeout == 60
+    with pytest.raises(ConfigError, match="watch-max-timeout"):
+        load_proxy({"watch_max_timeout": 0}, BASE)

@@ -8,7 +8,7 @@ from contextlib import asynccontextmanager
 
 import pytest
 
-from imds.proxy.upstream import UpstreamFailed, UpstreamPool, UpstreamTimeout
+from imds.proxy.upstream import UpstreamFailed, UpstreamPool
 
 pytestmark = pytest.mark.anyio
 
@@ -98,14 +98,17 @@ async def test_chunked_answers_stream_and_the_request_carries_host_and_body():
     assert request.endswith(b"pwd")
 
 
-async def test_an_upstream_that_never_answers_times_out():
+async def test_an_upstream_that_never_answers_is_ended_by_the_callers_deadline():
+    """The pool has no per-read bound: the proxy's one deadline (an asyncio.timeout) ends it, connection dropped."""
     async def silent(reader: asyncio.StreamReader, _writer: asyncio.StreamWriter) -> None:
         await reader.read()  # until the client gives up
 
     async with server(silent) as (url, _):
-        pool = UpstreamPool(url, timeout=0.2)
-        with pytest.raises(UpstreamTimeout):
-            await pool.request("GET", b"/", [], None)
+        pool = UpstreamPool(url)
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(0.2):
+                await pool.request("GET", b"/", [], None)
+        assert not pool._idle  # the cut connection is not kept for reuse
         await pool.aclose()
 
 

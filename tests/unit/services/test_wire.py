@@ -10,6 +10,7 @@ from datetime import UTC, datetime, timedelta, timezone
 import pytest
 
 from imds.errors import InvalidInput
+from imds.services.records.limits import Limits
 from imds.services.records.wire import (
     document_timestamp,
     parse_instance_id,
@@ -19,6 +20,7 @@ from imds.services.records.wire import (
 )
 
 ID = "3f2504e0-4f89-11d3-9a0c-0305e82c3301"
+STRICT = Limits(strict_records=True)  # --strict-records: the rules before hollow's readings were accepted
 
 
 def problems(exc: pytest.ExceptionInfo[InvalidInput]) -> dict[str, str]:
@@ -153,9 +155,9 @@ def test_body_must_be_an_object(body):
 
 
 def test_missing_fields_are_each_required():
-    """``{}`` names id, ipAddresses and metadata."""
+    """``{}`` names id, ipAddresses and metadata (--strict-records)."""
     with pytest.raises(InvalidInput) as caught:
-        parse_metadata_write({})
+        parse_metadata_write({}, STRICT)
     assert problems(caught) == {
         "id": "is required",
         "ipAddresses": "is required: the complete list (send [] to remove every address)",
@@ -165,9 +167,9 @@ def test_missing_fields_are_each_required():
 
 @pytest.mark.parametrize("value", [None, "10.0.0.1", {"0": "10.0.0.1"}, 5])
 def test_ip_addresses_must_be_a_list(value):
-    """A null list is "required"; strings, objects and numbers are "must be a list"."""
+    """A null list is "required" (--strict-records); strings, objects and numbers are "must be a list"."""
     with pytest.raises(InvalidInput) as caught:
-        parse_metadata_write(metadata(ipAddresses=value))
+        parse_metadata_write(metadata(ipAddresses=value), STRICT)
     message = problems(caught)["ipAddresses"]
     assert message.startswith("is required" if value is None else "must be a list")
 

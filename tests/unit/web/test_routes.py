@@ -44,7 +44,7 @@ async def test_dispatch_maps_every_row_to_its_flavors_handler():
     assert await _body(exact["/"]) == b"ec2.versions"
     assert await _body(exact["/phone-home"]) == b"channel.phone_home"
     assert await _body(prefixes["nocloud"]) == b"nocloud.handle"
-    assert set(prefixes) == {*VERSIONS, "openstack", "nocloud", "ganeti"}
+    assert set(prefixes) == {*VERSIONS, "openstack", "nocloud", "ganeti", "computeMetadata"}
     assert f"{API_V1}/events" not in exact  # only rows marked aliased are answered under /api/v1
 
 

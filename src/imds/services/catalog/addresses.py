@@ -1,7 +1,10 @@
 """IP address parsing, normalisation and the longest-prefix-match index.
 
 Addresses are stored as networks: a host address is a /32 (or /128). IPv4-mapped IPv6
-addresses (``::ffff:10.0.0.5``) are the IPv4 address they carry, everywhere.
+addresses (``::ffff:10.0.0.5``) are the IPv4 address they carry, everywhere. An address
+written with a prefix and host bits set (``10.70.17.9/31``, as Equinix and hollow list them)
+is, unless ``--strict-records``, the network it names (``10.70.17.8/31``) for matching, and
+keeps its spelling for storage and display (``imds.models.SpelledIPv4Network``).
 """
 
 from __future__ import annotations
@@ -10,18 +13,20 @@ import functools
 import ipaddress
 import socket
 
-from imds.models import Address, Network
+from imds.models import Address, Network, SpelledIPv4Network, SpelledIPv6Network
 
 _BITS = {4: 32, 6: 128}
 _SMALL = 8  # an instance with more addresses than this compares them as a set
 
 
-def parse_network(text: str) -> Network:
+def parse_network(text: str, *, spelled: bool = False) -> Network:
     """Parse a host address or CIDR in any valid textual form into a normalised network.
 
-    A CIDR with host bits set (``10.1.2.3/24``) is refused rather than widened: it is
-    either a typo for the network or a host written with its prefix, and guessing which
-    would bind a different set of callers. Raises ValueError with a readable message.
+    A CIDR with host bits set (``10.1.2.3/24``) is refused rather than widened (it is either
+    a typo for the network or a host written with its prefix) unless ``spelled``: hollow's
+    reading, where ``10.70.17.9/31`` is the address as Equinix lists it and covers the
+    network ``10.70.17.8/31``; it is then kept as sent (``models.SpelledIPv4Network``).
+    Raises ValueError with a readable message.
     """
     value = text.strip()
     if not value or value != text or "%" in value:
@@ -33,14 +38,17 @@ def parse_network(text: str) -> Network:
         msg = f"{text!r} is not an IP address or CIDR"
         raise ValueError(msg) from exc
     given = ipaddress.ip_interface(value).ip
+    mapped = network.network_address.ipv4_mapped if isinstance(network, ipaddress.IPv6Network) else None
     if given != network.network_address:
-        msg = (f"{text!r} has host bits set: write the network {network} or the host {given} "
-               "(a CIDR is never widened)")
-        raise ValueError(msg)
-    if isinstance(network, ipaddress.IPv6Network) and network.network_address.ipv4_mapped is not None:
-        mapped = network.network_address.ipv4_mapped
-        prefix = max(network.prefixlen - 96, 0)
-        return ipaddress.ip_network(f"{mapped}/{prefix}", strict=False)
+        if not spelled:
+            msg = (f"{text!r} has host bits set: write the network {network} or the host {given} "
+                   "(a CIDR is never widened)")
+            raise ValueError(msg)
+        if mapped is not None and isinstance(given, ipaddress.IPv6Address) and given.ipv4_mapped is not None:
+            return SpelledIPv4Network(f"{given.ipv4_mapped}/{max(network.prefixlen - 96, 0)}")
+        return SpelledIPv6Network(value) if isinstance(network, ipaddress.IPv6Network) else SpelledIPv4Network(value)
+    if mapped is not None:
+        return ipaddress.ip_network(f"{mapped}/{max(network.prefixlen - 96, 0)}", strict=False)
     return network
 
 
@@ -80,11 +88,18 @@ def pack_network(network: Network) -> int:
 
 
 def pack_stored(text: str) -> int:
-    """``pack_network`` of a stored (normalised, ``str(network)``) address, without an ipaddress object."""
+    """``pack_network`` of a stored address, without an ipaddress object.
+
+    Stored texts are normalised (``str(network)``) or an address with a prefix kept as sent
+    (``10.70.17.9/31``): the host bits are masked off, so both pack as the network they cover.
+    """
     address, _, length = text.partition("/")
+    prefixlen = int(length)
     if ":" in address:
-        return (int.from_bytes(socket.inet_pton(socket.AF_INET6, address)) << 8 | int(length)) << 1 | 1
-    return (int.from_bytes(socket.inet_aton(address)) << 8 | int(length)) << 1
+        value, bits = int.from_bytes(socket.inet_pton(socket.AF_INET6, address)), 128
+        return (value >> (bits - prefixlen) << (bits - prefixlen) << 8 | prefixlen) << 1 | 1
+    value, bits = int.from_bytes(socket.inet_aton(address)), 32
+    return (value >> (bits - prefixlen) << (bits - prefixlen) << 8 | prefixlen) << 1
 
 
 def unpack_network(key: int) -> Network:

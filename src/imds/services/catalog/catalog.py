@@ -73,6 +73,13 @@ class Catalog:
         for instance_id, entry in self._entries.items():
             yield instance_id, entry.addresses
 
+    def os_records(self) -> Iterator[tuple[str, OsRecord]]:
+        """(instance id, its Ganeti OS record) for every instance that has one (without materialising it)."""
+        for instance_id, entry in self._entries.items():
+            record = entry.os
+            if record is not None:
+                yield instance_id, record
+
     def get(self, instance_id: str) -> Entry | None:
         """The instance with this id, if the catalog holds it."""
         return self._entries.get(instance_id)

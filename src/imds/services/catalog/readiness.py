@@ -7,6 +7,7 @@ from typing import Any
 
 from imds.errors import StoreUnavailable
 from imds.services.catalog.catalog import Catalog
+from imds.services.ganeti.crypto import PrivateCipher
 from imds.store import Store
 
 
@@ -29,9 +30,12 @@ class Readiness:
                 "problems": list(self.problems), "loading": self.loading}
 
 
-async def readiness(catalog: Catalog, store: Store) -> Readiness:
-    """Check the catalog is loaded and the store answers a ping."""
+async def readiness(catalog: Catalog, store: Store, cipher: PrivateCipher | None = None) -> Readiness:
+    """Check the catalog is loaded, the store answers a ping and every stored private value can be decrypted."""
     problems = [] if catalog.loaded else ["instance index not loaded"]
+    unreadable = cipher.problem() if cipher is not None else None
+    if unreadable is not None:
+        problems.append(unreadable)
     try:
         await store.ping()
     except StoreUnavailable as exc:

@@ -74,7 +74,7 @@ class OsRecords:
 
     async def put(self, write: OsWrite, *, subject: str) -> OsWriteResult:
         """Replace the instance's OS record unless the write is stale."""
-        self._check_definition(write)
+        self.check_definition(write)
         generation = uuid.uuid4().hex
         record, held = self._split(write, generation)
         previous = self.vault.keep(write.id, held)  # before the commit, so no read sees the record without them
@@ -244,7 +244,7 @@ class OsRecords:
         )
         return record, Held(generation, secrets, write.package_auth)
 
-    def _check_definition(self, write: OsWrite) -> None:
+    def check_definition(self, write: OsWrite) -> None:
         """With definitions loaded, the OS type must be one, and parameters must be declared."""
         if not len(self.definitions):
             return

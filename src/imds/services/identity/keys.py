@@ -1,4 +1,4 @@
-"""Server keys kept in the data directory: created once (mode 0600), then reused.
+"""Server keys kept in the data directory: created once (mode 0600, the directory 0700 when made here), then reused.
 
 Replicas that must agree on a key (IMDSv2 tokens minted by one and checked by another;
 one identity certificate) should be given the same file with the matching flag.
@@ -29,7 +29,8 @@ def load_or_create(path: Path, create: Callable[[], bytes]) -> bytes:
     # a half-written one; if it linked first, its key wins and this one is discarded.
     scratch: Path | None = None
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        if not path.parent.exists():
+            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")  # mode 0600
         scratch = Path(name)
         with os.fdopen(fd, "wb") as handle:

@@ -2,13 +2,21 @@
 
 ``imds proxy`` (or the haproxy ``imds agent`` renders) knows which VM is calling from
 something the VM cannot forge (its isolated network, its OVS port) and names it in
-``X-Instance-ID``, signed in ``X-Instance-ID-Signature`` (``imds.signing``). The rules:
+``X-Instance-ID``, stamped in ``X-Instance-ID-Timestamp`` and signed in
+``X-Instance-ID-Signature`` (``imds.signing``). The rules:
 
 - Only a socket peer inside a ``--trusted-proxy`` network is heard; from any other peer
   these headers are ignored entirely and the peer address decides, as without a proxy.
 - An id without a signature is malformed (400, naming the header); a signature that
   verifies under neither the current nor the previous secret is refused (403, logged with
   the id and the peer only); with no secret configured every signed id is refused (403).
+- The signature covers the timestamp and the tenant (``X-Tenant-ID``, when sent): a
+  timestamp that is not whole unix seconds is malformed (400); one further than the
+  window (``--proxy-signature-window``, 30 s) from this server's clock is refused (403,
+  logged ``proxy.stale_signature``), so a captured header cannot be replayed for long.
+- Without a timestamp the legacy signature (of the id alone, as a Neutron-style proxy
+  sends it) is accepted only with ``--accept-unstamped-signatures``; otherwise the
+  request is malformed (400, naming ``X-Instance-ID-Timestamp``).
 - ``X-Tenant-ID``, when sent, must equal the record's ``project_id`` when it has one; a
   mismatch answers as if the instance did not exist (404).
 - IMDSv2: a token PUT through a proxy is refused (AWS's rule against in-guest reverse
@@ -20,17 +28,21 @@ something the VM cannot forge (its isolated network, its OVS port) and names it 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import NoReturn
 
 from imds import log
-from imds.errors import BadSignature, InvalidInput, ProxyNotConfigured
+from imds.errors import BadSignature, InvalidInput, ProxyNotConfigured, StaleSignature
 from imds.models import Address, Instance, Network
 from imds.services.identity.identify import is_trusted
-from imds.signing import verify
+from imds.signing import verify, verify_stamped
 
 _log = log.get("proxied")
 _SIGNATURE_FIELD = "X-Instance-ID-Signature"
+_TIMESTAMP_FIELD = "X-Instance-ID-Timestamp"
+DEFAULT_WINDOW = 30
 
 
 @dataclass(frozen=True)
@@ -52,15 +64,32 @@ class SignedIdentity:
     """Checks ``X-Instance-ID`` claims against the trusted networks and the shared secrets.
 
     ``secrets`` holds the current secret first, then the previous one during a rotation;
-    they are read once at startup and never logged.
+    they are read once at startup and never logged. A stamped claim is accepted within
+    ``window`` seconds of ``clock()``; an unstamped one only when ``accept_unstamped``.
     """
 
-    def __init__(self, trusted: Sequence[Network], secrets: Sequence[bytes]) -> None:
+    def __init__(
+        self,
+        trusted: Sequence[Network],
+        secrets: Sequence[bytes],
+        *,
+        window: int = DEFAULT_WINDOW,
+        accept_unstamped: bool = False,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self._trusted = tuple(trusted)
         self._secrets = tuple(secrets)
+        self._window = window
+        self._accept_unstamped = accept_unstamped
+        self._clock = clock
 
     def claim(
-        self, peer: Address | None, instance_id: str | None, signature: str | None, tenant_id: str | None
+        self,
+        peer: Address | None,
+        instance_id: str | None,
+        signature: str | None,
+        tenant_id: str | None,
+        timestamp: str | None = None,
     ) -> Claim | None:
         """The verified claim of this request, or None when it makes none the peer may make.
 
@@ -75,12 +104,34 @@ class SignedIdentity:
             raise ProxyNotConfigured
         if signature is None or not signature.strip():
             raise InvalidInput.one(_SIGNATURE_FIELD, "required with X-Instance-ID from a trusted proxy")
-        if not verify(self._secrets, instance_id, signature):
-            # The id and the peer only: never the secret, the signature sent or the one expected.
-            _log.warning("proxy.bad_signature", instance_id=instance_id, peer=str(peer))
-            raise BadSignature(instance_id)
-        tenant = tenant_id.strip() if tenant_id is not None else None
-        return Claim(instance_id, tenant or None)
+        tenant = (tenant_id.strip() if tenant_id is not None else None) or None
+        stamp = timestamp.strip() if timestamp is not None else ""
+        if stamp:
+            self._check_stamped(peer, instance_id, stamp, tenant, signature)
+        elif not self._accept_unstamped:
+            raise InvalidInput.one(_TIMESTAMP_FIELD, "required with X-Instance-ID from a trusted proxy "
+                                                     "(unstamped signatures need --accept-unstamped-signatures)")
+        elif not verify(self._secrets, instance_id, signature):
+            self._refuse(peer, instance_id)
+        return Claim(instance_id, tenant)
+
+    def _check_stamped(self, peer: Address, instance_id: str, stamp: str, tenant: str | None, signature: str) -> None:
+        if not stamp.isascii() or not stamp.isdigit() or len(stamp) > 12:  # unix seconds, not milliseconds
+            raise InvalidInput.one(_TIMESTAMP_FIELD, "must be whole unix seconds")
+        seconds = int(stamp)
+        if not verify_stamped(self._secrets, instance_id, seconds, tenant, signature):
+            self._refuse(peer, instance_id)
+        skew = seconds - int(self._clock())  # whole seconds on both sides, as the proxy stamps them
+        if abs(skew) > self._window:
+            # Signed by a holder of the secret, but not now: a replay, or a proxy whose clock is off.
+            _log.warning("proxy.stale_signature", instance_id=instance_id, peer=str(peer), skew=skew)
+            raise StaleSignature(instance_id, self._window)
+
+    @staticmethod
+    def _refuse(peer: Address, instance_id: str) -> NoReturn:
+        # The id and the peer only: never the secret, the signature sent or the one expected.
+        _log.warning("proxy.bad_signature", instance_id=instance_id, peer=str(peer))
+        raise BadSignature(instance_id)
 
 
 def may_mint_through(claim: Claim | None, forwarded_for: Sequence[str]) -> bool:

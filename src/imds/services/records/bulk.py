@@ -15,17 +15,19 @@ written (a re-run of the same import writes nothing); the rest go through
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from imds.errors import InvalidInput, Problem
-from imds.models import Instance, MetadataWrite, UserdataWrite
+from imds.models import SECRET, Instance, MetadataWrite, UserdataWrite
 from imds.services.ganeti.records import OsRecords
 from imds.services.ganeti.transfer import os_unchanged, parse_os_item
-from imds.services.ganeti.wire import OsWrite
+from imds.services.ganeti.wire import SECTIONS, OsWrite
+from imds.services.records.limits import Limits, check_size
 from imds.services.records.upsert import Records
-from imds.services.records.wire import parse_metadata_write, parse_userdata_write
+from imds.services.records.wire import DEFAULT_LIMITS, notes, parse_metadata_write, parse_userdata_write
 from imds.store import Store
 
 Outcome = Literal["created", "updated", "unchanged", "stale", "rejected"]
@@ -53,8 +55,12 @@ class Result:
     reason: str | None = None
 
 
-def parse_item(obj: Any, *, label: str, max_os_value_bytes: int = 4096) -> Item:
-    """An upsert object → Item, or InvalidInput naming every offending field."""
+def parse_item(obj: Any, *, label: str, max_os_value_bytes: int = 4096, limits: Limits = DEFAULT_LIMITS) -> Item:
+    """An upsert object → Item, or InvalidInput naming every offending field.
+
+    ``limits`` are the admin API's (``Limits.of(settings.limits)``): an item may hold no more
+    than one admin write could (its userdata and its metadata each at most ``max_body_bytes``).
+    """
     if not isinstance(obj, dict):
         raise InvalidInput.one("item", "must be a JSON object")
     if "metadata" not in obj and "userdata" not in obj:
@@ -63,14 +69,15 @@ def parse_item(obj: Any, *, label: str, max_os_value_bytes: int = 4096) -> Item:
     metadata = userdata = None
     if "metadata" in obj:
         try:
-            metadata = parse_metadata_write({k: obj.get(k) for k in ("id", "ipAddresses", "metadata")})
+            metadata = parse_metadata_write({k: obj.get(k) for k in ("id", "ipAddresses", "metadata")}, limits)
         except InvalidInput as exc:
             problems += exc.problems
     if "userdata" in obj:
         try:
-            userdata = parse_userdata_write(obj)
+            userdata = parse_userdata_write(obj, limits)
         except InvalidInput as exc:
             problems += [p for p in exc.problems if p not in problems]
+    problems += _oversized(metadata, userdata, limits)
     first = metadata or userdata
     os_write = None
     if "os" in obj and first is not None:
@@ -81,6 +88,32 @@ def parse_item(obj: Any, *, label: str, max_os_value_bytes: int = 4096) -> Item:
     if problems or first is None:
         raise InvalidInput(problems)
     return Item(label, first.id, metadata, userdata, os_write)
+
+
+def _oversized(metadata: MetadataWrite | None, userdata: UserdataWrite | None, limits: Limits) -> list[Problem]:
+    """The parts larger than one admin write may carry (the admin API refuses such a body with 413)."""
+    sizes = []
+    if userdata is not None:
+        sizes.append(("userdata", len(userdata.userdata)))
+    if metadata is not None:
+        sizes.append(("metadata", len(json.dumps(metadata.metadata, separators=(",", ":")).encode())))
+    return [problem for field, size in sizes if (problem := check_size(field, size, limits)) is not None]
+
+
+def item_notes(item: Item, *, offline: bool) -> list[str]:
+    """What an import says about one item besides its outcome: hollow's readings and dropped secrets.
+
+    ``offline``: the import writes to the database, where secret OS values are never stored
+    (a server holds them in its memory only), so each one is named as dropped.
+    """
+    first = item.metadata or item.userdata
+    found = notes(first) if first is not None else []
+    if offline and item.os is not None:
+        found += [f"os.{section}.{name}: a secret value is never stored in the database; this import drops it "
+                  f"(push it to a running server: imds import --url, or POST /device-os)"
+                  for section in SECTIONS for name, param in getattr(item.os, section).items()
+                  if param.visibility == SECRET]
+    return found
 
 
 def rejected(label: str, obj: Any, exc: InvalidInput) -> Result:
@@ -95,7 +128,7 @@ def _unchanged(item: Item, stored: Instance, os_records: OsRecords | None) -> bo
         return False
     first = item.metadata or item.userdata
     assert first is not None  # noqa: S101 - parse_item guarantees one part
-    if set(first.addresses) != set(stored.addresses):
+    if {str(a) for a in first.addresses} != {str(a) for a in stored.addresses}:  # spellings too (kept as sent)
         return False
     if item.metadata is not None and item.metadata.metadata != stored.metadata:
         return False

@@ -11,6 +11,11 @@ recursion, and report each offending value under its path (``metadata.a.b[2]``).
 | nesting depth of a document | ``--max-document-depth`` | 64 |
 | object keys in a document | ``--max-document-keys`` | 20000 |
 | request body bytes | ``--max-body-bytes`` | 1 MiB (checked while reading, see ``imds.web.body``) |
+| one item's userdata or metadata | ``--max-body-bytes`` | 1 MiB (``imds import``: as one admin write) |
+| hollow's readings or the strict ones | ``--strict-records`` | off (see docs/hollow.md) |
+
+The admin API, ``imds import`` and the pull-mode lookups all check with these ``Limits``
+(``Limits.of(settings.limits)``), so an import accepts exactly what a write would.
 """
 
 from __future__ import annotations
@@ -38,6 +43,22 @@ class Limits:
     max_addresses: int = 4096
     max_document_depth: int = 64
     max_document_keys: int = 20000
+    max_body_bytes: int = 1024 * 1024
+    strict_records: bool = False  # True: host bits, a document id not the record's, no ipAddresses → refused
+
+    @classmethod
+    def of(cls, settings: Any) -> Limits:
+        """The limits in a ``settings.limits`` group (fields absent there keep their defaults)."""
+        names = ("max_addresses", "max_document_depth", "max_document_keys", "max_body_bytes", "strict_records")
+        return cls(**{name: getattr(settings, name) for name in names if hasattr(settings, name)})
+
+
+def check_size(field: str, size: int, limits: Limits) -> Problem | None:
+    """A problem when one item's ``field`` (userdata, metadata) is larger than one admin write may be."""
+    if size <= limits.max_body_bytes:
+        return None
+    return Problem(field, f"is {size} bytes; at most {limits.max_body_bytes} are accepted, as in one admin write "
+                          f"({flag_of('max_body_bytes')})")
 
 
 def check_addresses_count(count: int, limits: Limits) -> Problem | None:

@@ -28,13 +28,24 @@ from imds.services.records.bulk import Item, Result, apply_batch
 from imds.services.records.readout import stored_instance, stored_instances
 from imds.services.records.upsert import Records
 from imds.store import Store, open_store
+from imds.store.journal import Journal
 
 
 class _Detached(Catalog):
-    """No in-memory index outside a server: servers see these writes through the change feed."""
+    """No in-memory index outside a server: servers see these writes through the change feed.
+
+    A write is marked applied and cut from the ones before it, so an import holds neither
+    the instances it wrote nor the chain of their journals (its memory stays flat).
+    """
 
     async def refresh(self, instance_ids: Iterable[str]) -> None:  # noqa: ARG002 - the overridden signature
         return None
+
+    async def written(self, journal: Journal) -> None:
+        """Nothing to index: mark the pending groups applied (walking them cuts the chain's links)."""
+        for group in journal.pending():
+            for member in group.members:
+                member.applied = True
 
 
 class OfflineRecords:
@@ -42,8 +53,9 @@ class OfflineRecords:
 
     def __init__(self, store: Store, cipher: PrivateCipher | None = None) -> None:
         self.store = store
-        self.records = Records(store, _Detached(store), Metrics())
-        self.os = OsRecords(store, _Detached(store), cipher=cipher or PrivateCipher([]),
+        self.catalog: Catalog = _Detached(store)  # indexes nothing (see _Detached)
+        self.records = Records(store, self.catalog, Metrics())
+        self.os = OsRecords(store, self.catalog, cipher=cipher or PrivateCipher([]),
                             definitions=OsDefinitions.load(None))
 
     async def get(self, instance_id: str) -> Instance:

@@ -28,7 +28,7 @@ from imds.services.catalog.catalog import Catalog
 from imds.services.identity.proxytrust import inside_trusted
 from imds.services.records.audit import delete_event, write_event
 from imds.services.records.coalesce import Coalescer
-from imds.services.records.wire import document_timestamp
+from imds.services.records.wire import document_timestamp, notes
 from imds.store.interface import Store
 
 _log = log.get("records")
@@ -117,8 +117,11 @@ class Records:
             moved={display(a): held_by for a, held_by in result.moved.items()},
             dropped=[display(a) for a in result.dropped],
         )
-        if result.warnings:
-            _log.warning("record.inside_trusted_proxy", instance_id=result.instance_id, problems=list(result.warnings))
+        readings = set(notes(upsert.first))  # hollow's readings the write relied on, said in its answer
+        if readings:
+            _log.info("record.hollow_readings", instance_id=result.instance_id, notes=sorted(readings))
+        if trusted := [warning for warning in result.warnings if warning not in readings]:
+            _log.warning("record.inside_trusted_proxy", instance_id=result.instance_id, problems=trusted)
         return result
 
     # --- many upserts in one transaction (imds import) ---------------------------------------
@@ -172,7 +175,8 @@ class Records:
                 await tx.mark_changed([first.id, *moved.values()])  # one feed block per write, in order
                 results[index] = WriteResult(first.id, applied=True, addresses=first.addresses, moved=moved,
                                              dropped=dropped,
-                                             warnings=tuple(inside_trusted(first.addresses, self._trusted)))
+                                             warnings=(*notes(first),
+                                                       *inside_trusted(first.addresses, self._trusted)))
                 # One entry per record written, as two single writes would make (the second moves nothing).
                 kinds = [kind for kind, part in ((METADATA, upsert.metadata), (USERDATA, upsert.userdata)) if part]
                 events += [

@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from imds.errors import InvalidInput, Problem
-from imds.models import JsonObject, MetadataWrite, Network, UserdataWrite
+from imds.models import JsonObject, MetadataWrite, Network, UserdataWrite, covered
 from imds.services.catalog.addresses import parse_network
 from imds.services.records.limits import Limits, check_addresses_count, check_document, flag_of
 from imds.services.records.parts import check_parts
@@ -95,19 +95,38 @@ def parse_instance_id(value: Any, field: str = "id") -> str:
 def parse_metadata_write(body: Any, limits: Limits = DEFAULT_LIMITS) -> MetadataWrite:
     """``{id, ipAddresses, metadata}``: metadata is a JSON object or a JSON-encoded string.
 
-    The document's own ``id``, when present, must be the record's id (every flavor shows
-    the record id; a different one would show only in the JSON flavor).
+    The document's own ``id`` may differ from the record id, as in hollow: the document is
+    stored and served as sent, and every flavor names the instance by the record id
+    (``notes`` says so in the write's answer). With ``limits.strict_records`` it must be the
+    record's id (or be left out).
     """
     problems: list[Problem] = []
     fields = _object(body, problems)
     instance_id = _instance_id(fields.get("id"), "id", problems)
     addresses = _addresses(fields, problems, limits)
     document = _metadata(fields.get("metadata"), problems, limits)
-    if document is not None and instance_id is not None and "id" in document:
+    if document is not None and instance_id is not None and "id" in document and limits.strict_records:
         _document_id(document["id"], instance_id, problems)
     if problems or instance_id is None or document is None:
         raise InvalidInput(problems)
     return MetadataWrite(instance_id, addresses, document)
+
+
+def notes(write: MetadataWrite | UserdataWrite) -> list[str]:
+    """What a write's answer says about hollow's readings it relied on (nothing is silent).
+
+    An address with host bits set covers the network it names; a document id other than the
+    record id is stored as sent while every flavor names the instance by the record id.
+    """
+    found = [f"ipAddresses: {network} has host bits set: it covers the network {covers} "
+             "(matched by containment, longest prefix; stored and shown as sent)"
+             for network in write.addresses if (covers := covered(network)) is not None]
+    if isinstance(write, MetadataWrite) and "id" in write.metadata:
+        document_id = write.metadata["id"]
+        if not isinstance(document_id, str) or document_id.lower() != write.id:
+            found.append(f"metadata.id: {str(document_id)[:80]!r} is not the record id: the document is stored and "
+                         f"served as sent; every flavor names the instance {write.id}")
+    return found
 
 
 def _document_id(value: Any, instance_id: str, problems: list[Problem]) -> None:
@@ -163,8 +182,9 @@ def _instance_id(value: Any, field: str, problems: list[Problem]) -> str | None:
 
 def _addresses(fields: dict[str, Any], problems: list[Problem], limits: Limits) -> tuple[Network, ...]:
     if "ipAddresses" not in fields or fields["ipAddresses"] is None:
-        problems.append(Problem("ipAddresses", "is required: the complete list (send [] to remove every address)"))
-        return ()
+        if limits.strict_records or not fields:  # a body that is not an object has none of its fields
+            problems.append(Problem("ipAddresses", "is required: the complete list (send [] to remove every address)"))
+        return ()  # hollow's reading: no list is the empty list (the answer's "dropped" names what went)
     values = fields["ipAddresses"]
     if not isinstance(values, list):
         problems.append(Problem("ipAddresses", "must be a list of IP addresses or CIDRs"))
@@ -179,7 +199,7 @@ def _addresses(fields: dict[str, Any], problems: list[Problem], limits: Limits) 
             problems.append(Problem(f"ipAddresses[{index}]", "must be a string"))
             continue
         try:
-            networks[parse_network(value)] = None
+            networks[parse_network(value, spelled=not limits.strict_records)] = None
         except ValueError as exc:
             problems.append(Problem(f"ipAddresses[{index}]", str(exc)))
     return tuple(networks)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 from typing import Any
@@ -52,17 +53,45 @@ def create_engine(url: str, *, connect_timeout: float = 5.0, statement_timeout: 
             "application_name": application_name(),
             "statement_timeout": str(max(1, int(statement_timeout * 1000))),
         }
+        full, ssl = _sslmode(full)
         return create_async_engine(
             full, pool_pre_ping=True, pool_timeout=connect_timeout,
             connect_args={"timeout": connect_timeout, "command_timeout": statement_timeout,
-                          "server_settings": server_settings},
+                          "server_settings": server_settings, **ssl},
         )
-    database = make_url(full).database
-    if database and database != ":memory:":
-        Path(database).parent.mkdir(parents=True, exist_ok=True)
+    private_database(make_url(full).database)
     engine = create_async_engine(full, connect_args={"timeout": statement_timeout})
     _sqlite_session(engine.sync_engine, statement_timeout)
     return engine
+
+
+def private_database(database: str | None) -> None:
+    """Create an SQLite database file that does not exist yet mode 0600, in a directory made 0700.
+
+    SQLite gives its ``-wal`` and ``-shm`` files the database file's mode, so they are
+    private too. An existing file or directory keeps the mode it has (the operator's).
+    """
+    if not database or database == ":memory:" or database.startswith("file:"):
+        return
+    path = Path(database)
+    if not path.parent.exists():
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    with contextlib.suppress(FileExistsError):
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))  # an empty file is an empty database
+
+
+def _sslmode(url: str) -> tuple[str, dict[str, str]]:
+    """The URL without libpq's ``?sslmode=`` (as hollow's and most PostgreSQL URLs carry it), and asyncpg's ``ssl``.
+
+    SQLAlchemy hands every query parameter to ``asyncpg.connect`` as a keyword, and asyncpg
+    names it ``ssl`` (taking the same values: disable, prefer, require, verify-ca, verify-full).
+    """
+    parsed = make_url(url)
+    mode = parsed.query.get("sslmode")
+    if mode is None:
+        return url, {}
+    plain = parsed.difference_update_query(["sslmode"]).render_as_string(hide_password=False)
+    return plain, {"ssl": mode if isinstance(mode, str) else mode[-1]}
 
 
 def create_sqlite_write_engine(url: str, *, statement_timeout: float = 5.0) -> sa.Engine:
@@ -72,6 +101,7 @@ def create_sqlite_write_engine(url: str, *, statement_timeout: float = 5.0) -> s
     statements on the event loop's, one user at a time, hence ``check_same_thread=False``.
     """
     plain = make_url(url).set(drivername="sqlite+pysqlite")
+    private_database(plain.database)
     engine = sa.create_engine(plain, connect_args={"timeout": statement_timeout, "check_same_thread": False})
     _sqlite_session(engine, statement_timeout)
     return engine

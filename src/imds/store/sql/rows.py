@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import ipaddress
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from typing import TypeVar
 
+from imds import models
 from imds.models import Network
 
 _T = TypeVar("_T")
@@ -14,8 +14,8 @@ CHUNK = 500  # stays far below SQLite's bound-parameter limit
 
 
 def stored_network(text: str) -> Network:
-    """A stored (normalised) address; the class is picked up front, so IPv6 rows skip a failed IPv4 parse."""
-    return ipaddress.IPv6Network(text) if ":" in text else ipaddress.IPv4Network(text)
+    """A stored address (normalised, or an address with a prefix kept as sent: ``models.stored_network``)."""
+    return models.stored_network(text)
 
 
 def utc(value: datetime | None) -> datetime | None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import ipaddress
 import itertools
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
@@ -25,7 +24,7 @@ from imds.store.interface import record_kind
 from imds.store.journal import ADDRESSES, FORGET, OS, PASSWORD, PUT, REMOVE, Journal, Op
 from imds.store.sql import statements
 from imds.store.sql.os_rows import os_document, os_record
-from imds.store.sql.rows import chunks
+from imds.store.sql.rows import chunks, stored_network
 from imds.store.sql.tables import (
     instance_ip_addresses,
     instance_metadata,
@@ -63,7 +62,7 @@ def _replay_address_lists(
                 holding[previous].discard(address)
             owners[address] = instance_id
             mine.add(address)
-        results.append((moved, tuple(ipaddress.ip_network(a) for a in dropped)))
+        results.append((moved, tuple(stored_network(a) for a in dropped)))
     return owners, results
 
 

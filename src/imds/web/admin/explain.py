@@ -23,21 +23,25 @@ def explain_router(services: Services) -> APIRouter:
     """``/explain``, bound to ``services``."""
     router = APIRouter(tags=["admin"], responses=documented(400, 401, 403, 404, 503))
 
-    def explained(query: str) -> bytes:
+    async def explained(query: str) -> bytes:
         parsed = parse_query(query)
         lookup = services.lookup
         if isinstance(parsed, str):
+            found = await services.store.get(parsed)  # the addresses as sent (the index holds networks)
             entry = services.catalog.get(parsed)
-            if entry is None:
+            if found is None and entry is None:
                 raise InstanceNotStored(parsed)
             upstream = lookup.provenance(None, parsed) if lookup is not None else None
-            return encode(explain_instance(entry.instance, templates=services.templates,
-                                           upstream=upstream or {"configured": False}))
+            return encode(explain_instance(found or entry.instance,  # type: ignore[union-attr]
+                                           templates=services.templates, upstream=upstream or {"configured": False}))
         entries = services.catalog.containing(parsed)
         holder = entries[0][1] if entries else None
         upstream = lookup.provenance(parsed, holder) if lookup is not None else {"configured": False}
+        stored = await services.store.get_many({held_by for _, held_by in entries})
 
         def instance(instance_id: str) -> Instance | None:
+            if instance_id in stored:
+                return stored[instance_id]
             entry = services.catalog.get(instance_id)
             return entry.instance if entry is not None else None
 
@@ -48,13 +52,13 @@ def explain_router(services: Services) -> APIRouter:
     async def explain_query(request: Request, q: str) -> Response:
         await authorize(services, request, read_scopes(METADATA))
         await authorize(services, request, read_scopes(USERDATA))
-        return Response(explained(q), media_type=JSON)
+        return Response(await explained(q), media_type=JSON)
 
     @router.get("/explain/{instance_id}", summary="An instance's entries and what each flavor serves it",
                 openapi_extra={"parameters": [ID_PARAM]})
     async def explain_id(request: Request, instance_id: str) -> Response:
         await authorize(services, request, read_scopes(METADATA))
         await authorize(services, request, read_scopes(USERDATA))
-        return Response(explained(instance_id), media_type=JSON)
+        return Response(await explained(instance_id), media_type=JSON)
 
     return router

@@ -70,7 +70,7 @@ def records_admin_router(services: Services) -> APIRouter:
         for index, obj in enumerate(objects):
             label = f"item {index}"
             try:
-                items.append((index, parse_item(obj, label=label,
+                items.append((index, parse_item(obj, label=label, limits=services.limits,
                                                 max_os_value_bytes=services.settings.ganeti.os_param_max_bytes)))
             except InvalidInput as exc:
                 results[index] = rejected(label, obj, exc)

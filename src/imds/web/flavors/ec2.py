@@ -21,6 +21,7 @@ from imds.services.identity.tokens import TOKEN_HEADER, TTL_HEADER, forwarding, 
 from imds.services.render.ec2 import VERSIONS, version_root, versions_listing
 from imds.services.render.tree import body, resolve
 from imds.web.errors import status_for
+from imds.web.flavors.gce import GOOGLE_ROOT, google_flavored
 from imds.web.replies import plain
 from imds.web.routing import READ_METHODS, InstanceCall, Locator, Reply, header
 
@@ -44,9 +45,11 @@ class Ec2Flavor:
         return _VERSION_SHAPE.match(segment) is not None
 
     async def versions(self, call: InstanceCall) -> Reply:
-        """``GET /``: the versions served, one per line."""
+        """``GET /``: the versions served, one per line (GCE's root for ``Metadata-Flavor: Google``)."""
         if call.scope["method"] not in READ_METHODS:
             return plain(405)
+        if google_flavored(call):
+            return GOOGLE_ROOT
         return Reply(200, versions_listing().encode())
 
     async def handle(self, call: InstanceCall) -> Reply:

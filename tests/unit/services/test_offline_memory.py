@@ -1,0 +1,43 @@
+"""Records written outside a server are not held in memory: an import's memory does not grow with the fleet."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from imds.models import MetadataWrite, UserdataWrite
+from imds.services.catalog.addresses import parse_network
+from imds.services.records.bulk import Item
+from imds.services.records.offline import OfflineRecords
+from imds.store import open_store
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_offline_writes_leave_no_index_and_no_journal_chain(sqlite_url: str) -> None:
+    """Three batches into SQLite: stored, but the detached catalog indexes none and keeps no journal."""
+    store = open_store(sqlite_url)
+    try:
+        offline = OfflineRecords(store)
+        ids = []
+        for batch in range(3):
+            items = []
+            for n in range(4):
+                instance_id = str(uuid.uuid4())
+                address = (parse_network(f"10.9.{batch}.{n + 1}"),)
+                items.append(Item(f"line {n}", instance_id, MetadataWrite(instance_id, address, {"n": n}),
+                                  UserdataWrite(instance_id, address, b"\xff\x00")))
+                ids.append(instance_id)
+            assert [r.outcome for r in await offline.upsert(items, subject="test")] == ["created"] * 4
+        assert (await offline.get(ids[-1])).userdata == b"\xff\x00"
+        assert len(await offline.all()) == 12
+        assert all(offline.catalog.get(instance_id) is None for instance_id in ids)
+        async with store.write() as tx:
+            await tx.mark_changed([ids[0]])
+        await offline.catalog.written(tx.journal)
+        assert tx.journal.applied
+        assert tx.journal.group is not None
+        assert tx.journal.group.before is None
+    finally:
+        await store.close()
