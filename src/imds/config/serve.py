@@ -9,18 +9,8 @@ from __future__ import annotations
 
 from imds.config.option import Option, Rows, flavors, listen, networks, redact_url, template
 
-_http = Rows("http")
-_store = Rows("store")
-_callers = Rows("callers")
-_templates = Rows("templates")
-_admin = Rows("admin")
-_ec2 = Rows("ec2")
-_lookup = Rows("lookup")
-_limits = Rows("limits")
-_logging = Rows("logging")
-_ganeti = Rows("ganeti")
-_channel = Rows("channel")
-_gce = Rows("gce")
+_GROUPS = ("http", "store", "callers", "templates", "admin", "ec2", "lookup", "limits", "logging", "ganeti", "channel", "gce")
+(_http, _store, _callers, _templates, _admin, _ec2, _lookup, _limits, _logging, _ganeti, _channel, _gce) = map(Rows, _GROUPS)
 
 OPTIONS: tuple[Option, ...] = (
     _http("listen", "list", ("127.0.0.1:8000", "[::1]:8000"),

@@ -22,20 +22,12 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from imds.models import METADATA, USERDATA, AuditEvent, JsonObject, Network, OsRecord
 from imds.store.interface import record_kind
 from imds.store.journal import ADDRESSES, FORGET, OS, PASSWORD, PUT, REMOVE, Journal, Op
-from imds.store.sql import statements
+from imds.store.sql import statements, tables
 from imds.store.sql.os_rows import os_document, os_record
 from imds.store.sql.rows import chunks, stored_network
-from imds.store.sql.tables import (
-    instance_ip_addresses,
-    instance_metadata,
-    instance_os,
-    instance_passwords,
-    instance_userdata,
-    instances,
-)
 from imds.store.sql.writeconn import WriteConnection
 
-_RECORD_TABLES = {METADATA: instance_metadata, USERDATA: instance_userdata}
+_RECORD_TABLES = {METADATA: tables.instance_metadata, USERDATA: tables.instance_userdata}
 
 
 def _replay_address_lists(
@@ -100,9 +92,9 @@ class SqlTx:
     ) -> None:
         if self._dialect != "postgresql":  # PostgreSQL's upserts insert the instance rows themselves
             await self._ensure_instances([i for i, _ in metadata] + [i for i, _ in userdata])
-        at = await self._put_many(instance_metadata, "document", dict(metadata))
+        at = await self._put_many(tables.instance_metadata, "document", dict(metadata))
         self.journal.ops += [Op(PUT, i, METADATA, copy.deepcopy(document), at) for i, document in metadata]
-        at = await self._put_many(instance_userdata, "userdata", dict(userdata))
+        at = await self._put_many(tables.instance_userdata, "userdata", dict(userdata))
         self.journal.ops += [Op(PUT, i, USERDATA, bytes(data), at) for i, data in userdata]
 
     async def replace_addresses_many(
@@ -140,11 +132,11 @@ class SqlTx:
 
     async def forget_instance(self, instance_id: str) -> None:
         await self.conn.execute(
-            instance_ip_addresses.delete().where(instance_ip_addresses.c.instance_id == instance_id)
+            tables.instance_ip_addresses.delete().where(tables.instance_ip_addresses.c.instance_id == instance_id)
         )
         await self.remove_password(instance_id)  # the foreign key cascades too; this does not rely on it
         await self.remove_os(instance_id)
-        await self.conn.execute(instances.delete().where(instances.c.id == instance_id))
+        await self.conn.execute(tables.instances.delete().where(tables.instances.c.id == instance_id))
         self._known.discard(instance_id)
         self.journal.ops.append(Op(FORGET, instance_id))
 
@@ -157,7 +149,7 @@ class SqlTx:
         self.journal.end = self.seq
 
     async def put_password(self, instance_id: str, password: bytes) -> bool:
-        t = instance_passwords
+        t = tables.instance_passwords
         held = await self.conn.execute(sa.select(t.c.instance_id).where(t.c.instance_id == instance_id))
         if held.first() is not None:
             return False
@@ -168,16 +160,16 @@ class SqlTx:
         return True
 
     async def remove_password(self, instance_id: str) -> bool:
-        return await self._remove(instance_passwords, instance_id, PASSWORD)
+        return await self._remove(tables.instance_passwords, instance_id, PASSWORD)
 
     async def os_of(self, instance_id: str) -> OsRecord | None:
-        t = instance_os
+        t = tables.instance_os
         row = await self.conn.execute(sa.select(t.c.document).where(t.c.instance_id == instance_id))
         document: JsonObject | None = row.scalar_one_or_none()
         return None if document is None else os_record(document)
 
     async def put_os(self, instance_id: str, record: OsRecord) -> None:
-        t, document = instance_os, os_document(record)
+        t, document = tables.instance_os, os_document(record)
         await self._ensure_instance(instance_id)
         values = {"document": document, "updated_at": datetime.now(UTC)}
         statement = self._insert(t).values(instance_id=instance_id, **values)
@@ -185,7 +177,7 @@ class SqlTx:
         self.journal.ops.append(Op(PUT, instance_id, OS, os_record(copy.deepcopy(document))))
 
     async def remove_os(self, instance_id: str) -> bool:
-        return await self._remove(instance_os, instance_id, OS)
+        return await self._remove(tables.instance_os, instance_id, OS)
 
     async def append_audit(self, event: AuditEvent) -> None:
         await self.append_audit_many([event])
@@ -211,7 +203,7 @@ class SqlTx:
     async def _ensure_instance(self, instance_id: str) -> None:
         if instance_id in self._known:
             return
-        await self.conn.execute(self._insert(instances).values(id=instance_id).on_conflict_do_nothing())
+        await self.conn.execute(self._insert(tables.instances).values(id=instance_id).on_conflict_do_nothing())
         self._known.add(instance_id)
 
     async def _ensure_instances(self, instance_ids: Iterable[str]) -> None:
