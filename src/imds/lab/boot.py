@@ -134,7 +134,8 @@ def _run(cleanup: Cleanup, options: Options, chosen: Flavor, result: dict[str, A
     say(f"lab: record {guest.uuid} ({options.hostname}) pushed to {server.url}")
     names = datapath.Names(secrets.token_hex(2))
     secret = options.secret_file or out / "shared-secret"
-    datapath.Datapath(cleanup, out, names).build(datapath.Guest(guest.uuid, guest.mac, names.tap), server.url, secret)
+    port = datapath.Guest(guest.uuid, guest.mac, names.tap)
+    datapath.Datapath(cleanup, out, names).build(port, server.url, secret, onlink=chosen.onlink)
     say(f"lab: datapath up (bridge {names.bridge}, tap {names.tap}, agent + haproxy, dnsmasq)")
     cdrom = _config_drive(out, guest, server) if chosen.config_drive else None
     machine = Machine(options.image, out, names.tap, guest.mac, tuple(chosen.kernel_args(options.identify)),

@@ -161,7 +161,7 @@ class Datapath:
     out: Path
     names: Names
 
-    def build(self, guest: Guest, upstream: str, secret_file: Path, *, ipv6: bool = False) -> Switch:
+    def build(self, guest: Guest, upstream: str, secret_file: Path, *, onlink: bool = True) -> Switch:
         """OVS, br-int, dnsmasq's namespace and the guest's tap, plugged; then the agent with its haproxy."""
         require_tools()
         names = self.names
@@ -172,7 +172,7 @@ class Datapath:
         switch.ofctl("add-flow", names.bridge, f"cookie={LAB_COOKIE:#x},priority=0,actions=NORMAL")
         self._dhcp_namespace(switch)
         self._guest_tap(switch, guest)
-        self._dnsmasq(guest, ipv6=ipv6)
+        self._dnsmasq(guest, onlink=onlink)
         self._agent(switch, upstream, secret_file)
         return switch
 
@@ -208,18 +208,28 @@ class Datapath:
                      f"external_ids:iface-id={port_id}", f"external_ids:attached-mac={guest.mac}",
                      f"external_ids:vm-uuid={guest.uuid}", "external_ids:iface-status=active")
 
-    def _dnsmasq(self, guest: Guest, *, ipv6: bool) -> None:
-        """DHCP for the guest only: its fixed address, and 169.254.169.254 on-link (option 121)."""
+    def _dnsmasq(self, guest: Guest, *, onlink: bool) -> None:
+        """DHCP for the guest only: its fixed address, and 169.254.169.254 on-link (option 121) or a router.
+
+        It is the guest's DNS server too, with nothing upstream: every lookup is answered at once
+        (cloud-init resolves made-up names to detect DNS hijacking before its crawl).
+
+        AWS hands out a router and no route to 169.254.169.254 (the datapath takes the packet
+        whatever its next hop); Neutron's DHCP hands out the on-link route (flavors.py says why
+        EC2 guests get the router).
+        """
         out = self.out.resolve()
         args = ["ip", "netns", "exec", self.names.dhcp_netns, "dnsmasq", "--keep-in-foreground",
-                "--conf-file=/dev/null", "--port=0", "--interface=eth0", "--bind-interfaces", "--pid-file=",
+                "--conf-file=/dev/null", "--no-resolv", "--no-hosts", "--interface=eth0", "--bind-interfaces",
+                "--pid-file=",
                 "--user=root", f"--dhcp-leasefile={out / 'dnsmasq.leases'}", "--log-dhcp",
                 f"--log-facility={out / 'dnsmasq.log'}",
                 f"--dhcp-range={GUEST_IP},static,{NETWORK.netmask},1h",
-                f"--dhcp-host={guest.mac},{GUEST_IP}",
-                "--dhcp-option=121,169.254.169.254/32,0.0.0.0"]
-        if ipv6:
-            args += [f"--dhcp-range={NETWORK6.network_address},ra-stateless,{NETWORK6.prefixlen}", "--enable-ra"]
+                f"--dhcp-host={guest.mac},{GUEST_IP}"]
+        if onlink:
+            args.append("--dhcp-option=121,169.254.169.254/32,0.0.0.0")
+        else:
+            args.append(f"--dhcp-option=3,{DHCP_SERVER}")
         process = self.cleanup.process("dnsmasq", spawn(args, out / "dnsmasq.out"))
         if process.poll() is not None:
             raise LabError(f"dnsmasq exited {process.returncode}: {_text(out / 'dnsmasq.out')[-1000:]}")

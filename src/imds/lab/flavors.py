@@ -30,6 +30,8 @@ class Flavor:
     cmdline: tuple[str, ...] = ()  # extra kernel arguments either way
     config_drive: bool = False  # attach an ISO 9660 config-2 drive
     uuid_prefix: str = ""  # instance ids start so (AWS's start with "ec2", which cloud-init checks)
+    platform: bool = False  # give the SMBIOS fields even with --identify cmdline (the datasource needs them)
+    onlink: bool = True  # DHCP: 169.254.169.254 on-link (option 121), as Neutron; else a router, as AWS
 
     def kernel_args(self, identify: str) -> list[str]:
         """Kernel arguments that make ds-identify pick this flavor's datasource."""
@@ -39,7 +41,7 @@ class Flavor:
 
     def smbios_arg(self, identify: str, uuid: str) -> str | None:
         """QEMU's ``-smbios type=1,...`` value (None when identifying by command line)."""
-        if identify != "smbios":
+        if identify != "smbios" and not self.platform:
             return f"type=1,uuid={uuid}"
         fields = [field.replace("{uuid}", uuid) for field in self.smbios]
         if not any(field.startswith("uuid=") for field in fields):
@@ -48,13 +50,18 @@ class Flavor:
 
 
 FLAVORS = {
-    # AWS: the serial and the uuid start with "ec2" and are equal (cloud-init's identify_aws).
+    # AWS: the serial and the uuid start with "ec2" and are equal (cloud-init's identify_aws). cloud-init
+    # 22.4 asks for an IMDSv2 token only on a platform it identified as AWS, so these are always given.
+    # DHCP gives a router, as AWS does: with no vpc-id in the metadata cloud-init takes the instance for
+    # EC2-Classic and crawls again in its network stage, with DHCP on the configured NIC, which fails
+    # re-adding an option-121 route that exists.
     "ec2": Flavor("ec2", "Ec2", "DataSourceEc2", smbios=(
         "manufacturer=Amazon EC2", "product=t3.micro", "serial={uuid}",
-    ), uuid_prefix="ec2"),
+    ), uuid_prefix="ec2", platform=True, onlink=False),
+    # cloud-init's OpenStack datasource reads nothing unless DMI says OpenStack (detect_openstack).
     "openstack": Flavor("openstack", "OpenStack", "DataSourceOpenStack", smbios=(
         "manufacturer=OpenStack Foundation", "product=OpenStack Nova",
-    )),
+    ), platform=True),
     "nocloud": Flavor("nocloud", "NoCloud", "DataSourceNoCloud", smbios=(NOCLOUD_SEED_SMBIOS,),
                       cmdline=(NOCLOUD_SEED,)),
     "configdrive": Flavor("configdrive", "ConfigDrive", "DataSourceConfigDrive", smbios=(

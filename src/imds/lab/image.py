@@ -13,7 +13,10 @@ What the tree gets besides the packages (each met as a pitfall in the first boot
   config (DHCP on the first NIC, ``ens3`` under QEMU) lands;
 - ``/etc/hostname`` is ``lab-image``, so a console line naming the expected host proves
   that cloud-init set it;
-- ``/etc/fstab`` mounts ``/dev/vda`` as the root.
+- ``/etc/fstab`` mounts ``/dev/vda`` as the root;
+- ``/etc/resolv.conf`` is empty: mmdebstrap copies the build host's in, and a guest with a
+  default route then waits 40 s on that unreachable resolver in cloud-init's EC2 crawl
+  (``is_resolvable_url``) until DHCP gives it the lab's.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ FILES = {
     "etc/network/interfaces": "auto lo\niface lo inet loopback\n\nsource /etc/network/interfaces.d/*\n",
     "etc/hostname": "lab-image\n",
     "etc/fstab": "/dev/vda / ext4 rw,errors=remount-ro 0 1\n",
+    "etc/resolv.conf": "",  # not the build host's resolver (mmdebstrap copies it in)
     "etc/cloud/cloud.cfg.d/90-imds-lab.cfg": (
         "# imds lab: the serial console is the witness; ds-identify takes ci.ds= from the kernel command line\n"
         "datasource:\n  Ec2:\n    strict_id: false\n"
