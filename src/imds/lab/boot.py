@@ -193,7 +193,7 @@ class Watch:
             outcome = self._until_done(console, power_on + options.timeout)
             if outcome != "kvm failed":
                 break
-            failure = _first_line(qemu.errors())
+            failure = qemu.kvm_failure()
             self.say(f"lab: KVM cannot run this guest ({failure}); falling back to TCG")
             result.setdefault("kvm_failure", failure)
             qemu.stop()
@@ -207,7 +207,7 @@ class Watch:
             console.poll()
             if console.done(datasource):
                 return "done"
-            if qemu.kvm_failed():
+            if qemu.kvm_failure():
                 return "kvm failed"
             if qemu.exited() is not None:
                 console.poll()
@@ -229,6 +229,3 @@ class Watch:
         )
         result["seconds"]["first_metadata_request"] = requests[0]["t"] if requests else None
 
-
-def _first_line(text: str) -> str:
-    return next((line.strip() for line in text.splitlines() if line.strip()), "")

@@ -2,7 +2,7 @@
 
 ``/dev/kvm`` may exist where KVM still cannot run the guest: nested virtualisation stops with
 "KVM internal error ... emulation failure" (QEMU then pauses the VM and keeps running), or the
-vCPU never gets anywhere and the console stays empty. ``Qemu.kvm_failed`` watches QEMU's
+vCPU never gets anywhere and the console stays empty. ``Qemu.kvm_failure`` watches QEMU's
 stderr for those words, for an early exit, and for a console still empty ``KVM_PROBE``
 seconds after power-on (a kernel under KVM prints its banner within a second or two); the
 caller then starts again under TCG. The guest's disk is a copy-on-write overlay on the image (the cached
@@ -118,15 +118,20 @@ class Qemu:
         """QEMU's exit status once it has exited."""
         return None if self.process is None else self.process.poll()
 
-    def kvm_failed(self) -> bool:
-        """Under KVM: whether QEMU reported that KVM cannot run this guest, died, or the console stayed empty."""
+    def kvm_failure(self) -> str | None:
+        """Under KVM: why KVM cannot run this guest (QEMU said so, died, or the console stayed empty); else None."""
         if self.accel != "kvm":
-            return False
+            return None
         text = self.errors()
-        if any(sign in text for sign in KVM_FAILURES) or self.exited() not in (None, 0):
-            return True
+        for sign in KVM_FAILURES:
+            if sign in text:
+                return next(line.strip() for line in text.splitlines() if sign in line)
+        if self.exited() not in (None, 0):
+            return f"qemu exited {self.exited()}: {text.strip()[-300:]}"
         silent = not self.machine.serial.exists() or self.machine.serial.stat().st_size == 0
-        return silent and time.monotonic() - self.started > KVM_PROBE
+        if silent and time.monotonic() - self.started > KVM_PROBE:
+            return f"no console output {KVM_PROBE:.0f}s after power-on"
+        return None
 
     def stop(self) -> None:
         """Stop QEMU by PID (bounded)."""
