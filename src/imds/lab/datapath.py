@@ -11,6 +11,8 @@
 - ``imds agent`` (which renders and runs haproxy) serving that port from ``--upstream``.
 
 Every name carries the run's tag, so two runs never collide; each is undone by name or PID.
+One thing is shared by every userspace switch on a host, the ``ovs-netdev`` tap of the netdev
+datapath: a run waits (bounded) until no other switch holds it.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ NETWORK6 = ipaddress.IPv6Network("fd00:231::/64")
 DHCP_SERVER6 = "fd00:231::1"
 LAB_COOKIE = 0x4C4142  # "LAB": the lab's own rules on br-int (never the agent's cookie)
 READY_TIMEOUT = 60.0
+OTHER_SWITCH_TIMEOUT = 300.0
 TOOLS = ("ovsdb-server", "ovs-vswitchd", "ovs-vsctl", "ovs-ofctl", "ovsdb-tool", "haproxy", "ip", "dnsmasq")
 
 
@@ -104,6 +107,10 @@ class Switch:
             self.root / "ovsdb-server.out", env=self.env))
         wait_until("ovsdb-server", self.db_sock.exists, READY_TIMEOUT)
         self.vsctl("--no-wait", "init")
+        # The userspace datapath of every ovs-vswitchd on the host is one tap, "ovs-netdev": a second
+        # switch cannot open its bridges while another (a test's, another lab's) holds it.
+        wait_until("the host's other userspace Open vSwitch to stop (it holds the ovs-netdev tap)",
+                   lambda: not Path("/sys/class/net/ovs-netdev").exists(), OTHER_SWITCH_TIMEOUT, interval=1.0)
         switch = cleanup.process("ovs-vswitchd", spawn(
             ["ovs-vswitchd", f"unix:{self.db_sock}", "--disable-system", "--pidfile", "--log-file"],
             self.root / "ovs-vswitchd.out", env=self.env))
@@ -169,6 +176,8 @@ class Datapath:
         self.cleanup.add(f"del-br {names.bridge}", lambda: switch.vsctl("--if-exists", "del-br", names.bridge))
         switch.vsctl("add-br", names.bridge, "--", "set", "Bridge", names.bridge, "datapath_type=netdev",
                      "fail_mode=secure")
+        # ovs-ofctl reaches the bridge through its management socket, which ovs-vswitchd may create late.
+        wait_until(f"{names.bridge}.mgmt", (switch.root / f"{names.bridge}.mgmt").exists, READY_TIMEOUT)
         switch.ofctl("add-flow", names.bridge, f"cookie={LAB_COOKIE:#x},priority=0,actions=NORMAL")
         self._dhcp_namespace(switch)
         self._guest_tap(switch, guest)
