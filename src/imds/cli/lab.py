@@ -39,10 +39,11 @@ def image() -> None:
 def image_build(out: Path, mirror: str | None) -> None:
     """Build the guest image unless the current recipe's is already in OUT; print its path."""
     from imds.lab.image import build  # noqa: PLC0415 - loads only when the lab runs
-    from imds.lab.run import LabError  # noqa: PLC0415
+    from imds.lab.run import LabError, cleaned_up  # noqa: PLC0415
 
     try:
-        built = build(out, mirror, _say)
+        with cleaned_up():  # SIGTERM unwinds like Ctrl-C: mmdebstrap is stopped, the half-built tree removed
+            built = build(out, mirror, _say)
     except LabError as exc:
         raise click.ClickException(exc.message) from exc
     click.echo(built.disk.parent)
@@ -76,12 +77,13 @@ def boot(**flags: Any) -> None:
     from imds.lab import image as images  # noqa: PLC0415 - loads only when the lab runs
     from imds.lab.boot import Options  # noqa: PLC0415
     from imds.lab.boot import boot as run_boot  # noqa: PLC0415
-    from imds.lab.run import LabError  # noqa: PLC0415
+    from imds.lab.run import LabError, cleaned_up  # noqa: PLC0415
 
     image_file: Path | None = flags["image_file"]
     userdata: Path | None = flags["userdata"]
     try:
-        chosen = images.Image(image_file.resolve()) if image_file else images.build(flags["image_dir"], None, _say)
+        with cleaned_up():  # SIGTERM during a build unwinds like Ctrl-C
+            chosen = images.Image(image_file.resolve()) if image_file else images.build(flags["image_dir"], None, _say)
         options = Options(
             flags["flavor"], flags["out"], flags["hostname"], chosen, userdata.read_bytes() if userdata else None,
             flags["marker"], flags["timeout"], flags["accel"], flags["identify"], flags["url"], flags["admin_token"],

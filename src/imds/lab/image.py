@@ -23,10 +23,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
+import signal
+import subprocess
 import sys
 import time
 from collections.abc import Callable
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -135,10 +139,37 @@ def build(out: Path, mirror: str | None = None, say: Callable[[str], None] | Non
         shutil.rmtree(target, ignore_errors=True)
         work.rename(target)
     except BaseException:
-        shutil.rmtree(work, ignore_errors=True)
+        _remove_build(work)
         raise
     tell(f"image: [{time.monotonic() - started:5.0f}s] built {target}")
     return Image(target / "rootfs.ext4", target / "vmlinuz", target / "initrd.img", key)
+
+
+def _remove_build(work: Path) -> None:
+    """Remove a failed build's directory, unmounting first what mmdebstrap left mounted inside it."""
+    prefix = str(work.resolve()) + "/"
+    mounts = [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()
+              if line.split()[1].startswith(prefix)]
+    for mount in sorted(mounts, key=len, reverse=True):  # the deepest first
+        sh("umount", "--lazy", mount, check=False)
+    if any(line.split()[1].startswith(prefix) for line in Path("/proc/self/mounts").read_text().splitlines()):
+        msg = f"left {work}: something is still mounted inside it (umount it, then remove the directory)"
+        raise LabError(msg)
+    shutil.rmtree(work, ignore_errors=True)
+
+
+def _stop_group(process: subprocess.Popen[bytes]) -> None:
+    """Stop mmdebstrap and everything it started (its own process group, by its PID), bounded."""
+    if process.poll() is not None:
+        return
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        with suppress(ProcessLookupError):
+            os.killpg(process.pid, sig)
+        try:
+            process.wait(timeout=30.0)
+        except subprocess.TimeoutExpired:
+            continue
+        return
 
 
 def _debootstrap(tree: Path, log: Path, mirror: str | None, tell: Callable[[str], None], started: float) -> None:
@@ -149,13 +180,15 @@ def _debootstrap(tree: Path, log: Path, mirror: str | None, tell: Callable[[str]
     process = spawn(args, log)
     seen = 0
     deadline = started + BUILD_TIMEOUT
-    while process.poll() is None:
-        if time.monotonic() > deadline:
-            process.kill()
-            process.wait()
-            raise LabError(f"mmdebstrap took over {BUILD_TIMEOUT:.0f}s; see {log}")
-        seen = _progress(log, seen, tell, started)
-        time.sleep(0.5)
+    try:
+        while process.poll() is None and time.monotonic() < deadline:
+            seen = _progress(log, seen, tell, started)
+            time.sleep(0.5)
+        timed_out = process.poll() is None
+    finally:
+        _stop_group(process)  # at once when it has exited; on Ctrl-C or at the deadline: it and its apt/dpkg
+    if timed_out:
+        raise LabError(f"mmdebstrap took over {BUILD_TIMEOUT:.0f}s; see {log}")
     _progress(log, seen, tell, started)
     if process.returncode != 0:
         tail = log.read_text(errors="replace")[-2000:]
