@@ -19,7 +19,7 @@ from imds.lab.console import Console
 from imds.lab.flavors import FLAVORS, flavor
 from imds.lab.image import FILES, Image, recipe_key
 from imds.lab.qemu import Machine, accelerators
-from imds.lab.run import Cleanup, LabError, cleaned_up, spawn
+from imds.lab.run import Cleanup, LabError, cleaned_up, spawn, write_private
 
 CI = "cloud-init[9]: Cloud-init v. 22.4.2"
 SERIAL = f"""\
@@ -173,3 +173,12 @@ def test_children_are_stopped_by_pid_on_error_and_on_sigterm(tmp_path):
         lab.send_signal(signal.SIGTERM)
         assert lab.wait(timeout=30) == 128 + signal.SIGTERM
     assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
+
+
+def test_secrets_are_written_owner_only(tmp_path):
+    """Keys and tokens are 0600 from creation, and a second write replaces the first."""
+    target = tmp_path / "admin-token"
+    write_private(target, b"one")
+    write_private(target, b"two")
+    assert target.read_bytes() == b"two"
+    assert target.stat().st_mode & 0o777 == 0o600

@@ -15,7 +15,7 @@ import sys
 import time
 import uuid as uuidlib
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,7 @@ from imds.lab.console import Console
 from imds.lab.flavors import Flavor, flavor
 from imds.lab.image import Image
 from imds.lab.qemu import Machine, Qemu, accelerators
-from imds.lab.run import Cleanup, LabError, cleaned_up, sh
+from imds.lab.run import Cleanup, LabError, cleaned_up, sh, write_private
 from imds.lab.server import Server, own_server, remote_server
 
 MARKER = "LAB-MARKER"
@@ -64,7 +64,6 @@ class Guest:
     uuid: str
     mac: str
     key: str  # the OpenSSH public key in its record
-    notes: list[str] = field(default_factory=list)
 
 
 def _guest(chosen: Flavor, out: Path) -> Guest:
@@ -72,10 +71,8 @@ def _guest(chosen: Flavor, out: Path) -> Guest:
     uuid = chosen.uuid_prefix + uuid[len(chosen.uuid_prefix):]
     mac = "52:54:00:" + ":".join(f"{b:02x}" for b in secrets.token_bytes(3))
     private = Ed25519PrivateKey.generate()
-    key_file = out / "id_ed25519"
-    key_file.write_bytes(private.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
-                                               serialization.NoEncryption()))
-    key_file.chmod(0o600)
+    write_private(out / "id_ed25519", private.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()))
     public = private.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
     key = f"{public.decode()} imds-lab"
     (out / "id_ed25519.pub").write_text(key + "\n")
@@ -152,8 +149,7 @@ def _server(cleanup: Cleanup, options: Options) -> Server:
             raise LabError(msg)
         return remote_server(options.url, options.admin_token)
     secret = options.out / "shared-secret"
-    secret.write_bytes(secrets.token_hex(32).encode())
-    secret.chmod(0o600)
+    write_private(secret, secrets.token_hex(32).encode())
     return own_server(cleanup, options.out, secret, options.imdsv2)
 
 

@@ -57,6 +57,14 @@ def sh(*args: str, env: dict[str, str] | None = None, timeout: float = 60.0, che
     return done.stdout
 
 
+def write_private(path: Path, data: bytes) -> None:
+    """Write a secret (key, token) readable by its owner only, from the first byte on."""
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as sink:
+        sink.write(data)
+
+
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
     with suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)

@@ -22,7 +22,7 @@ from typing import Any
 
 import httpx
 
-from imds.lab.run import Cleanup, LabError, spawn, tool_env
+from imds.lab.run import Cleanup, LabError, spawn, tool_env, write_private
 
 START_TIMEOUT = 60.0
 
@@ -84,9 +84,7 @@ def own_server(cleanup: Cleanup, out: Path, secret_file: Path, imdsv2: str) -> S
     imds = Path(sys.executable).parent / "imds"
     port = free_port()
     token = secrets.token_urlsafe(24)
-    token_file = out / "admin-token"
-    token_file.write_text(token + "\n")
-    token_file.chmod(0o600)
+    write_private(out / "admin-token", f"{token}\n".encode())
     env = {k: v for k, v in tool_env().items() if not k.startswith("IMDS_") and "proxy" not in k.lower()}
     env.update(IMDS_ADMIN_TOKEN=token, HOME=str(out))
     log = out / "serve.log"
