@@ -70,5 +70,7 @@ def test_ec2_guest_applies_hostname_and_userdata_through_the_agent(tmp_path: Pat
     seconds = result["seconds"]
     # runcmd (the marker) runs in cloud-init's final stage, before its closing banner.
     assert 0 < seconds["first_metadata_request"] < seconds["marker"] <= seconds["cloud-init final"]
+    # The datapath saw the first packet when serve saw the first request (polled, so within seconds).
+    assert abs(seconds["first_metadata_packet"] - seconds["first_metadata_request"]) < 5
     assert result["cleanup_failures"] == []
     assert _leftovers() == before

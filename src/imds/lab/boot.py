@@ -132,14 +132,14 @@ def _run(cleanup: Cleanup, options: Options, chosen: Flavor, result: dict[str, A
     names = datapath.Names(secrets.token_hex(2))
     secret = options.secret_file or out / "shared-secret"
     port = datapath.Guest(guest.uuid, guest.mac, names.tap)
-    datapath.Datapath(cleanup, out, names).build(port, server.url, secret, onlink=chosen.onlink)
+    switch = datapath.Datapath(cleanup, out, names).build(port, server.url, secret, onlink=chosen.onlink)
     say(f"lab: datapath up (bridge {names.bridge}, tap {names.tap}, agent + haproxy, dnsmasq)")
     cdrom = _config_drive(out, guest, server) if chosen.config_drive else None
     machine = Machine(options.image, out, names.tap, guest.mac, tuple(chosen.kernel_args(options.identify)),
                       chosen.smbios_arg(options.identify, guest.uuid), cdrom)
     qemu = Qemu(machine)
     cleanup.add("stop qemu", qemu.stop)
-    Watch(qemu, options, chosen, server, say).run(result)
+    Watch(qemu, options, chosen, server, say, lambda: switch.learned(names.bridge)).run(result)
 
 
 def _server(cleanup: Cleanup, options: Options) -> Server:
@@ -174,6 +174,8 @@ class Watch:
     chosen: Flavor
     server: Server
     say: Callable[[str], None]
+    learned: Callable[[], bool]  # whether the datapath has seen the guest's first metadata packet
+    first_packet: float | None = None
 
     def run(self, result: dict[str, Any]) -> None:
         """Boot, watch, and fill ``result``."""
@@ -184,6 +186,7 @@ class Watch:
         for accel in accelerators(options.accel):
             console = Console(qemu.machine.serial, options.marker, options.hostname)
             power_on = time.time()
+            self.first_packet = None
             qemu.start(accel)
             self.say(f"lab: qemu started ({accel}), console {qemu.machine.serial}")
             outcome = self._until_done(console, power_on + options.timeout)
@@ -201,6 +204,8 @@ class Watch:
         qemu, datasource = self.qemu, self.chosen.datasource
         while True:
             console.poll()
+            if self.first_packet is None and self.learned():
+                self.first_packet = time.time()
             if console.done(datasource):
                 return "done"
             if qemu.kvm_failure():
@@ -223,5 +228,7 @@ class Watch:
             guest_uptime={"stages": console.stages, "final": console.final_uptime},
             requests=requests if self.server.log is not None else None,
         )
-        result["seconds"]["first_metadata_request"] = requests[0]["t"] if requests else None
+        packet = round(self.first_packet - power_on, 1) if self.first_packet else None
+        result["seconds"]["first_metadata_packet"] = packet  # the agent's flow learned its way back
+        result["seconds"]["first_metadata_request"] = requests[0]["t"] if requests else packet
 

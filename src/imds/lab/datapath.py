@@ -28,6 +28,7 @@ import uuid as uuidlib
 from dataclasses import dataclass
 from pathlib import Path
 
+from imds.agent.flows import LEARN_COOKIE, RETURN_TABLE
 from imds.lab.run import Cleanup, LabError, sh, spawn, stop, tool_env, wait_until
 
 VLAN = 1
@@ -132,6 +133,14 @@ class Switch:
     def env(self) -> dict[str, str]:
         """The environment OVS tools need to find this switch's files."""
         return tool_env(**{f"OVS_{name}": str(self.root) for name in ("RUNDIR", "DBDIR", "LOGDIR", "SYSCONFDIR")})
+
+    def learned(self, bridge: str) -> bool:
+        """Whether the agent's egress rule has learned a way back: the guest's first metadata packet went by."""
+        try:
+            text = self.ofctl("--no-stats", "dump-flows", bridge, f"table={RETURN_TABLE}")
+        except LabError:
+            return False
+        return f"cookie={LEARN_COOKIE >> 32:#x}" in text
 
     @property
     def db_sock(self) -> Path:
