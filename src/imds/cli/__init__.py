@@ -12,6 +12,7 @@ from imds.cli.configdrive import configdrive
 from imds.cli.db import db
 from imds.cli.events import events
 from imds.cli.explain import explain
+from imds.cli.lab import lab
 from imds.cli.proxy import proxy
 from imds.cli.serve import serve
 
@@ -50,6 +51,7 @@ cli.add_command(proxy)
 cli.add_command(events)
 cli.add_command(explain)  # imds explain IP|ID
 cli.add_command(config)  # imds config show
+cli.add_command(lab)  # imds lab image build | boot
 
 
 def main() -> None:

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from imds.config.option import Option, Rows, flavors, listen, networks, redact_url, template
 
-_GROUPS = ("http", "store", "callers", "templates", "admin", "ec2", "lookup", "limits", "logging", "ganeti", "channel", "gce")
-(_http, _store, _callers, _templates, _admin, _ec2, _lookup, _limits, _logging, _ganeti, _channel, _gce) = map(Rows, _GROUPS)
+_http, _store, _callers, _templates = map(Rows, ("http", "store", "callers", "templates"))
+_admin, _ec2, _lookup, _limits = map(Rows, ("admin", "ec2", "lookup", "limits"))
+_logging, _ganeti, _channel, _gce = map(Rows, ("logging", "ganeti", "channel", "gce"))
 
 OPTIONS: tuple[Option, ...] = (
     _http("listen", "list", ("127.0.0.1:8000", "[::1]:8000"),

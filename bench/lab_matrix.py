@@ -1,0 +1,90 @@
+"""Real guests, every flavor: ``imds lab boot`` for each flavor and identification, one table.
+
+Each cell is one boot of the lab's Debian guest (cloud-init 22.4) under QEMU through the agent's
+datapath (see docs/lab.md): power-on to the first metadata request, to the hostname on the
+console, and to cloud-init's final banner, with the datasource cloud-init chose. A boot takes
+about a minute under TCG on 2 cores, so the matrix is a benchmark, not a CI test (CI boots EC2
+once: tests/integration/test_lab_boot.py). Needs root, like the lab.
+
+    .venv/bin/python bench/lab_matrix.py --output bench/results.md
+    .venv/bin/python bench/lab_matrix.py --flavor ec2 --flavor nocloud --identify smbios
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+FLAVORS = ("ec2", "openstack", "nocloud", "configdrive")
+IDENTIFY = ("cmdline", "smbios")
+IMDS = Path(sys.executable).parent / "imds"
+
+
+def _boot(flavor: str, identify: str, work: Path, args: argparse.Namespace) -> dict[str, object]:
+    out = work / f"{flavor}-{identify}"
+    command = [str(IMDS), "lab", "boot", "--flavor", flavor, "--identify", identify, "--hostname", f"lab-{flavor}",
+               "--out", str(out), "--image-dir", str(args.image_dir), "--timeout", str(args.timeout),
+               "--accel", args.accel]
+    started = time.monotonic()
+    done = subprocess.run(command, capture_output=True, text=True, check=False, timeout=args.timeout + 300)
+    result_file = out / "result.json"
+    result = json.loads(result_file.read_text()) if result_file.exists() else {"error": done.stderr[-300:]}
+    result["wall"] = round(time.monotonic() - started, 1)
+    return result
+
+
+def _cell(value: object) -> str:
+    return "" if value is None else str(value)
+
+
+def _row(flavor: str, identify: str, result: dict[str, object]) -> str:
+    seconds = result.get("seconds") or {}
+    assert isinstance(seconds, dict)  # noqa: S101 - result.json's shape
+    requests = result.get("requests") or []
+    status = "pass" if result.get("passed") else f"FAIL {result.get('outcome') or result.get('error')}"
+    cells = [flavor, identify, _cell(result.get("accel")), _cell(result.get("datasource")),
+             _cell(seconds.get("first_metadata_request")), _cell(seconds.get("hostname")),
+             _cell(seconds.get("cloud-init final")), str(len(requests) if isinstance(requests, list) else ""),
+             _cell(result.get("wall")), status]
+    return "| " + " | ".join(cells) + " |"
+
+
+def main() -> None:
+    """Boot every requested cell; print the table and append it to --output."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--flavor", action="append", choices=FLAVORS, help="repeatable (default: all)")
+    parser.add_argument("--identify", action="append", choices=IDENTIFY, help="repeatable (default: both)")
+    parser.add_argument("--image-dir", type=Path, default=ROOT / ".cache" / "lab", help="the lab's image cache")
+    parser.add_argument("--work", type=Path, default=ROOT / ".cache" / "lab-matrix", help="run directories")
+    parser.add_argument("--timeout", type=float, default=400.0, help="seconds per boot from power-on")
+    parser.add_argument("--accel", choices=("auto", "kvm", "tcg"), default="auto")
+    parser.add_argument("--output", type=Path, default=None, help="append the table to this Markdown file")
+    args = parser.parse_args()
+    header = ("| flavor | identify | accel | datasource | first request s | hostname s | cloud-init final s "
+              "| requests | wall s | result |\n|---|---|---|---|---|---|---|---|---|---|")
+    rows = []
+    for flavor in args.flavor or FLAVORS:
+        for identify in args.identify or IDENTIFY:
+            rows.append(_row(flavor, identify, _boot(flavor, identify, args.work, args)))
+            print(rows[-1], flush=True)
+    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    command = " ".join(["bench/lab_matrix.py", *sys.argv[1:]])
+    table = (f"\n## lab matrix: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n\n"
+             f"{os.cpu_count()} cores, {platform.python_version()}, load average {load} after. Command: "
+             f"`{command}`. Seconds from QEMU power-on; `hostname` is the console first naming the record's "
+             f"hostname; `requests` the instance reads imds serve logged.\n\n{header}\n" + "\n".join(rows) + "\n")
+    print(table)
+    if args.output:
+        with args.output.open("a") as sink:
+            sink.write(table)
+
+
+if __name__ == "__main__":
+    main()

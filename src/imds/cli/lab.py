@@ -1,0 +1,97 @@
+"""``imds lab``: build the guest image and boot real VMs through the datapath."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import click
+
+CHOICES_FLAVOR = ("ec2", "openstack", "nocloud", "configdrive")
+
+
+def default_image_dir() -> Path:
+    """Where built images are cached: $XDG_CACHE_HOME/imds-lab (else ~/.cache/imds-lab)."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "imds-lab"
+
+
+def _say(line: str) -> None:
+    click.echo(line, err=True)
+
+
+@click.group()
+def lab() -> None:
+    """Real guests: a Debian image, QEMU, and the production datapath (needs root)."""
+
+
+@lab.group()
+def image() -> None:
+    """The guest image (built from Debian packages, cached by its recipe)."""
+
+
+@image.command("build")
+@click.option("--out", "out", type=click.Path(file_okay=False, path_type=Path), default=default_image_dir,
+              show_default="$XDG_CACHE_HOME/imds-lab", help="Cache directory: one subdirectory per recipe.")
+@click.option("--mirror", default=None, help="Debian mirror URL for mmdebstrap (default: its own).")
+def image_build(out: Path, mirror: str | None) -> None:
+    """Build the guest image unless the current recipe's is already in OUT; print its path."""
+    from imds.lab.image import build  # noqa: PLC0415 - loads only when the lab runs
+    from imds.lab.run import LabError, cleaned_up  # noqa: PLC0415
+
+    try:
+        with cleaned_up():  # SIGTERM unwinds like Ctrl-C: mmdebstrap is stopped, the half-built tree removed
+            built = build(out, mirror, _say)
+    except LabError as exc:
+        raise click.ClickException(exc.message) from exc
+    click.echo(built.disk.parent)
+
+
+@lab.command("boot")
+@click.option("--flavor", type=click.Choice(CHOICES_FLAVOR), default="ec2", show_default=True)
+@click.option("--userdata", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None,
+              help="Userdata file (default: cloud-config printing the marker and hostname to the console).")
+@click.option("--hostname", default="lab-guest", show_default=True, help="The hostname in the guest's record.")
+@click.option("--out", "out", type=click.Path(file_okay=False, path_type=Path), required=True,
+              help="Run directory: serial.log, result.json, every daemon's log.")
+@click.option("--image", "image_file", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None,
+              help="Boot this disk image (any cloud image with cloud-init) instead of the built one.")
+@click.option("--image-dir", type=click.Path(file_okay=False, path_type=Path), default=default_image_dir,
+              show_default="$XDG_CACHE_HOME/imds-lab", help="Where the built image is cached (built if missing).")
+@click.option("--timeout", type=float, default=600.0, show_default=True, help="Seconds from power-on to give up.")
+@click.option("--url", default=None, help="Use this imds serve (it must trust 127.0.0.1/32) instead of the lab's own.")
+@click.option("--admin-token", default=None, help="Admin token for --url (default: IMDS_ADMIN_TOKEN).")
+@click.option("--shared-secret-file", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None,
+              help="With --url: the proxy shared secret that server checks.")
+@click.option("--accel", type=click.Choice(("auto", "kvm", "tcg")), default="auto", show_default=True,
+              help="auto: KVM, falling back to TCG when KVM cannot run the guest.")
+@click.option("--identify", type=click.Choice(("cmdline", "smbios")), default="cmdline", show_default=True,
+              help="How ds-identify learns the datasource: kernel ci.ds=, or the cloud's SMBIOS fields.")
+@click.option("--marker", default="LAB-MARKER", show_default=True, help="The line the userdata prints.")
+@click.option("--imdsv2", type=click.Choice(("required", "optional")), default="required", show_default=True,
+              help="The lab's own server: EC2 tokens required or optional.")
+def boot(**flags: Any) -> None:
+    """Boot one guest through the datapath; exit 0 when cloud-init applied its hostname and userdata."""
+    from imds.lab import image as images  # noqa: PLC0415 - loads only when the lab runs
+    from imds.lab.boot import Options  # noqa: PLC0415
+    from imds.lab.boot import boot as run_boot  # noqa: PLC0415
+    from imds.lab.run import LabError, cleaned_up  # noqa: PLC0415
+
+    image_file: Path | None = flags["image_file"]
+    userdata: Path | None = flags["userdata"]
+    try:
+        with cleaned_up():  # SIGTERM during a build unwinds like Ctrl-C
+            chosen = images.Image(image_file.resolve()) if image_file else images.build(flags["image_dir"], None, _say)
+        options = Options(
+            flags["flavor"], flags["out"], flags["hostname"], chosen, userdata.read_bytes() if userdata else None,
+            flags["marker"], flags["timeout"], flags["accel"], flags["identify"], flags["url"], flags["admin_token"],
+            flags["shared_secret_file"], flags["imdsv2"],
+        )
+        result = run_boot(options, _say)
+    except LabError as exc:
+        raise click.ClickException(exc.message) from exc
+    click.echo(json.dumps({k: result.get(k) for k in ("passed", "datasource", "accel", "seconds", "error")}))
+    if not result["passed"]:
+        raise SystemExit(1)

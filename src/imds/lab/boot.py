@@ -1,0 +1,234 @@
+"""One real boot: record, datapath, QEMU, the console watched until cloud-init is done; result.json.
+
+The guest passes when cloud-init finished with the flavor's datasource, the userdata's marker
+reached the console and the console names the hostname from the record (the marker line
+``LAB-MARKER host=NAME``, or getty's ``NAME login:``). result.json says which datasource was
+chosen, the accelerator, the seconds from power-on to the first metadata request and to
+cloud-init's final stage, and the requests the guest made; it is written on every exit path.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import sys
+import time
+import uuid as uuidlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from imds.lab import datapath
+from imds.lab.console import Console
+from imds.lab.flavors import Flavor, flavor
+from imds.lab.image import Image
+from imds.lab.qemu import Machine, Qemu, accelerators
+from imds.lab.run import Cleanup, LabError, cleaned_up, sh, write_private
+from imds.lab.server import Server, own_server, remote_server
+
+MARKER = "LAB-MARKER"
+
+
+def default_userdata(marker: str = MARKER) -> bytes:
+    """Cloud-config whose runcmd prints the marker and the hostname the guest has by then to the console."""
+    return (f"#cloud-config\nruncmd:\n  - [sh, -c, 'echo {marker} host=$(hostname) > /dev/ttyS0']\n").encode()
+
+
+@dataclass
+class Options:
+    """What ``imds lab boot`` was asked."""
+
+    flavor: str
+    out: Path
+    hostname: str
+    image: Image
+    userdata: bytes | None = None
+    marker: str = MARKER
+    timeout: float = 600.0
+    accel: str = "auto"
+    identify: str = "cmdline"
+    url: str | None = None
+    admin_token: str | None = None
+    secret_file: Path | None = None  # with --url: the secret that server trusts 127.0.0.1 with
+    imdsv2: str = "required"
+
+
+@dataclass
+class Guest:
+    """The instance the run made up."""
+
+    uuid: str
+    mac: str
+    key: str  # the OpenSSH public key in its record
+
+
+def _guest(chosen: Flavor, out: Path) -> Guest:
+    uuid = str(uuidlib.uuid4())
+    uuid = chosen.uuid_prefix + uuid[len(chosen.uuid_prefix):]
+    mac = "52:54:00:" + ":".join(f"{b:02x}" for b in secrets.token_bytes(3))
+    private = Ed25519PrivateKey.generate()
+    write_private(out / "id_ed25519", private.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()))
+    public = private.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+    key = f"{public.decode()} imds-lab"
+    (out / "id_ed25519.pub").write_text(key + "\n")
+    return Guest(uuid, mac, key)
+
+
+def _metadata(guest: Guest, hostname: str) -> dict[str, Any]:
+    return {
+        "id": guest.uuid, "hostname": hostname, "ssh_keys": [guest.key], "plan": "lab.small", "facility": "lab1",
+        "network": {
+            "interfaces": [{"name": "eth0", "mac": guest.mac}],
+            "addresses": [{"address": datapath.GUEST_IP, "netmask": str(datapath.NETWORK.netmask),
+                           "network": str(datapath.NETWORK.network_address), "cidr": datapath.NETWORK.prefixlen,
+                           "address_family": 4, "public": False}],
+        },
+    }
+
+
+def boot(options: Options, say: Callable[[str], None]) -> dict[str, Any]:
+    """Boot the guest once; the result (also in OUT/result.json). Everything made is undone before returning."""
+    out = options.out
+    out.mkdir(parents=True, exist_ok=True)
+    chosen = flavor(options.flavor)
+    result: dict[str, Any] = {"flavor": chosen.name, "identify": options.identify, "hostname": options.hostname,
+                              "expected_datasource": chosen.datasource, "passed": False}
+    try:
+        with cleaned_up() as cleanup:
+            try:
+                _run(cleanup, options, chosen, result, say)
+            finally:
+                result["cleanup_failures"] = cleanup.failures  # filled as close() runs; the list is shared
+    except LabError as exc:
+        result["error"] = exc.message
+    except KeyboardInterrupt:
+        result["error"] = "interrupted"
+        _write(out, result)
+        raise
+    finally:
+        _write(out, result)
+    return result
+
+
+def _write(out: Path, result: dict[str, Any]) -> None:
+    (out / "result.json").write_text(json.dumps(result, indent=2) + "\n")
+
+
+def _run(cleanup: Cleanup, options: Options, chosen: Flavor, result: dict[str, Any],
+         say: Callable[[str], None]) -> None:
+    out = options.out
+    guest = _guest(chosen, out)
+    result["instance_id"] = guest.uuid
+    server = _server(cleanup, options)
+    result["server"] = server.url
+    userdata = options.userdata if options.userdata is not None else default_userdata(options.marker)
+    server.push(guest.uuid, [datapath.GUEST_IP], _metadata(guest, options.hostname), userdata)
+    say(f"lab: record {guest.uuid} ({options.hostname}) pushed to {server.url}")
+    names = datapath.Names(secrets.token_hex(2))
+    secret = options.secret_file or out / "shared-secret"
+    port = datapath.Guest(guest.uuid, guest.mac, names.tap)
+    switch = datapath.Datapath(cleanup, out, names).build(port, server.url, secret, onlink=chosen.onlink)
+    say(f"lab: datapath up (bridge {names.bridge}, tap {names.tap}, agent + haproxy, dnsmasq)")
+    cdrom = _config_drive(out, guest, server) if chosen.config_drive else None
+    machine = Machine(options.image, out, names.tap, guest.mac, tuple(chosen.kernel_args(options.identify)),
+                      chosen.smbios_arg(options.identify, guest.uuid), cdrom)
+    qemu = Qemu(machine)
+    cleanup.add("stop qemu", qemu.stop)
+    Watch(qemu, options, chosen, server, say, lambda: switch.learned(names.bridge)).run(result)
+
+
+def _server(cleanup: Cleanup, options: Options) -> Server:
+    if options.url:
+        if options.secret_file is None:
+            msg = "--url needs --shared-secret-file: the secret that server trusts 127.0.0.1/32 with"
+            raise LabError(msg)
+        return remote_server(options.url, options.admin_token)
+    secret = options.out / "shared-secret"
+    write_private(secret, secrets.token_hex(32).encode())
+    return own_server(cleanup, options.out, secret, options.imdsv2)
+
+
+def _config_drive(out: Path, guest: Guest, server: Server) -> Path:
+    """An ISO 9660 config-2 drive for the guest, rendered by ``imds configdrive build`` from the lab's SQLite."""
+    drive = out / "config-drive.iso"
+    if server.log is None:
+        msg = "--flavor configdrive renders the drive from the lab's own server's store: drop --url"
+        raise LabError(msg)
+    imds = Path(sys.executable).parent / "imds"
+    sh(str(imds) if imds.exists() else "imds", "configdrive", "build",
+       "--db", f"sqlite:///{(out / 'imds.sqlite').resolve()}", "--instance", guest.uuid, "--output", str(drive))
+    return drive
+
+
+@dataclass
+class Watch:
+    """QEMU under each accelerator in turn until one runs; the console watched until done, exit or timeout."""
+
+    qemu: Qemu
+    options: Options
+    chosen: Flavor
+    server: Server
+    say: Callable[[str], None]
+    learned: Callable[[], bool]  # whether the datapath has seen the guest's first metadata packet
+    first_packet: float | None = None
+
+    def run(self, result: dict[str, Any]) -> None:
+        """Boot, watch, and fill ``result``."""
+        qemu, options = self.qemu, self.options
+        console = Console(qemu.machine.serial, options.marker, options.hostname)
+        power_on = time.time()
+        outcome = "no accelerator could run the guest"
+        for accel in accelerators(options.accel):
+            console = Console(qemu.machine.serial, options.marker, options.hostname)
+            power_on = time.time()
+            self.first_packet = None
+            qemu.start(accel)
+            self.say(f"lab: qemu started ({accel}), console {qemu.machine.serial}")
+            outcome = self._until_done(console, power_on + options.timeout)
+            if outcome != "kvm failed":
+                break
+            failure = qemu.kvm_failure()
+            self.say(f"lab: KVM cannot run this guest ({failure}); falling back to TCG")
+            result.setdefault("kvm_failure", failure)
+            qemu.stop()
+        qemu.stop()
+        self._record(result, console, power_on, outcome)
+        self.say(f"lab: {'PASS' if result['passed'] else 'FAIL'} ({outcome}); result {options.out / 'result.json'}")
+
+    def _until_done(self, console: Console, deadline: float) -> str:
+        qemu, datasource = self.qemu, self.chosen.datasource
+        while True:
+            console.poll()
+            if self.first_packet is None and self.learned():
+                self.first_packet = time.time()
+            if console.done(datasource):
+                return "done"
+            if qemu.kvm_failure():
+                return "kvm failed"
+            if qemu.exited() is not None:
+                console.poll()
+                return "done" if console.done(datasource) else f"qemu exited {qemu.exited()}"
+            if time.time() > deadline:
+                return "timeout"
+            time.sleep(0.5)
+
+    def _record(self, result: dict[str, Any], console: Console, power_on: float, outcome: str) -> None:
+        requests = self.server.reads(power_on)
+        seen = sorted(console.seen.items(), key=lambda item: item[1])
+        result.update(
+            outcome=outcome, passed=outcome == "done", accel=self.qemu.accel, datasource=console.datasource,
+            cloud_init=console.version, marker=console.marker_line, login_host=console.login_host,
+            hostname_seen="hostname" in console.seen,
+            seconds={name: round(at - power_on, 1) for name, at in seen},
+            guest_uptime={"stages": console.stages, "final": console.final_uptime},
+            requests=requests if self.server.log is not None else None,
+        )
+        packet = round(self.first_packet - power_on, 1) if self.first_packet else None
+        result["seconds"]["first_metadata_packet"] = packet  # the agent's flow learned its way back
+        result["seconds"]["first_metadata_request"] = requests[0]["t"] if requests else packet
+

@@ -1,0 +1,303 @@
+"""The guest's network, built the way a compute host has it: userspace OVS, os-vif's port, the agent.
+
+- a private Open vSwitch (``ovsdb-server`` and ``ovs-vswitchd --disable-system`` run from a
+  short directory under /tmp, as children of the lab, stopped by PID);
+- ``br-int`` (userspace datapath, ``fail_mode=secure``) with one rule of the lab's own, plain
+  L2 switching at the lowest priority, as Neutron's OVS agent installs; VLAN tags isolate;
+- the guest's tap plugged as Nova/os-vif plugs a port: ``external_ids`` ``iface-id``,
+  ``attached-mac``, ``vm-uuid``, ``iface-status=active`` (no tenant), Port ``tag`` 1;
+- dnsmasq in a namespace on the same VLAN handing the guest its address and, with DHCP
+  option 121, an on-link route to 169.254.169.254;
+- ``imds agent`` (which renders and runs haproxy) serving that port from ``--upstream``.
+
+Every name carries the run's tag, so two runs never collide; each is undone by name or PID.
+One thing is shared by every userspace switch on a host, the ``ovs-netdev`` tap of the netdev
+datapath: a run waits (bounded) until no other switch holds it.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import uuid as uuidlib
+from dataclasses import dataclass
+from pathlib import Path
+
+from imds.agent.flows import LEARN_COOKIE, RETURN_TABLE
+from imds.lab.run import Cleanup, LabError, sh, spawn, stop, tool_env, wait_until
+
+VLAN = 1
+NETWORK = ipaddress.IPv4Network("10.231.0.0/24")
+DHCP_SERVER = "10.231.0.1"
+GUEST_IP = "10.231.0.10"
+NETWORK6 = ipaddress.IPv6Network("fd00:231::/64")
+DHCP_SERVER6 = "fd00:231::1"
+LAB_COOKIE = 0x4C4142  # "LAB": the lab's own rules on br-int (never the agent's cookie)
+READY_TIMEOUT = 60.0
+OTHER_SWITCH_TIMEOUT = 300.0
+TOOLS = ("ovsdb-server", "ovs-vswitchd", "ovs-vsctl", "ovs-ofctl", "ovsdb-tool", "haproxy", "ip", "dnsmasq")
+
+
+def require_tools() -> None:
+    """LabError naming every missing program the datapath needs."""
+    missing = [tool for tool in TOOLS if shutil.which(tool, path=tool_env()["PATH"]) is None]
+    if missing:
+        msg = f"missing {', '.join(missing)}: apt-get install openvswitch-switch haproxy iproute2 dnsmasq-base"
+        raise LabError(msg)
+
+
+@dataclass
+class Names:
+    """Every device, bridge and namespace name of one run (15-character interface limit)."""
+
+    tag: str
+
+    @property
+    def bridge(self) -> str:
+        """The integration bridge."""
+        return f"lbi{self.tag}"
+
+    @property
+    def meta_bridge(self) -> str:
+        """The agent's metadata bridge."""
+        return f"lbm{self.tag}"
+
+    @property
+    def meta_port(self) -> str:
+        """The agent's tap-meta."""
+        return f"ltm{self.tag}"
+
+    @property
+    def meta_netns(self) -> str:
+        """Where haproxy listens."""
+        return f"imdslab-meta-{self.tag}"
+
+    @property
+    def dhcp_netns(self) -> str:
+        """Where dnsmasq runs."""
+        return f"imdslab-dhcp-{self.tag}"
+
+    @property
+    def dhcp_port(self) -> str:
+        """The host end of dnsmasq's veth."""
+        return f"ldh{self.tag}"
+
+    @property
+    def tap(self) -> str:
+        """The guest's tap."""
+        return f"lvm{self.tag}"
+
+
+class Switch:
+    """A private userspace Open vSwitch."""
+
+    def __init__(self, cleanup: Cleanup, out: Path, tag: str) -> None:
+        """Start ovsdb-server and ovs-vswitchd (both undone by PID, their logs kept in ``out``)."""
+        self.root = Path(tempfile.mkdtemp(prefix=f"imdslab-{tag}-", dir="/tmp"))  # unix socket paths are short
+        cleanup.add(f"remove {self.root}", lambda: shutil.rmtree(self.root, ignore_errors=True))
+        cleanup.add("keep the OVS logs", lambda: self._keep_logs(out))
+        db = self.root / "conf.db"
+        sh("ovsdb-tool", "create", str(db), "/usr/share/openvswitch/vswitch.ovsschema", env=self.env)
+        cleanup.process("ovsdb-server", spawn(
+            ["ovsdb-server", str(db), f"--remote=punix:{self.db_sock}", "--pidfile", "--log-file"],
+            self.root / "ovsdb-server.out", env=self.env))
+        wait_until("ovsdb-server", self.db_sock.exists, READY_TIMEOUT)
+        self.vsctl("--no-wait", "init")
+        # The userspace datapath of every ovs-vswitchd on the host is one tap, "ovs-netdev": a second
+        # switch cannot open its bridges while another (a test's, another lab's) holds it.
+        wait_until("the host's other userspace Open vSwitch to stop (it holds the ovs-netdev tap)",
+                   lambda: not Path("/sys/class/net/ovs-netdev").exists(), OTHER_SWITCH_TIMEOUT, interval=1.0)
+        switch = cleanup.process("ovs-vswitchd", spawn(
+            ["ovs-vswitchd", f"unix:{self.db_sock}", "--disable-system", "--pidfile", "--log-file"],
+            self.root / "ovs-vswitchd.out", env=self.env))
+
+        def configured() -> bool:
+            if switch.poll() is not None:
+                raise LabError(f"ovs-vswitchd exited {switch.returncode}; see {self.root}")
+            # A write without --no-wait returns once ovs-vswitchd has applied it.
+            try:
+                sh("ovs-vsctl", f"--db=unix:{self.db_sock}", "--timeout=2", "set", "Open_vSwitch", ".",
+                   "external_ids:imds-lab=ready", env=self.env, timeout=10.0)
+            except LabError:
+                return False
+            return True
+
+        wait_until("ovs-vswitchd", configured, READY_TIMEOUT)
+
+    @property
+    def env(self) -> dict[str, str]:
+        """The environment OVS tools need to find this switch's files."""
+        return tool_env(**{f"OVS_{name}": str(self.root) for name in ("RUNDIR", "DBDIR", "LOGDIR", "SYSCONFDIR")})
+
+    def learned(self, bridge: str) -> bool:
+        """Whether the agent's egress rule has learned a way back: the guest's first metadata packet went by."""
+        try:
+            text = self.ofctl("--no-stats", "dump-flows", bridge, f"table={RETURN_TABLE}")
+        except LabError:
+            return False
+        return f"cookie={LEARN_COOKIE >> 32:#x}" in text
+
+    @property
+    def db_sock(self) -> Path:
+        """The OVSDB socket."""
+        return self.root / "db.sock"
+
+    def vsctl(self, *args: str) -> str:
+        """``ovs-vsctl`` against this switch."""
+        return sh("ovs-vsctl", f"--db=unix:{self.db_sock}", "--timeout=20", *args, env=self.env)
+
+    def ofctl(self, *args: str) -> str:
+        """``ovs-ofctl`` against this switch."""
+        return sh("ovs-ofctl", *args, env=self.env)
+
+    def _keep_logs(self, out: Path) -> None:
+        for log in self.root.glob("*.log"):
+            shutil.copyfile(log, out / f"ovs-{log.name}")
+
+
+@dataclass
+class Guest:
+    """The guest's port: instance id, MAC and the tap QEMU opens."""
+
+    uuid: str
+    mac: str
+    tap: str
+
+
+@dataclass
+class Datapath:
+    """One run's network: where its logs go, its names, and what undoes it."""
+
+    cleanup: Cleanup
+    out: Path
+    names: Names
+
+    def build(self, guest: Guest, upstream: str, secret_file: Path, *, onlink: bool = True) -> Switch:
+        """OVS, br-int, dnsmasq's namespace and the guest's tap, plugged; then the agent with its haproxy."""
+        require_tools()
+        names = self.names
+        switch = Switch(self.cleanup, self.out, names.tag)
+        self.cleanup.add(f"del-br {names.bridge}", lambda: switch.vsctl("--if-exists", "del-br", names.bridge))
+        switch.vsctl("add-br", names.bridge, "--", "set", "Bridge", names.bridge, "datapath_type=netdev",
+                     "fail_mode=secure")
+        # ovs-ofctl reaches the bridge through its management socket, which ovs-vswitchd may create late.
+        wait_until(f"{names.bridge}.mgmt", (switch.root / f"{names.bridge}.mgmt").exists, READY_TIMEOUT)
+        switch.ofctl("add-flow", names.bridge, f"cookie={LAB_COOKIE:#x},priority=0,actions=NORMAL")
+        self._dhcp_namespace(switch)
+        self._guest_tap(switch, guest)
+        self._dnsmasq(guest, onlink=onlink)
+        self._agent(switch, upstream, secret_file)
+        return switch
+
+    def _dhcp_namespace(self, switch: Switch) -> None:
+        ns, port = self.names.dhcp_netns, self.names.dhcp_port
+        self.cleanup.command("ip", "netns", "del", ns)
+        sh("ip", "netns", "add", ns)
+        self.cleanup.command("ip", "link", "del", port)
+        sh("ip", "link", "add", port, "type", "veth", "peer", "name", "eth0", "netns", ns)
+        for args in (("sysctl", "-qw", "net.ipv6.conf.all.accept_dad=0"),
+                     ("sysctl", "-qw", "net.ipv6.conf.default.accept_dad=0"),
+                     ("ip", "link", "set", "lo", "up"),
+                     ("ip", "addr", "add", f"{DHCP_SERVER}/{NETWORK.prefixlen}", "dev", "eth0"),
+                     ("ip", "addr", "add", f"{DHCP_SERVER6}/{NETWORK6.prefixlen}", "dev", "eth0", "nodad"),
+                     ("ip", "link", "set", "eth0", "up")):
+            sh("ip", "netns", "exec", ns, *args)
+        # veth into the userspace datapath: checksums must be complete (offload off), as in the agent tests.
+        sh("ip", "netns", "exec", ns, "ethtool", "-K", "eth0", "tx", "off", check=False)
+        sh("ip", "link", "set", port, "up")
+        bridge = self.names.bridge
+        self.cleanup.add(f"del-port {port}", lambda: switch.vsctl("--if-exists", "del-port", bridge, port))
+        switch.vsctl("add-port", bridge, port, f"tag={VLAN}")
+
+    def _guest_tap(self, switch: Switch, guest: Guest) -> None:
+        """The tap QEMU attaches to, plugged as os-vif plugs a Nova port."""
+        self.cleanup.command("ip", "link", "del", guest.tap)
+        sh("ip", "tuntap", "add", "dev", guest.tap, "mode", "tap")
+        sh("ip", "link", "set", guest.tap, "up")
+        bridge = self.names.bridge
+        self.cleanup.add(f"del-port {guest.tap}", lambda: switch.vsctl("--if-exists", "del-port", bridge, guest.tap))
+        port_id = str(uuidlib.uuid5(uuidlib.NAMESPACE_URL, f"imds-lab:{guest.uuid}"))
+        switch.vsctl("add-port", bridge, guest.tap, f"tag={VLAN}", "--", "set", "Interface", guest.tap,
+                     f"external_ids:iface-id={port_id}", f"external_ids:attached-mac={guest.mac}",
+                     f"external_ids:vm-uuid={guest.uuid}", "external_ids:iface-status=active")
+
+    def _dnsmasq(self, guest: Guest, *, onlink: bool) -> None:
+        """DHCP for the guest only: its fixed address, and 169.254.169.254 on-link (option 121) or a router.
+
+        It is the guest's DNS server too, with nothing upstream: every lookup is answered at once
+        (cloud-init resolves made-up names to detect DNS hijacking before its crawl).
+
+        AWS hands out a router and no route to 169.254.169.254 (the datapath takes the packet
+        whatever its next hop); Neutron's DHCP hands out the on-link route (flavors.py says why
+        EC2 guests get the router).
+        """
+        out = self.out.resolve()
+        args = ["ip", "netns", "exec", self.names.dhcp_netns, "dnsmasq", "--keep-in-foreground",
+                "--conf-file=/dev/null", "--no-resolv", "--no-hosts", "--interface=eth0", "--bind-interfaces",
+                "--pid-file=",
+                "--user=root", f"--dhcp-leasefile={out / 'dnsmasq.leases'}", "--log-dhcp",
+                f"--log-facility={out / 'dnsmasq.log'}",
+                f"--dhcp-range={GUEST_IP},static,{NETWORK.netmask},1h",
+                f"--dhcp-host={guest.mac},{GUEST_IP}"]
+        if onlink:
+            args.append("--dhcp-option=121,169.254.169.254/32,0.0.0.0")
+        else:
+            args.append(f"--dhcp-option=3,{DHCP_SERVER}")
+        process = self.cleanup.process("dnsmasq", spawn(args, out / "dnsmasq.out"))
+        if process.poll() is not None:
+            raise LabError(f"dnsmasq exited {process.returncode}: {_text(out / 'dnsmasq.out')[-1000:]}")
+
+    def _agent(self, switch: Switch, upstream: str, secret_file: Path) -> None:
+        """``imds agent`` for this switch; its metadata bridge and namespace are undone by name after it stops."""
+        names, out = self.names, self.out
+        state = (out / "agent").resolve()
+        state.mkdir(exist_ok=True)
+        self.cleanup.command("ip", "netns", "del", names.meta_netns)
+        self.cleanup.add(f"del-br {names.meta_bridge}",
+                         lambda: switch.vsctl("--if-exists", "del-br", names.meta_bridge))
+        self.cleanup.add("stop a haproxy the agent left", lambda: _stop_leftover_haproxy(state / "haproxy-master.sock"))
+        imds = Path(sys.executable).parent / "imds"
+        env = {k: v for k, v in tool_env().items() if not k.startswith(("IMDS_", "OVS_"))}
+        args = [str(imds) if imds.exists() else "imds", "agent", "--ovsdb", f"unix:{switch.db_sock}",
+                "--integration-bridge", names.bridge, "--metadata-bridge", names.meta_bridge,
+                "--meta-port", names.meta_port, "--meta-netns", names.meta_netns, "--upstream", upstream,
+                "--shared-secret-file", str(secret_file.resolve()), "--state-dir", str(state),
+                "--check-interval", "0.5"]
+        log = out / "agent.log"
+        agent = spawn(args, log, env=env)
+        self.cleanup.add(f"stop imds agent (pid {agent.pid})", lambda: stop(agent, timeout=20.0))
+
+        def serving() -> bool:
+            if agent.poll() is not None:
+                raise LabError(f"imds agent exited {agent.returncode}:\n{_text(log)[-2000:]}")
+            return "agent.haproxy_applied" in _text(log)
+
+        wait_until("imds agent and its haproxy", serving, READY_TIMEOUT)
+
+
+def _text(path: Path) -> str:
+    return path.read_text(errors="replace") if path.exists() else ""
+
+
+def _stop_leftover_haproxy(master: Path) -> None:
+    """If the agent died without stopping haproxy, stop its master by the PID it reports."""
+    if not master.exists():
+        return
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(5.0)
+            sock.connect(str(master))
+            sock.sendall(b"show proc\n")
+            sock.shutdown(socket.SHUT_WR)
+            text = sock.recv(65536).decode(errors="replace")
+    except OSError:
+        return  # nobody listens: haproxy is gone
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) >= 2 and fields[1] == "master" and fields[0].isdigit():
+            os.kill(int(fields[0]), signal.SIGTERM)

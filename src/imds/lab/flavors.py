@@ -1,0 +1,81 @@
+"""What each flavor asks of the guest: the datasource cloud-init must choose, and how it is told to.
+
+``--identify cmdline`` (the default) names the datasource on the kernel command line
+(``ci.ds=``, which ds-identify honours); ``--identify smbios`` sets the SMBIOS system fields
+that ds-identify and the datasources themselves look for on each cloud, as a hypervisor of
+that cloud does (the same values work in libvirt's ``<sysinfo type='smbios'>``; docs/lab.md).
+NoCloud over the network also needs its seed URL, which the command line or the SMBIOS
+serial carries.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from imds.lab.run import LabError
+
+METADATA_URL = "http://169.254.169.254"
+NOCLOUD_SEED = f"ds=nocloud-net;s={METADATA_URL}/nocloud/"
+NOCLOUD_SEED_SMBIOS = f"serial={NOCLOUD_SEED}"
+
+
+@dataclass(frozen=True)
+class Flavor:
+    """One way a guest finds its metadata."""
+
+    name: str
+    ds: str  # ds-identify's name (ci.ds=)
+    datasource: str  # the class cloud-init reports on the console ("Datasource DataSourceEc2.")
+    smbios: tuple[str, ...] = ()  # -smbios type=1 fields, '{uuid}' replaced by the instance id
+    cmdline: tuple[str, ...] = ()  # extra kernel arguments either way
+    config_drive: bool = False  # attach an ISO 9660 config-2 drive
+    uuid_prefix: str = ""  # instance ids start so (AWS's start with "ec2", which cloud-init checks)
+    platform: bool = False  # give the SMBIOS fields even with --identify cmdline (the datasource needs them)
+    onlink: bool = True  # DHCP: 169.254.169.254 on-link (option 121), as Neutron; else a router, as AWS
+
+    def kernel_args(self, identify: str) -> list[str]:
+        """Kernel arguments that make ds-identify pick this flavor's datasource."""
+        if identify != "cmdline":
+            return []
+        return [f"ci.ds={self.ds}", *self.cmdline]
+
+    def smbios_arg(self, identify: str, uuid: str) -> str | None:
+        """QEMU's ``-smbios type=1,...`` value (None when identifying by command line)."""
+        if identify != "smbios" and not self.platform:
+            return f"type=1,uuid={uuid}"
+        fields = [field.replace("{uuid}", uuid) for field in self.smbios]
+        if not any(field.startswith("uuid=") for field in fields):
+            fields.append(f"uuid={uuid}")
+        return "type=1," + ",".join(field.replace(",", ",,") for field in fields)
+
+
+FLAVORS = {
+    # AWS: the serial and the uuid start with "ec2" and are equal (cloud-init's identify_aws). cloud-init
+    # 22.4 asks for an IMDSv2 token only on a platform it identified as AWS, so these are always given.
+    # DHCP gives a router, as AWS does: with no vpc-id in the metadata cloud-init takes the instance for
+    # EC2-Classic and crawls again in its network stage, with DHCP on the configured NIC, which fails
+    # re-adding an option-121 route that exists.
+    "ec2": Flavor("ec2", "Ec2", "DataSourceEc2", smbios=(
+        "manufacturer=Amazon EC2", "product=t3.micro", "serial={uuid}",
+    ), uuid_prefix="ec2", platform=True, onlink=False),
+    # cloud-init's OpenStack datasource reads nothing unless DMI says OpenStack (detect_openstack).
+    "openstack": Flavor("openstack", "OpenStack", "DataSourceOpenStack", smbios=(
+        "manufacturer=OpenStack Foundation", "product=OpenStack Nova",
+    ), platform=True),
+    "nocloud": Flavor("nocloud", "NoCloud", "DataSourceNoCloud", smbios=(NOCLOUD_SEED_SMBIOS,),
+                      cmdline=(NOCLOUD_SEED,)),
+    "configdrive": Flavor("configdrive", "ConfigDrive", "DataSourceConfigDrive", smbios=(
+        "manufacturer=OpenStack Foundation", "product=OpenStack Nova",
+    ), config_drive=True),
+}
+IDENTIFY = ("cmdline", "smbios")
+
+
+def flavor(name: str) -> Flavor:
+    """The flavor called ``name``; LabError naming the known ones otherwise."""
+    try:
+        return FLAVORS[name]
+    except KeyError:
+        msg = f"unknown flavor {name!r}: one of {', '.join(FLAVORS)}"
+        raise LabError(msg) from None
+

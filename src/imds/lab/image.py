@@ -1,0 +1,218 @@
+"""The lab's guest image, built from Debian packages and cached by what went into it.
+
+``build`` runs ``mmdebstrap`` (minbase plus systemd, udev, cloud-init, the cloud kernel, a
+DHCP client and ifupdown) into a directory, copies out the kernel and initrd (QEMU boots
+them directly: no bootloader), and makes a raw ext4 filesystem image of the tree with
+``mke2fs -d`` (no loop mount). The recipe below — suite, packages, the files written into
+the tree, the image size — is hashed; an image whose hash directory already exists is reused.
+Change the recipe and the next build makes a new one.
+
+What the tree gets besides the packages (each met as a pitfall in the first boots):
+
+- ``/etc/network/interfaces`` sources ``interfaces.d/*``, where cloud-init's fallback network
+  config (DHCP on the first NIC, ``ens3`` under QEMU) lands;
+- ``/etc/hostname`` is ``lab-image``, so a console line naming the expected host proves
+  that cloud-init set it;
+- ``/etc/fstab`` mounts ``/dev/vda`` as the root;
+- ``/etc/resolv.conf`` is empty: mmdebstrap copies the build host's in, and a guest with a
+  default route then waits 40 s on that unreachable resolver in cloud-init's EC2 crawl
+  (``is_resolvable_url``) until DHCP gives it the lab's.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from contextlib import suppress
+from dataclasses import dataclass
+from pathlib import Path
+
+from imds.lab.run import LabError, sh, spawn, tool_env
+
+RECIPE_VERSION = 1
+SUITE = "bookworm"
+PACKAGES = (
+    "systemd-sysv", "udev", "cloud-init", "linux-image-cloud-amd64", "iproute2", "isc-dhcp-client",
+    "curl", "ifupdown", "netbase",
+)
+IMAGE_SIZE = 2 << 30  # sparse: about 450 MB of it is used
+BUILD_TIMEOUT = 1800.0
+FILES = {
+    "etc/network/interfaces": "auto lo\niface lo inet loopback\n\nsource /etc/network/interfaces.d/*\n",
+    "etc/hostname": "lab-image\n",
+    "etc/fstab": "/dev/vda / ext4 rw,errors=remount-ro 0 1\n",
+    "etc/resolv.conf": "",  # not the build host's resolver (mmdebstrap copies it in)
+    "etc/cloud/cloud.cfg.d/90-imds-lab.cfg": (
+        "# imds lab: the serial console is the witness; ds-identify takes ci.ds= from the kernel command line\n"
+        "datasource:\n  Ec2:\n    strict_id: false\n"
+    ),
+}
+
+
+@dataclass(frozen=True)
+class Image:
+    """A bootable guest: a disk image, and the kernel and initrd to give QEMU (None: the disk boots itself)."""
+
+    disk: Path
+    kernel: Path | None = None
+    initrd: Path | None = None
+    key: str = ""
+
+    @property
+    def format(self) -> str:
+        """QEMU's name for the disk's format (raw for built images, else what the file says)."""
+        if self.kernel is not None:
+            return "raw"
+        info = json.loads(sh("qemu-img", "info", "--output=json", str(self.disk)))
+        return str(info["format"])
+
+
+def recipe() -> dict[str, object]:
+    """Everything the image is made from (its hash names the cached image)."""
+    return {"version": RECIPE_VERSION, "suite": SUITE, "variant": "minbase", "packages": list(PACKAGES),
+            "files": FILES, "size": IMAGE_SIZE}
+
+
+def recipe_key() -> str:
+    """16 hex digits of the recipe's SHA-256."""
+    return hashlib.sha256(json.dumps(recipe(), sort_keys=True).encode()).hexdigest()[:16]
+
+
+def cached(out: Path) -> Image | None:
+    """The image for the current recipe under ``out``, if it was built."""
+    key = recipe_key()
+    target = out / f"debian-{SUITE}-{key}"
+    if not (target / "manifest.json").is_file():
+        return None
+    return Image(target / "rootfs.ext4", target / "vmlinuz", target / "initrd.img", key)
+
+
+def _hooks() -> list[str]:
+    hooks = []
+    for path, text in FILES.items():
+        parent = str(Path(path).parent)
+        hooks.append(f'--customize-hook=mkdir -p "$1/{parent}" && printf %s {_quote(text)} > "$1/{path}"')
+    return hooks
+
+
+def _quote(text: str) -> str:
+    return "'" + text.replace("'", "'\\''") + "'"
+
+
+def build(out: Path, mirror: str | None = None, say: Callable[[str], None] | None = None) -> Image:
+    """The image for the current recipe under ``out``: reused when present, else built (progress to ``say``)."""
+    tell = say or (lambda line: print(line, file=sys.stderr))  # noqa: T201 - the default sink is the terminal
+    found = cached(out)
+    if found is not None:
+        tell(f"image: reusing {found.disk.parent} (recipe {found.key})")
+        return found
+    for tool in ("mmdebstrap", "mke2fs"):
+        if shutil.which(tool, path=tool_env()["PATH"]) is None:
+            msg = f"{tool} is missing: apt-get install mmdebstrap e2fsprogs (scripts/test does)"
+            raise LabError(msg)
+    key = recipe_key()
+    target = out / f"debian-{SUITE}-{key}"
+    work = out / f".build-{key}"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    started = time.monotonic()
+    try:
+        tree = work / "rootfs"
+        _debootstrap(tree, work / "mmdebstrap.log", mirror, tell, started)
+        kernel, initrd = _boot_files(tree, work)
+        tell(f"image: [{time.monotonic() - started:5.0f}s] mke2fs -d (ext4, {IMAGE_SIZE >> 20} MiB sparse)")
+        disk = work / "rootfs.ext4"
+        with disk.open("wb") as sparse:
+            sparse.truncate(IMAGE_SIZE)
+        sh("mke2fs", "-q", "-F", "-t", "ext4", "-L", "imds-lab", "-d", str(tree), str(disk), timeout=600.0)
+        shutil.rmtree(tree)
+        manifest = {"recipe": recipe(), "key": key, "kernel": kernel, "initrd": initrd,
+                    "seconds": round(time.monotonic() - started, 1)}
+        (work / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+        shutil.rmtree(target, ignore_errors=True)
+        work.rename(target)
+    except BaseException:
+        _remove_build(work)
+        raise
+    tell(f"image: [{time.monotonic() - started:5.0f}s] built {target}")
+    return Image(target / "rootfs.ext4", target / "vmlinuz", target / "initrd.img", key)
+
+
+def _remove_build(work: Path) -> None:
+    """Remove a failed build's directory, unmounting first what mmdebstrap left mounted inside it."""
+    prefix = str(work.resolve()) + "/"
+    mounts = [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()
+              if line.split()[1].startswith(prefix)]
+    for mount in sorted(mounts, key=len, reverse=True):  # the deepest first
+        sh("umount", "--lazy", mount, check=False)
+    if any(line.split()[1].startswith(prefix) for line in Path("/proc/self/mounts").read_text().splitlines()):
+        msg = f"left {work}: something is still mounted inside it (umount it, then remove the directory)"
+        raise LabError(msg)
+    shutil.rmtree(work, ignore_errors=True)
+
+
+def _stop_group(process: subprocess.Popen[bytes]) -> None:
+    """Stop mmdebstrap and everything it started (its own process group, by its PID), bounded."""
+    if process.poll() is not None:
+        return
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        with suppress(ProcessLookupError):
+            os.killpg(process.pid, sig)
+        try:
+            process.wait(timeout=30.0)
+        except subprocess.TimeoutExpired:
+            continue
+        return
+
+
+def _debootstrap(tree: Path, log: Path, mirror: str | None, tell: Callable[[str], None], started: float) -> None:
+    args = ["mmdebstrap", "--variant=minbase", f"--include={','.join(PACKAGES)}", *_hooks(), SUITE, str(tree)]
+    if mirror:
+        args.append(mirror)
+    tell(f"image: mmdebstrap {SUITE} ({len(PACKAGES)} packages and their dependencies), log {log}")
+    process = spawn(args, log)
+    seen = 0
+    deadline = started + BUILD_TIMEOUT
+    try:
+        while process.poll() is None and time.monotonic() < deadline:
+            seen = _progress(log, seen, tell, started)
+            time.sleep(0.5)
+        timed_out = process.poll() is None
+    finally:
+        _stop_group(process)  # at once when it has exited; on Ctrl-C or at the deadline: it and its apt/dpkg
+    if timed_out:
+        raise LabError(f"mmdebstrap took over {BUILD_TIMEOUT:.0f}s; see {log}")
+    _progress(log, seen, tell, started)
+    if process.returncode != 0:
+        tail = log.read_text(errors="replace")[-2000:]
+        raise LabError(f"mmdebstrap exited {process.returncode}:\n{tail}")
+
+
+def _progress(log: Path, seen: int, tell: Callable[[str], None], started: float) -> int:
+    """Print mmdebstrap's new ``I:`` lines (its phases); the number of lines read so far."""
+    lines = log.read_text(errors="replace").splitlines()
+    for line in lines[seen:]:
+        if line.startswith(("I: ", "E: ", "W: ")):
+            tell(f"image: [{time.monotonic() - started:5.0f}s] {line}")
+    return len(lines)
+
+
+def _boot_files(tree: Path, work: Path) -> tuple[str, str]:
+    """Copy the newest kernel and its initrd out of ``tree``; their file names."""
+    kernels = sorted((tree / "boot").glob("vmlinuz-*"))
+    if not kernels:
+        raise LabError("the tree has no /boot/vmlinuz-*: was linux-image-cloud-amd64 installed?")
+    kernel = kernels[-1]
+    initrd = tree / "boot" / ("initrd.img-" + kernel.name.removeprefix("vmlinuz-"))
+    if not initrd.is_file():
+        raise LabError(f"no {initrd.name} beside {kernel.name}: initramfs-tools did not run")
+    shutil.copyfile(kernel, work / "vmlinuz")
+    shutil.copyfile(initrd, work / "initrd.img")
+    return kernel.name, initrd.name
