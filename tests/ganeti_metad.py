@@ -19,7 +19,6 @@ import json
 import os
 import socket
 import subprocess
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -27,6 +26,7 @@ from typing import Any
 
 import pytest
 
+from helpers import wait_for
 from serve_process import free_port, stop_process
 
 REPO = Path(__file__).parents[1]
@@ -83,19 +83,15 @@ class Metad:
     def wait_ready(self) -> None:
         """Block (bounded) until the socket exists and the HTTP port accepts connections."""
         host, port = self.url.removeprefix("http://").split(":")
-        deadline = time.monotonic() + START_TIMEOUT
-        while time.monotonic() < deadline:
+        def ready() -> bool:
             if self.process.poll() is not None:
                 pytest.fail(f"ganeti-metad exited with {self.process.returncode}:\n{self.log()}")
-            if (self.root / SOCKET).exists():
-                try:
-                    socket.create_connection((host, int(port)), timeout=1.0).close()
-                except OSError:
-                    pass
-                else:
-                    return
-            time.sleep(0.05)
-        pytest.fail(f"ganeti-metad not ready within {START_TIMEOUT}s:\n{self.log()}")
+            if not (self.root / SOCKET).exists():
+                return False
+            socket.create_connection((host, int(port)), timeout=1.0).close()
+            return True
+
+        wait_for(ready, what="ganeti-metad ready", timeout=START_TIMEOUT, ignoring=(OSError,), explain=self.log)
 
 
 @contextmanager

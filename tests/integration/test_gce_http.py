@@ -12,7 +12,7 @@ import jwt
 import pytest
 
 from factories import new_id
-from helpers import admin_client, client_from, make_settings, running_app
+from helpers import admin_client, client_from, make_settings, running_app, wait_for_async
 from imds.services.render.gce import project_number
 from imds.web.instance import InstanceFront
 
@@ -183,10 +183,8 @@ async def test_wait_for_change_with_the_etag_passed_back_verbatim(app):
     assert same.text == "web-1.acme.internal"  # a stale ETag answers at once
     held = asyncio.ensure_future(get(app, f"{V1}/instance/hostname", wait_for_change="true", last_etag=etag,
                                      timeout_sec="30"))
-    deadline = asyncio.get_running_loop().time() + WAIT_BOUND
-    while not (app.services.catalog.get(app.ids[0]).waiters or ()):
-        assert asyncio.get_running_loop().time() < deadline, "the read was never held"
-        await asyncio.sleep(0.01)
+    await wait_for_async(lambda: app.services.catalog.get(app.ids[0]).waiters, what="the read to be held",
+                         timeout=WAIT_BOUND)
     await push(app, app.ids[0], GUEST, "web-2.acme.internal")
     changed = await asyncio.wait_for(held, WAIT_BOUND)
     assert changed.text == "web-2.acme.internal"

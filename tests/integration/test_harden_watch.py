@@ -18,6 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from helpers import wait_for
 from imds.agent.haproxy import Backend, Frontend, Upstream, render
 from imds.agent.haproxyctl import Haproxy
 from proxy_process import proxying
@@ -99,15 +100,6 @@ def _get(url: str, **params: str) -> tuple[httpx.Response, float]:
     return answer, time.monotonic() - started
 
 
-def _until(check: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + BOUND
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.05)
-    pytest.fail(f"not within {BOUND}s: {what}")
-
-
 def test_a_write_wakes_a_guest_waiting_through_the_door(door: str, server: Server) -> None:
     """The read carries an ETag; a held read answers the new document and a new ETag as soon as it is written."""
     first, _ = _get(door)
@@ -115,7 +107,7 @@ def test_a_write_wakes_a_guest_waiting_through_the_door(door: str, server: Serve
     etag = first.headers.get("etag")
     assert etag, dict(first.headers)
     held = in_background(lambda: _get(door, wait_for_change="true", last_etag=etag, timeout_sec=str(WATCH_MAX)))
-    _until(lambda: metric(server, "imds_watch_waiting") == 1, "the read is held by serve")
+    wait_for(lambda: metric(server, "imds_watch_waiting") == 1, what="the read is held by serve", timeout=BOUND)
     hostname = f"after-{time.monotonic_ns()}"
     _push(server, hostname)
     result = held.get(timeout=BOUND)
