@@ -33,6 +33,7 @@ for them are chosen in exactly one place, ``imds.web.errors``.
         ├── OvsCommandFailed     an ovs-vsctl / ovs-ofctl / ip command failed
         ├── PoolExhausted        no Meta IP/MAC is left in the provider range
         └── HaproxyFailed        haproxy refused the rendered config or did not reload
+    └── LabError                 an ``imds lab`` step failed (a tool missing, a guest that never came up)
 """
 
 from __future__ import annotations
@@ -250,3 +251,7 @@ class PoolExhausted(AgentError):
 
 class HaproxyFailed(AgentError):
     """haproxy refused the rendered configuration, or would not start or reload."""
+
+
+class LabError(ImdsError):
+    """An ``imds lab`` step failed (a tool missing or refusing, a guest that never came up)."""

@@ -9,6 +9,8 @@ from typing import Any
 
 import click
 
+from imds.errors import LabError
+
 CHOICES_FLAVOR = ("ec2", "openstack", "nocloud", "configdrive")
 
 
@@ -39,7 +41,7 @@ def image() -> None:
 def image_build(out: Path, mirror: str | None) -> None:
     """Build the guest image unless the current recipe's is already in OUT; print its path."""
     from imds.lab.image import build  # noqa: PLC0415 - loads only when the lab runs
-    from imds.lab.run import LabError, cleaned_up  # noqa: PLC0415
+    from imds.lab.run import cleaned_up  # noqa: PLC0415
 
     try:
         with cleaned_up():  # SIGTERM unwinds like Ctrl-C: mmdebstrap is stopped, the half-built tree removed
@@ -77,7 +79,7 @@ def boot(**flags: Any) -> None:
     from imds.lab import image as images  # noqa: PLC0415 - loads only when the lab runs
     from imds.lab.boot import Options  # noqa: PLC0415
     from imds.lab.boot import boot as run_boot  # noqa: PLC0415
-    from imds.lab.run import LabError, cleaned_up  # noqa: PLC0415
+    from imds.lab.run import cleaned_up  # noqa: PLC0415
 
     image_file: Path | None = flags["image_file"]
     userdata: Path | None = flags["userdata"]

@@ -22,12 +22,13 @@ from typing import Any
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from imds.errors import LabError
 from imds.lab import datapath
 from imds.lab.console import Console
 from imds.lab.flavors import Flavor, flavor
 from imds.lab.image import Image
 from imds.lab.qemu import Machine, Qemu, accelerators
-from imds.lab.run import Cleanup, LabError, cleaned_up, sh, write_private
+from imds.lab.run import Cleanup, cleaned_up, sh, write_private
 from imds.lab.server import Server, own_server, remote_server
 
 MARKER = "LAB-MARKER"

@@ -29,7 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from imds.agent.flows import LEARN_COOKIE, RETURN_TABLE
-from imds.lab.run import Cleanup, LabError, sh, spawn, stop, tool_env, wait_until
+from imds.errors import LabError
+from imds.lab.run import Cleanup, sh, spawn, stop, tool_env, wait_until
 
 VLAN = 1
 NETWORK = ipaddress.IPv4Network("10.231.0.0/24")

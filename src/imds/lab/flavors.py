@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from imds.lab.run import LabError
+from imds.errors import LabError
 
 METADATA_URL = "http://169.254.169.254"
 NOCLOUD_SEED = f"ds=nocloud-net;s={METADATA_URL}/nocloud/"

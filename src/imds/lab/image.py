@@ -34,7 +34,8 @@ from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 
-from imds.lab.run import LabError, sh, spawn, tool_env
+from imds.errors import LabError
+from imds.lab.run import sh, spawn, tool_env
 
 RECIPE_VERSION = 1
 SUITE = "bookworm"

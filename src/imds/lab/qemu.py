@@ -19,8 +19,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from imds.errors import LabError
 from imds.lab.image import Image
-from imds.lab.run import LabError, sh, spawn, stop, tool_env
+from imds.lab.run import sh, spawn, stop, tool_env
 
 QEMU = "qemu-system-x86_64"
 KVM_FAILURES = ("KVM internal error", "emulation failure", "failed to initialize kvm", "Could not access KVM",

@@ -19,14 +19,10 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from types import FrameType
 
-from imds.errors import ImdsError
+from imds.errors import LabError
 
 STOP_TIMEOUT = 10.0
 PR_SET_PDEATHSIG = 1
-
-
-class LabError(ImdsError):
-    """A lab step failed (a tool missing or refusing, a guest that never came up)."""
 
 
 def sbin_path() -> str:

@@ -22,7 +22,8 @@ from typing import Any
 
 import httpx
 
-from imds.lab.run import Cleanup, LabError, spawn, tool_env, write_private
+from imds.errors import LabError
+from imds.lab.run import Cleanup, spawn, tool_env, write_private
 
 START_TIMEOUT = 60.0
 
