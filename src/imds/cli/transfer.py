@@ -85,9 +85,11 @@ class Survey:
             self.count += 1
             instance_id = raw.value.get("id") if isinstance(raw.value, dict) else None
             if isinstance(instance_id, str):
-                seen = first.setdefault(instance_id.lower(), raw)
-                if seen is not raw:
-                    self.twice.append((instance_id.lower(), seen, raw))
+                # Where each id was first seen, without its document: a survey's memory is one
+                # small entry per item, not the source (the documents are read again to write).
+                seen = first.setdefault(instance_id.lower(), Raw(raw.label, raw.line, None))
+                if seen.label != raw.label:
+                    self.twice.append((instance_id.lower(), seen, Raw(raw.label, raw.line, None)))
             if strict:
                 self._check(raw, parse)
         if strict:
