@@ -24,6 +24,7 @@ import httpx
 import pytest
 
 from helpers import wait_for
+from imds.lab.run import stop
 
 IMDS = Path(sys.executable).parent / "imds"
 ADMIN_TOKEN = "serve-process-token"
@@ -48,13 +49,7 @@ def clean_env(tmp_path: Path, **extra: str) -> dict[str, str]:
 
 def stop_process(process: subprocess.Popen[bytes]) -> int:
     """SIGTERM by PID, bounded; SIGKILL if it does not exit. Returns the exit status."""
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-        try:
-            return process.wait(timeout=STOP_TIMEOUT)
-        except subprocess.TimeoutExpired:
-            process.kill()
-    return process.wait(timeout=STOP_TIMEOUT)
+    return stop(process, STOP_TIMEOUT)
 
 
 class Server:
