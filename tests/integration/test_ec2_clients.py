@@ -135,6 +135,7 @@ else:
             userdata=base64.b64encode(ds.userdata_raw).decode(),
             api_version=ds._crawled_metadata.get("_metadata_api_version"),
             identity_instance=ds.identity.get("instanceId"),
+            classic=ds.is_classic_instance(),
         )
 print(json.dumps(out))
 """
@@ -187,6 +188,8 @@ def test_cloud_init_ec2_datasource_crawls_over_imdsv2(server, tmp_path):
     assert got["local_ipv4"] == "10.70.17.9"
     assert got["availability_zone"] == "da11"
     assert got["region"] == "da1"  # on AWS cloud-init takes it from the identity document: the same region
+    # A MAC without vpc-id is EC2 Classic to cloud-init: network config re-applied (and re-crawled) every boot.
+    assert got["classic"] is False
     assert base64.b64decode(got["userdata"]) == USERDATA.encode()
 
 

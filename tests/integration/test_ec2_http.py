@@ -207,10 +207,11 @@ async def test_every_listed_entry_answers_200_under_each_aws_version(version):
             f"{mac}public-ipv4s": b"40.91.78.229",
             f"{mac}ipv6s": b"2001:0db8:8583:0000::9",
             f"{mac}subnet-ipv4-cidr-block": b"10.70.17.8/31",
+            f"{mac}vpc-id": b"vpc-3940c2414bc950701",
             f"/{version}/dynamic/instance-identity/": b"document\npkcs7\nrsa2048\nsignature",
         }
         assert {path: tree.get(path) for path in expected} == expected
-        assert len([p for p in tree if not p.endswith("/")]) == 29 + 4  # meta-data values + identity parts
+        assert len([p for p in tree if not p.endswith("/")]) == 34 + 4  # meta-data values + identity parts
         userdata = await guest.get(f"/{version}/user-data")
         assert userdata.content == USERDATA.encode()  # userdata is served byte for byte, newline included
 

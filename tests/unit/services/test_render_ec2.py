@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from datetime import UTC, datetime
 from typing import Any
 
@@ -47,9 +48,14 @@ AWS_SEED: dict[str, str] = {
     "network": "interfaces/",
     "network/interfaces": "macs/",
     "network/interfaces/macs": f"{MAC0}/\n{MAC1}/",
-    f"network/interfaces/macs/{MAC0}": "device-number\nipv6s\nlocal-hostname\nlocal-ipv4s\nmac\npublic-ipv4s\n"
-    "subnet-ipv4-cidr-block\nsubnet-ipv6-cidr-blocks",
+    f"network/interfaces/macs/{MAC0}": "device-number\ninterface-id\nipv6s\nlocal-hostname\nlocal-ipv4s\nmac\n"
+    "public-ipv4s\nsubnet-id\nsubnet-ipv4-cidr-block\nsubnet-ipv6-cidr-blocks\nvpc-id",
     f"network/interfaces/macs/{MAC0}/device-number": "0",
+    f"network/interfaces/macs/{MAC0}/interface-id": "eni-87fa1ddc40e4d9b6b",
+    f"network/interfaces/macs/{MAC0}/subnet-id": "subnet-41cdbacd28c486697",
+    f"network/interfaces/macs/{MAC0}/vpc-id": "vpc-3940c2414bc950701",
+    f"network/interfaces/macs/{MAC1}/interface-id": "eni-a45d352dbffd8d275",
+    f"network/interfaces/macs/{MAC1}/vpc-id": "vpc-3940c2414bc950701",
     f"network/interfaces/macs/{MAC0}/ipv6s": "2001:0db8:8583:0000::9",
     f"network/interfaces/macs/{MAC0}/local-hostname": "metadata-example-01",
     f"network/interfaces/macs/{MAC0}/local-ipv4s": "10.70.17.9",
@@ -57,7 +63,7 @@ AWS_SEED: dict[str, str] = {
     f"network/interfaces/macs/{MAC0}/public-ipv4s": "40.91.78.229",
     f"network/interfaces/macs/{MAC0}/subnet-ipv4-cidr-block": "10.70.17.8/31",
     f"network/interfaces/macs/{MAC0}/subnet-ipv6-cidr-blocks": "2001:db8:8583::8/127",
-    f"network/interfaces/macs/{MAC1}": "device-number\nlocal-hostname\nmac",
+    f"network/interfaces/macs/{MAC1}": "device-number\ninterface-id\nlocal-hostname\nmac\nvpc-id",
     f"network/interfaces/macs/{MAC1}/device-number": "1",
     f"network/interfaces/macs/{MAC1}/local-hostname": "metadata-example-01",
     f"network/interfaces/macs/{MAC1}/mac": MAC1,
@@ -266,7 +272,30 @@ def test_interfaces_take_the_bond_mac_as_primary_and_addresses_go_to_it():
     assert resolve(tree, f"network/interfaces/macs/{MAC1}/local-ipv4s") == "10.70.17.9"
     assert resolve(tree, f"network/interfaces/macs/{MAC1}/device-number") == "1"
     assert resolve(tree, f"network/interfaces/macs/{MAC0}/local-ipv4s") is None
-    assert body(resolve(tree, f"network/interfaces/macs/{MAC0}")) == b"device-number\nlocal-hostname\nmac"  # type: ignore[arg-type]
+    assert body(resolve(tree, f"network/interfaces/macs/{MAC0}")) == (  # type: ignore[arg-type]
+        b"device-number\ninterface-id\nlocal-hostname\nmac\nvpc-id"
+    )
+
+
+def test_every_mac_has_a_vpc_so_cloud_init_does_not_take_the_instance_for_ec2_classic():
+    """vpc-id: explicit network.vpc_id wins; else one per project, AWS-shaped; interface and subnet ids are stable."""
+    doc = seed()
+    tree = aws_meta_data(doc)
+    vpcs = {resolve(tree, f"network/interfaces/macs/{mac}/vpc-id") for mac in (MAC0, MAC1)}
+    assert len(vpcs) == 1
+    (vpc,) = vpcs
+    assert re.fullmatch(r"vpc-[0-9a-f]{17}", str(vpc))
+    assert resolve(aws_meta_data(seed()), f"network/interfaces/macs/{MAC0}/vpc-id") == vpc  # stable
+    other = aws_meta_data({**seed(), "project_id": "other"})
+    assert resolve(other, f"network/interfaces/macs/{MAC0}/vpc-id") not in {vpc, None}
+    assert resolve(other, f"network/interfaces/macs/{MAC0}/interface-id") == resolve(
+        tree, f"network/interfaces/macs/{MAC0}/interface-id"
+    )  # the ENI follows the MAC
+    assert resolve(other, f"network/interfaces/macs/{MAC0}/subnet-id") != resolve(
+        tree, f"network/interfaces/macs/{MAC0}/subnet-id"
+    )  # a subnet belongs to its VPC
+    doc["network"]["vpc_id"] = "vpc-0123456789abcdef0"
+    assert resolve(aws_meta_data(doc), f"network/interfaces/macs/{MAC1}/vpc-id") == "vpc-0123456789abcdef0"
 
 
 def test_without_a_bond_the_first_interface_is_primary_and_holds_every_address_kind():
@@ -299,7 +328,10 @@ def test_addresses_absent_means_no_address_keys_in_the_aws_layout():
     tree = aws_meta_data(doc)
     for key in ("local-ipv4", "public-ipv4"):
         assert resolve(tree, key) is None
-    assert body(resolve(tree, f"network/interfaces/macs/{MAC0}")) == b"device-number\nlocal-hostname\nmac"  # type: ignore[arg-type]
+    assert body(resolve(tree, f"network/interfaces/macs/{MAC0}")) == (  # type: ignore[arg-type]
+        b"device-number\ninterface-id\nlocal-hostname\nmac\nvpc-id"
+    )
+
 
 
 @pytest.mark.parametrize(

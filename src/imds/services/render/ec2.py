@@ -12,6 +12,8 @@ signer). Mapping from the Equinix-shaped document:
 | placement/region | ``region``, else the zone minus its last character, else ``metro`` |
 | local-ipv4 / public-ipv4 / ipv6s | ``network.addresses`` (family + ``public``) |
 | mac, network/interfaces/macs/… | ``network.interfaces`` (addresses go to the bond's MAC, else the first) |
+| macs/MAC/vpc-id | ``network.vpc_id``, else ``vpc-`` + a hash of ``project_id`` (else ``default``) |
+| macs/MAC/subnet-id, interface-id | ``subnet-`` + a hash of the VPC and subnet CIDR; ``eni-`` + a hash of the MAC |
 | public-keys/N/openssh-key | ``ssh_keys`` (name: the key's comment, made unique with ``-N``) |
 | tags/instance/KEY | ``tags`` entries of the form ``key=value`` |
 | spot/termination-time | ``spot.termination_time`` |
@@ -23,12 +25,19 @@ the flavor reports that same region (facility ``da11`` → region ``da1``, not t
 ``da``) in ``placement/region`` and the identity document: every client sees one region.
 An explicit ``region`` wins; it should then match the zone.
 
+cloud-init takes an instance whose MACs have no ``vpc-id`` for EC2 Classic and then
+re-applies the network configuration on every boot, crawling the tree a second time
+(cloud-init 22.4 ``is_classic_instance``): every MAC carries one. The derived ids are
+stable (the same record gives the same ids on every replica) and shaped as AWS's (17 hex
+digits after the prefix).
+
 The instance id is always the record's id (the document's own ``id``, which writes
 require to be the same, is not consulted).
 """
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import json
 from dataclasses import dataclass
@@ -187,6 +196,11 @@ def _public_keys(doc: JsonObject) -> Dir | None:
     )
 
 
+def aws_id(prefix: str, seed: str) -> str:
+    """A stable AWS-shaped id (``vpc-`` and 17 hex digits) derived from ``seed``."""
+    return f"{prefix}-{hashlib.sha256(f'{prefix}:{seed}'.encode()).hexdigest()[:17]}"
+
+
 def _interfaces(doc: JsonObject, hostname: str) -> tuple[str | None, Dir | None]:
     """(primary MAC, ``network/interfaces/macs`` tree)."""
     network = _obj(doc.get("network"))
@@ -196,6 +210,7 @@ def _interfaces(doc: JsonObject, hostname: str) -> tuple[str | None, Dir | None]
     bond_mac = _obj(network.get("bonding")).get("mac")
     primary = bond_mac if any(n["mac"] == bond_mac for n in nics) else nics[0]["mac"]
     addresses = _addresses(doc)
+    vpc = _text(network.get("vpc_id")) or aws_id("vpc", _text(doc.get("project_id")) or "default")
     macs = Dir()
     for index, nic in enumerate(nics):
         mac = str(nic["mac"]).lower()
@@ -208,11 +223,12 @@ def _interfaces(doc: JsonObject, hostname: str) -> tuple[str | None, Dir | None]
         ):
             if picked:
                 entry.append((key, "\n".join(picked)))
-        entry.append(("mac", mac))
+        entry += [("interface-id", aws_id("eni", mac)), ("mac", mac), ("vpc-id", vpc)]
         v4_private = [a.network for a in mine if a.family == 4 and not a.public and a.network]
         v6 = [a.network for a in mine if a.family == 6 and a.network]
         if v4_private:
-            entry.append(("subnet-ipv4-cidr-block", v4_private[0]))
+            subnet = aws_id("subnet", f"{vpc}:{v4_private[0]}")
+            entry += [("subnet-id", subnet), ("subnet-ipv4-cidr-block", v4_private[0])]
         if v6:
             entry.append(("subnet-ipv6-cidr-blocks", "\n".join(v6)))
         macs[mac] = Dir(sorted(entry))
