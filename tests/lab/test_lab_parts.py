@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 
 from imds.errors import LabError
-from imds.lab.boot import default_userdata
 from imds.lab.console import Console
 from imds.lab.flavors import FLAVORS, flavor
 from imds.lab.image import FILES, Image, recipe_key
 from imds.lab.qemu import Machine, accelerators
 from imds.lab.run import Cleanup, cleaned_up, spawn, write_private
+from imds.lab.userdata import default_userdata
 
 CI = "cloud-init[9]: Cloud-init v. 22.4.2"
 SERIAL = f"""\

@@ -1,6 +1,7 @@
 """One real boot: record, datapath, QEMU, the console watched until cloud-init is done; result.json.
 
 The guest passes when cloud-init finished with the flavor's datasource, the userdata's marker
+(the operator's ``--userdata`` gets the lab's marker part beside it: ``imds.lab.userdata``)
 reached the console and the console names the hostname from the record (the marker line
 ``LAB-MARKER host=NAME``, or getty's ``NAME login:``). result.json says which datasource was
 chosen, the accelerator, the seconds from power-on to the first metadata request and to
@@ -30,13 +31,7 @@ from imds.lab.image import Image
 from imds.lab.qemu import Machine, Qemu, accelerators
 from imds.lab.run import Cleanup, cleaned_up, sh, write_private
 from imds.lab.server import Server, own_server, remote_server
-
-MARKER = "LAB-MARKER"
-
-
-def default_userdata(marker: str = MARKER) -> bytes:
-    """Cloud-config whose runcmd prints the marker and the hostname the guest has by then to the console."""
-    return (f"#cloud-config\nruncmd:\n  - [sh, -c, 'echo {marker} host=$(hostname) > /dev/ttyS0']\n").encode()
+from imds.lab.userdata import MARKER, default_userdata, with_marker
 
 
 @dataclass
@@ -127,7 +122,8 @@ def _run(cleanup: Cleanup, options: Options, chosen: Flavor, result: dict[str, A
     result["instance_id"] = guest.uuid
     server = _server(cleanup, options)
     result["server"] = server.url
-    userdata = options.userdata if options.userdata is not None else default_userdata(options.marker)
+    userdata = default_userdata(options.marker) if options.userdata is None else with_marker(options.userdata,
+                                                                                               options.marker)
     server.push(guest.uuid, [datapath.GUEST_IP], _metadata(guest, options.hostname), userdata)
     say(f"lab: record {guest.uuid} ({options.hostname}) pushed to {server.url}")
     names = datapath.Names(secrets.token_hex(2))
