@@ -51,6 +51,10 @@ def image_build(out: Path, mirror: str | None) -> None:
     click.echo(built.disk.parent)
 
 
+# --identify: "forced" names the datasource on the kernel command line; "cmdline" is its older name.
+IDENTIFY = {"forced": "cmdline", "cmdline": "cmdline", "smbios": "smbios"}
+
+
 @lab.command("boot")
 @click.option("--flavor", type=click.Choice(CHOICES_FLAVOR), default="ec2", show_default=True)
 @click.option("--userdata", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None,
@@ -69,8 +73,9 @@ def image_build(out: Path, mirror: str | None) -> None:
               help="With --url: the proxy shared secret that server checks.")
 @click.option("--accel", type=click.Choice(("auto", "kvm", "tcg")), default="auto", show_default=True,
               help="auto: KVM, falling back to TCG when KVM cannot run the guest.")
-@click.option("--identify", type=click.Choice(("cmdline", "smbios")), default="cmdline", show_default=True,
-              help="How ds-identify learns the datasource: kernel ci.ds=, or the cloud's SMBIOS fields.")
+@click.option("--identify", type=click.Choice(("forced", "cmdline", "smbios")), default="forced", show_default=True,
+              help="How ds-identify learns the datasource: forced on the kernel command line (ci.ds=; "
+                   "'cmdline' is the same), or the cloud's SMBIOS fields alone.")
 @click.option("--marker", default="LAB-MARKER", show_default=True, help="The line the userdata prints.")
 @click.option("--imdsv2", type=click.Choice(("required", "optional")), default="required", show_default=True,
               help="The lab's own server: EC2 tokens required or optional.")
@@ -88,7 +93,7 @@ def boot(**flags: Any) -> None:
             chosen = images.Image(image_file.resolve()) if image_file else images.build(flags["image_dir"], None, _say)
         options = Options(
             flags["flavor"], flags["out"], flags["hostname"], chosen, userdata.read_bytes() if userdata else None,
-            flags["marker"], flags["timeout"], flags["accel"], flags["identify"], flags["url"], flags["admin_token"],
+            flags["marker"], flags["timeout"], flags["accel"], IDENTIFY[flags["identify"]], flags["url"], flags["admin_token"],
             flags["shared_secret_file"], flags["imdsv2"],
         )
         result = run_boot(options, _say)
