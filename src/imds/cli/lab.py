@@ -93,8 +93,8 @@ def boot(**flags: Any) -> None:
             chosen = images.Image(image_file.resolve()) if image_file else images.build(flags["image_dir"], None, _say)
         options = Options(
             flags["flavor"], flags["out"], flags["hostname"], chosen, userdata.read_bytes() if userdata else None,
-            flags["marker"], flags["timeout"], flags["accel"], IDENTIFY[flags["identify"]], flags["url"], flags["admin_token"],
-            flags["shared_secret_file"], flags["imdsv2"],
+            flags["marker"], flags["timeout"], flags["accel"], IDENTIFY[flags["identify"]], flags["url"],
+            flags["admin_token"], flags["shared_secret_file"], flags["imdsv2"],
         )
         result = run_boot(options, _say)
     except LabError as exc:
