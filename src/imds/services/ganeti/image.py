@@ -28,7 +28,7 @@ from imds.errors import NotFound, Refused, StreamCut, UpstreamError, UpstreamUna
 from imds.services.ganeti.memory import PackageAuth
 
 IMAGE_PARAMETER = "os-image"
-CHUNK = 64 * 1024  # the largest piece of an image in memory at once (per request)
+CHUNK = 256 * 1024  # the largest piece of an image in memory at once (per request)
 
 
 @dataclass(frozen=True)
