@@ -35,7 +35,18 @@ from imds.web.flavors.openstack import OpenStackFlavor
 from imds.web.instance_guard import FlavorGuard
 from imds.web.listeners import AdminListeners
 from imds.web.routes import INSTANCE, PROBE_PATHS, Groups, aliased, dispatch
-from imds.web.routing import JSON, READ_METHODS, Handler, InstanceCall, Locator, Pending, Reply, Scope, error_reply
+from imds.web.routing import (
+    JSON,
+    READ_METHODS,
+    Handler,
+    InstanceCall,
+    Locator,
+    Pending,
+    Reply,
+    Scope,
+    Streamed,
+    error_reply,
+)
 from imds.web.watch import hold, parse_watch
 
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
@@ -56,6 +67,13 @@ _NOT_HERE = error_reply(NotFound("not found"))
 
 async def _not_here(_call: InstanceCall) -> Reply:
     return _NOT_HERE
+
+
+class _StreamAborted(BaseException):
+    """A streamed reply failed after its headers went out; it reaches the server, which aborts the connection.
+
+    A ``BaseException``, so ``_answer``'s catch-all (which turns errors into a 500) lets it through.
+    """
 
 
 def _busy(limit: int) -> Handler:
@@ -173,6 +191,9 @@ class InstanceFront:
                 reply = await handler(call)
             if isinstance(reply, Pending) and reply.complete is not None:
                 reply = await reply.complete(receive)  # a write that needs the body (OpenStack password)
+                if isinstance(reply, Streamed):  # checked only here: other replies pay nothing for it
+                    await self._stream(scope, send, reply, started)
+                    return
             elif scope["query_string"]:  # change watch: parsed only when there is a query
                 reply = await self._watch(call, handler, reply, receive)
         except Exception:  # noqa: BLE001 - an instance must get an answer, never a dropped connection
@@ -192,6 +213,31 @@ class InstanceFront:
         if self._log_reads:
             client = scope.get("client")
             _log.info("instance.read", path=scope["path"], peer=client[0] if client else None, status=reply.status)
+
+    async def _stream(self, scope: Scope, send: Send, reply: Streamed, started: float) -> None:
+        """Send a streamed reply chunk by chunk; a failure after the headers aborts the connection (re-raised)."""
+        chunks = reply.chunks
+        assert chunks is not None  # noqa: S101 - a Streamed reply always carries its chunks
+        headers = [*reply.headers, (b"content-type", reply.content_type)]
+        if reply.length is not None:
+            headers.append((b"content-length", str(reply.length).encode()))
+        try:
+            await send({"type": "http.response.start", "status": reply.status, "headers": headers})
+            if scope["method"] != "HEAD":
+                async for chunk in chunks:
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b""})
+        except Exception as exc:
+            _log.warning("instance.stream_cut", path=scope["path"], reason=str(exc)[:200])
+            self._tally.add(reply.status, time.perf_counter() - started)
+            # Past the headers no error answer is possible: the server must abort the connection, so the
+            # client sees a cut response, never a short whole one (not the 500 of ``_answer``'s handler).
+            raise _StreamAborted(str(exc)[:200]) from exc
+        finally:
+            await chunks.aclose()
+            if reply.close is not None:
+                await reply.close()
+        self._tally.add(reply.status, time.perf_counter() - started)
 
     def _caller_key(self, call: InstanceCall) -> str:
         """The caller's address: the socket peer, or the forwarded caller when the peer is a trusted proxy."""

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from imds import log
@@ -28,6 +28,7 @@ from imds.models import METADATA, PRIVATE, PUBLIC, SECRET, USERDATA, Instance, O
 from imds.services.catalog.catalog import Catalog
 from imds.services.ganeti.crypto import PrivateCipher
 from imds.services.ganeti.definitions import OsDefinitions
+from imds.services.ganeti.environment import environment, render
 from imds.services.ganeti.memory import HELD, LOST, Held, PackageAuth, Secret, SecretVault
 from imds.services.ganeti.wire import SECTIONS, OsWrite, ParamIn
 from imds.services.records.audit import delete_event, write_event
@@ -37,6 +38,7 @@ from imds.store.journal import Journal
 _log = log.get("os")
 OS_RECORD = "os"
 INSTALL_MODES = frozenset({"install", "self_install"})
+RUN = "run"
 SHOWN_PRIVATE = "<private>"
 
 
@@ -113,6 +115,26 @@ class OsRecords:
                                               facts=facts))
         return reason, tx.journal
 
+    async def end_install(self, instance_id: str, *, subject: str, why: str) -> str | None:
+        """Switch an installing record to mode ``run`` (same generation: its secrets stay); the mode it left, or None.
+
+        One durable transaction with its audit entry (``why``: what ended it); the change
+        feed carries it to the other replicas. None (nothing written) when the instance has no
+        OS record or its mode is not an install mode.
+        """
+        async with self._store.write() as tx:
+            record = await tx.os_of(instance_id)
+            if record is None or record.mode not in INSTALL_MODES:
+                return None
+            await tx.put_os(instance_id, replace(record, mode=RUN))
+            await tx.mark_changed([instance_id])
+            await tx.append_audit(write_event(subject=subject, instance_id=instance_id, kind=OS_RECORD,
+                                              facts={"os_type": record.os_type, "mode": RUN, "from": record.mode,
+                                                     "why": why}))
+        await self._catalog.written(tx.journal)
+        _log.info("os.install_ended", instance_id=instance_id, subject=subject, left=record.mode, why=why)
+        return record.mode
+
     async def view(self, instance_id: str) -> dict[str, Any]:
         """The admin's view: public values, ``<private>``, and per secret ``held``/``lost``."""
         instance = await self._store.get(instance_id)
@@ -154,11 +176,11 @@ class OsRecords:
 
     # --- instance side --------------------------------------------------------------------
 
-    def parameters_json(self, instance: Instance) -> bytes:
-        """Ganeti metad's ``parameters.json``: ``{name: [value, visibility]}``, public then private then secret."""
+    def served(self, instance: Instance) -> dict[str, tuple[str, str]]:
+        """Each parameter → (value, visibility) as the instance is served them: public, then private, then secret."""
         record = instance.os
         if record is None:
-            return b"{}"
+            return {}
         held = self.vault.current(instance.id, record.generation)
         opened = self._opened(instance)
         merged: dict[str, tuple[str, str, str]] = {}  # name → (section, visibility, value)
@@ -169,13 +191,29 @@ class OsRecords:
                     merged.pop(name, None)
                 else:
                     merged[name] = (section, param.visibility, value)
-        ordered = {
-            name: [value, visibility]
+        return {
+            name: (value, visibility)
             for wanted in (PUBLIC, PRIVATE, SECRET)
             for name, (_section, visibility, value) in merged.items()
             if visibility == wanted
         }
+
+    def parameters_json(self, instance: Instance) -> bytes:
+        """Ganeti metad's ``parameters.json``: ``{name: [value, visibility]}``, public then private then secret."""
+        ordered = {name: [value, visibility] for name, (value, visibility) in self.served(instance).items()}
         return json.dumps(ordered, separators=(",", ":"), ensure_ascii=False).encode()
+
+    def environment(self, instance: Instance) -> bytes:
+        """The OS scripts' environment (``imds.services.ganeti.environment``) as ``KEY=value`` lines."""
+        record = instance.os
+        if record is None:
+            return b""
+        env = environment(
+            instance_id=instance.id, os_type=record.os_type, document=instance.metadata,
+            definition=self.definitions.get(record.os_type),
+            parameters={name: value for name, (value, _visibility) in self.served(instance).items()},
+        )
+        return render(env)
 
     def package_auth(self, instance: Instance) -> PackageAuth | None:
         """The package credentials this replica holds for the instance's current record."""
