@@ -96,7 +96,7 @@ async def test_listings_scripts_and_install_package(app):
     assert (await guest_get(app, ip, "/ganeti")).text == "latest"
     assert (await guest_get(app, ip, "/ganeti/latest/")).text == "os/"
     listing = (await guest_get(app, ip, "/ganeti/latest/os")).text
-    assert listing == "os-install-package\nparameters.json\nscripts/"
+    assert listing == "environment\nos-install-package\nparameters.json\nscripts/"
     scripts = (await guest_get(app, ip, "/ganeti/latest/os/scripts/")).text.splitlines()
     assert scripts == ["create", "export", "import", "rename", "verify"]
     for name in scripts:

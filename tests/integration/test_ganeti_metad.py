@@ -220,7 +220,7 @@ def assert_documented_differences(metad: str, imds: str, install_package: Path) 
     # Listings: metad has none, imds lists os/.
     theirs, ours = (read(url, "/ganeti/latest/os") for url in (metad, imds))
     assert theirs.status_code == 404
-    assert (ours.status_code, ours.text) == (200, "os-install-package\nparameters.json\nscripts/")
+    assert (ours.status_code, ours.text) == (200, "environment\nos-install-package\nparameters.json\nscripts/")
 
 
 def unterminated(path: Path) -> bytes:

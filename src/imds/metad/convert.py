@@ -23,7 +23,10 @@ COMMUNICATION_PREFIX = "ganeti:communication:"  # Ganeti's instanceCommunication
 # Ganeti's instance keys → the visibility metad serves them with (later ones win a name clash,
 # as a JSON parser reading metad's duplicate keys would).
 SECTIONS = (("osparams", PUBLIC), ("osparams_private", PRIVATE), ("osparams_secret", SECRET))
-SHOWN_KEYS = ("name", "os", "hypervisor", "primary_node", "tags")  # copied into the metadata document
+SHOWN_KEYS = ("name", "os", "hypervisor", "primary_node", "tags", "ctime", "mtime")  # copied into the document
+NIC_KEYS = ("name", "mac", "ip", "uuid", "nicparams", "network", "netinfo")
+DISK_KEYS = ("uuid", "name", "mode", "size", "dev_type", "logical_id", "iv_name")
+PARAM_KEYS = ("hvparams", "beparams")  # scalar values only
 MODE = "run"  # metad serves at any time: run mode with communication on does the same in imds
 
 
@@ -91,13 +94,29 @@ def communication_ip(instance: dict[str, Any]) -> str | None:
 
 
 def _document(instance: dict[str, Any], address: str) -> dict[str, Any]:
-    """The metadata document: the hostname, and Ganeti's public facts (never an OS parameter)."""
-    ganeti = {key: instance[key] for key in SHOWN_KEYS if key in instance}
+    """The metadata document: the hostname, and Ganeti's public facts (never an OS parameter).
+
+    What ``imds.services.ganeti.environment`` needs for the OS scripts' environment is kept:
+    the disks (Ganeti 3.0 pushes their UUIDs; disk objects are reduced to ``DISK_KEYS``), the
+    NICs with their ``nicparams`` and network, the hypervisor and backend parameters.
+    """
+    ganeti: dict[str, Any] = {key: instance[key] for key in SHOWN_KEYS if key in instance}
     ganeti["nics"] = [
-        {key: nic[key] for key in ("name", "mac", "ip", "uuid") if key in nic}
+        {key: nic[key] for key in NIC_KEYS if key in nic}
         for nic in instance.get("nics", ())
         if isinstance(nic, dict)
     ]
+    disks = instance.get("disks")
+    if isinstance(disks, list):
+        ganeti["disks"] = [
+            {key: disk[key] for key in DISK_KEYS if key in disk} if isinstance(disk, dict) else disk
+            for disk in disks
+            if isinstance(disk, dict | str)
+        ]
+    for key in PARAM_KEYS:
+        params = instance.get(key)
+        if isinstance(params, dict):
+            ganeti[key] = {name: value for name, value in params.items() if isinstance(value, str | int | float | bool)}
     ganeti["communication_ip"] = address
     return {"id": instance["uuid"], "hostname": instance["name"], "ganeti": ganeti}
 

@@ -28,6 +28,7 @@ from imds.models import METADATA, PRIVATE, PUBLIC, SECRET, USERDATA, Instance, O
 from imds.services.catalog.catalog import Catalog
 from imds.services.ganeti.crypto import PrivateCipher
 from imds.services.ganeti.definitions import OsDefinitions
+from imds.services.ganeti.environment import environment, render
 from imds.services.ganeti.memory import HELD, LOST, Held, PackageAuth, Secret, SecretVault
 from imds.services.ganeti.wire import SECTIONS, OsWrite, ParamIn
 from imds.services.records.audit import delete_event, write_event
@@ -154,11 +155,11 @@ class OsRecords:
 
     # --- instance side --------------------------------------------------------------------
 
-    def parameters_json(self, instance: Instance) -> bytes:
-        """Ganeti metad's ``parameters.json``: ``{name: [value, visibility]}``, public then private then secret."""
+    def served(self, instance: Instance) -> dict[str, tuple[str, str]]:
+        """Each parameter → (value, visibility) as the instance is served them: public, then private, then secret."""
         record = instance.os
         if record is None:
-            return b"{}"
+            return {}
         held = self.vault.current(instance.id, record.generation)
         opened = self._opened(instance)
         merged: dict[str, tuple[str, str, str]] = {}  # name → (section, visibility, value)
@@ -169,13 +170,29 @@ class OsRecords:
                     merged.pop(name, None)
                 else:
                     merged[name] = (section, param.visibility, value)
-        ordered = {
-            name: [value, visibility]
+        return {
+            name: (value, visibility)
             for wanted in (PUBLIC, PRIVATE, SECRET)
             for name, (_section, visibility, value) in merged.items()
             if visibility == wanted
         }
+
+    def parameters_json(self, instance: Instance) -> bytes:
+        """Ganeti metad's ``parameters.json``: ``{name: [value, visibility]}``, public then private then secret."""
+        ordered = {name: [value, visibility] for name, (value, visibility) in self.served(instance).items()}
         return json.dumps(ordered, separators=(",", ":"), ensure_ascii=False).encode()
+
+    def environment(self, instance: Instance) -> bytes:
+        """The OS scripts' environment (``imds.services.ganeti.environment``) as ``KEY=value`` lines."""
+        record = instance.os
+        if record is None:
+            return b""
+        env = environment(
+            instance_id=instance.id, os_type=record.os_type, document=instance.metadata,
+            definition=self.definitions.get(record.os_type),
+            parameters={name: value for name, (value, _visibility) in self.served(instance).items()},
+        )
+        return render(env)
 
     def package_auth(self, instance: Instance) -> PackageAuth | None:
         """The package credentials this replica holds for the instance's current record."""

@@ -28,6 +28,7 @@ from imds.web.routing import BINARY, JSON, READ_METHODS, Handler, InstanceCall, 
 VERSIONS = ("latest",)
 GZIP = b"application/gzip"
 PARAMETERS, SCRIPTS, INSTALL_PACKAGE, PACKAGE = "parameters.json", "scripts", "os-install-package", "package"
+ENVIRONMENT = "environment"
 # /ganeti/<version>/read and /write: the instance↔host channel (issue 11 §3).
 CHANNEL_PATHS = ("read", "write")
 
@@ -84,6 +85,8 @@ class GanetiFlavor:
         name = leaf.removeprefix(f"{SCRIPTS}/")
         if leaf == PARAMETERS:
             return Reply(200, self._os.parameters_json(instance), JSON)
+        if leaf == ENVIRONMENT:
+            return Reply(200, self._os.environment(instance))
         if leaf.startswith(f"{SCRIPTS}/") and name in scripts:
             return Reply(200, scripts[name], BINARY)
         if leaf == PACKAGE and record.package_url is not None:
@@ -116,7 +119,9 @@ class GanetiFlavor:
 
 
 def _os_listing(definition: OsDefinition, *, has_package: bool) -> str:
-    entries = [PARAMETERS, INSTALL_PACKAGE, f"{SCRIPTS}/"] if definition.scripts else [PARAMETERS, INSTALL_PACKAGE]
+    entries = [PARAMETERS, ENVIRONMENT, INSTALL_PACKAGE]
+    if definition.scripts:
+        entries.append(f"{SCRIPTS}/")
     if has_package:
         entries.append(PACKAGE)
     return "\n".join(sorted(entries))
