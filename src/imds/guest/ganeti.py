@@ -139,14 +139,16 @@ def read_plan(service: Service, disks: list[str]) -> Plan:
     parameters = {str(name): str(value[0]) for name, value in document.items()}
     text = service.read("os/environment", 16 * 1024 * 1024).decode("utf-8", errors="replace")
     plan = Plan(parameters, parse_environment(text, service.url("os/environment")))
-    served = {int(m.group(1)) for name in plan.environment if (m := _DISK_PATH.match(name))}
-    for index in sorted(served):
-        if index >= len(disks):
-            del plan.environment[f"DISK_{index}_PATH"]
-            plan.notes.append(f"note: the instance's disk {index} was not given (--disk): DISK_{index}_PATH is unset")
+    # Node paths mean nothing here: each DISK_<n>_PATH is a --disk device, and DISK_COUNT their number.
+    for name in [name for name in plan.environment if _DISK_PATH.match(name)]:
+        del plan.environment[name]
     for index, device in enumerate(disks):
         plan.environment[f"DISK_{index}_PATH"] = device
-    plan.environment.setdefault("DISK_COUNT", str(len(disks)))
+    served = plan.environment.get("DISK_COUNT")
+    if served is not None and served != str(len(disks)):
+        plan.notes.append(f"note: the instance has {served} disks (DISK_COUNT), {len(disks)} given with --disk: "
+                          f"DISK_COUNT={len(disks)}")
+    plan.environment["DISK_COUNT"] = str(len(disks))
     return plan
 
 

@@ -95,15 +95,15 @@ def test_only_what_the_parameters_ask_for(service, disk):
     assert "/ganeti/latest/os/package" not in service.requests
 
 
-def test_a_disk_not_given_loses_its_node_path(service, disk, tmp_path, capsys):
-    """DISK_1_PATH is a node path: with one --disk it is unset rather than passed on."""
+def test_disks_are_the_given_devices(service, disk, tmp_path, capsys):
+    """Node paths are never passed on: one --disk → DISK_0_PATH is it, DISK_COUNT 1, no DISK_1_PATH."""
     service.install({"target": "x"}, {**ENV, "OSP_TARGET": str(tmp_path)})
     service.serve("os/os-install-package", definition())
     assert install(service, disk) == 0
-    names = {line.split("=", 1)[0] for line in (tmp_path / "env").read_text().splitlines()}
-    assert "DISK_0_PATH" in names
-    assert "DISK_1_PATH" not in names
-    assert "DISK_1_PATH is unset" in capsys.readouterr().err
+    env = dict(line.split("=", 1) for line in (tmp_path / "env").read_text().splitlines() if "=" in line)
+    assert (env["DISK_0_PATH"], env["DISK_COUNT"]) == (str(disk), "1")
+    assert "DISK_1_PATH" not in env
+    assert "the instance has 2 disks (DISK_COUNT), 1 given with --disk" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(("members", "reason"), [
