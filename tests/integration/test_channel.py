@@ -35,6 +35,13 @@ async def guest_post(app: InstanceFront, path: str, body: Any, ip: str = GUEST, 
         return await guest.post(path, json=body, **kwargs)
 
 
+async def installing(app: InstanceFront, instance_id: str) -> None:
+    """Give the instance an OS record in install mode: /ganeti/<v>/read and /write answer only then."""
+    async with admin_client(app) as admin:
+        answer = await admin.post("/device-os", json={"id": instance_id, "os_type": "tiny", "mode": "install"})
+    assert answer.status_code == 200, answer.text
+
+
 async def events_of(app: InstanceFront, instance_id: str, after: int = 0) -> dict[str, Any]:
     async with admin_client(app) as admin:
         answer = await admin.get(f"/device-events/{instance_id}", params={"after": after})
@@ -53,6 +60,7 @@ async def app(db_url: str) -> AsyncIterator[InstanceFront]:
 async def test_events_are_stored_with_increasing_cursors_and_paged(app):
     """Three posts come back in order with increasing cursors; ``after`` pages; the host sees each field."""
     instance_id = await push_record(app, [GUEST], {"hostname": "guest"})
+    await installing(app, instance_id)
     posted = [
         await guest_post(app, "/events", {"state": "installing"}),
         await guest_post(app, "/events", {"state": "progress", "code": 40, "message": "copying the image"}),
@@ -146,6 +154,7 @@ async def test_retention_keeps_the_newest_events(db_url):
 async def test_a_queued_message_is_read_once(app):
     """POST /device-messages queues bytes; /ganeti/<v>/read returns them in order, each once, then 404."""
     instance_id = await push_record(app, [GUEST], {"hostname": "guest"})
+    await installing(app, instance_id)
     async with admin_client(app) as admin:
         for body in (b"first", b'{"second": true}'):
             queued = await admin.post(f"/device-messages/{instance_id}", content=body)
@@ -173,6 +182,7 @@ async def test_the_message_queue_is_bounded(db_url):
     """With --message-max-queued 2 the third message is 409 on every store; reading one makes room."""
     async with running_app(make_settings(db=db_url, message_max_queued=2)) as app, admin_client(app) as admin:
         instance_id = await push_record(app, [GUEST], {"hostname": "guest"})
+        await installing(app, instance_id)
         other = await push_record(app, [STRANGER], {"hostname": "guest"})
         statuses = [(await admin.post(f"/device-messages/{instance_id}", content=b"m%d" % n)).status_code
                     for n in range(3)]
@@ -221,6 +231,7 @@ async def test_concurrent_reads_across_two_replicas_take_each_message_once(db_ur
     async with AsyncExitStack() as stack:
         apps = [await stack.enter_async_context(running_app(settings, store=open_store(db_url))) for _ in range(2)]
         instance_id = await push_record(apps[0], [GUEST], {"hostname": "guest"})
+        await installing(apps[0], instance_id)
         await apps[1].services.catalog.refresh([instance_id])
         sent = [f"message-{n}".encode() for n in range(30)]
         async with admin_client(apps[0]) as admin:

@@ -105,20 +105,21 @@ def test_create_script_runs_in_the_instance_and_reads_its_parameters(tmp_path: P
         assert stranger.stdout == "404 - Not Found"  # the root namespace is not the instance
         with admin_of(server) as admin:
             events = admin.get(f"/device-events/{instance_id}", params={"after": 0}).json()["events"]
-        # the guest's "proceed" read consumed the message: nothing is left for it
+        # the guest's "proceed" read consumed the message, and the success ended the install: 404
         assert guest.run("curl", "-sS", "-o", "/dev/null", "-w", "%{http_code}", "--max-time", "10",
                          f"{server.url}/ganeti/latest/read").stdout == "404"
     assert [(e["state"], e["message"]) for e in events] == [
         ("running", "tiny: reading OS parameters"),
         ("succeeded", "tiny: installed with 4 parameters"),
+        ("mode", "run"),  # the success ended the self_install: imds says so in the stream
     ]
     assert [e["cursor"] for e in events] == sorted({e["cursor"] for e in events})
     lines = (tmp_path / "ganeti-os.env").read_text().splitlines()
     assert lines == [
         "OSP_DISK=/dev/vda",
         "OSP_HOSTNAME=netns-guest",
-        "OSP_ROOT-HASH='$6$salt$hash'",
-        "OSP_ROOT-PASSWORD='it'\"'\"'s a secret'",
+        "OSP_ROOT_HASH='$6$salt$hash'",
+        "OSP_ROOT_PASSWORD='it'\"'\"'s a secret'",
     ]
 
 

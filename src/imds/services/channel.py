@@ -30,6 +30,7 @@ from imds.store.interface import Store
 
 _log = log.get("channel")
 BOOTED = "booted"
+HOST_STATES = frozenset({"mode"})  # written by imds itself (imds.services.ganeti.install), never by an instance
 _STATE = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
 _FIELDS = frozenset({"state", "code", "message"})
 PAGE = 500  # events per page of GET /device-events/{id}
@@ -138,7 +139,13 @@ class Channel:
     async def post(self, instance_id: str, raw: bytes) -> Event:
         """Store the event the instance posted (already admitted)."""
         state, code, message = parse_event(raw, self.limits.event_max_bytes)
+        if state in HOST_STATES:
+            raise InvalidInput.one("state", f"{state!r} is written by imds itself, not by an instance")
         return await self._append(instance_id, state, code, message)
+
+    async def host_event(self, instance_id: str, state: str, message: str | None) -> Event:
+        """Store an event imds itself writes into the instance's stream (no rate limit; see ``HOST_STATES``)."""
+        return await self._append(instance_id, state, None, message)
 
     async def phone_home(self, instance_id: str, raw: bytes) -> Event:
         """The instance says it booted; its body (cloud-init's form fields, or anything) is not kept."""

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from imds import log
@@ -38,6 +38,7 @@ from imds.store.journal import Journal
 _log = log.get("os")
 OS_RECORD = "os"
 INSTALL_MODES = frozenset({"install", "self_install"})
+RUN = "run"
 SHOWN_PRIVATE = "<private>"
 
 
@@ -113,6 +114,26 @@ class OsRecords:
             await tx.append_audit(write_event(subject=subject, instance_id=write.id, kind=OS_RECORD, reason=reason,
                                               facts=facts))
         return reason, tx.journal
+
+    async def end_install(self, instance_id: str, *, subject: str, why: str) -> str | None:
+        """Switch an installing record to mode ``run`` (same generation: its secrets stay); the mode it left, or None.
+
+        One durable transaction with its audit entry (``why``: what ended it); the change
+        feed carries it to the other replicas. None (nothing written) when the instance has no
+        OS record or its mode is not an install mode.
+        """
+        async with self._store.write() as tx:
+            record = await tx.os_of(instance_id)
+            if record is None or record.mode not in INSTALL_MODES:
+                return None
+            await tx.put_os(instance_id, replace(record, mode=RUN))
+            await tx.mark_changed([instance_id])
+            await tx.append_audit(write_event(subject=subject, instance_id=instance_id, kind=OS_RECORD,
+                                              facts={"os_type": record.os_type, "mode": RUN, "from": record.mode,
+                                                     "why": why}))
+        await self._catalog.written(tx.journal)
+        _log.info("os.install_ended", instance_id=instance_id, subject=subject, left=record.mode, why=why)
+        return record.mode
 
     async def view(self, instance_id: str) -> dict[str, Any]:
         """The admin's view: public values, ``<private>``, and per secret ``held``/``lost``."""

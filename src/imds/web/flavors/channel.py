@@ -2,7 +2,8 @@
 
 The caller is found like every instance read (``Locator``). A post spends a token of the
 instance's rate limit before its body is read (429 with Retry-After when none is left),
-then ``imds.services.channel`` validates and stores it: 200 ``{"cursor": N}``, 400 naming
+then ``imds.services.channel`` validates and stores it (a ``/ganeti`` write through
+``imds.services.ganeti.install``, where ``succeeded`` ends an installation): 200 ``{"cursor": N}``, 400 naming
 the bad field, 413 over ``--event-max-bytes``. ``GET /ganeti/<v>/read`` takes the oldest
 message the host queued, once: 200 with its bytes, 404 when none waits.
 """
@@ -14,6 +15,7 @@ from collections.abc import Awaitable, Callable
 from imds.errors import ImdsError, NotFound, PayloadTooLarge
 from imds.models import Event
 from imds.services import Services
+from imds.services.ganeti.install import report
 from imds.services.render.json import encode
 from imds.web.errors import error_body
 from imds.web.replies import declared_over, read_body
@@ -29,6 +31,7 @@ class ChannelFlavor:
 
     def __init__(self, services: Services, locator: Locator) -> None:
         self._channel = services.channel
+        self._os = services.os
         self._locator = locator
 
     async def events(self, call: InstanceCall) -> Reply:
@@ -36,8 +39,11 @@ class ChannelFlavor:
         return await self._post(call, self._channel.post)
 
     async def handle_write(self, call: InstanceCall) -> Reply:
-        """``POST /ganeti/<version>/write``: the same as ``/events``."""
-        return await self.events(call)
+        """``POST /ganeti/<version>/write``: as ``/events``, and ``succeeded`` ends an installation (``install``)."""
+        return await self._post(call, self._ganeti_write)
+
+    async def _ganeti_write(self, instance_id: str, raw: bytes) -> Event:
+        return await report(self._channel, self._os, instance_id, raw)
 
     async def phone_home(self, call: InstanceCall) -> Reply:
         """``POST /phone-home``: the instance booted (any body up to the size cap, e.g. cloud-init's form)."""

@@ -3,8 +3,8 @@
 ``os/parameters.json`` (metad's ``{name: [value, visibility]}``), ``os/scripts/<name>``
 from the OS definition of the instance's ``os_type``, ``os/os-install-package`` (that
 definition as a tar.gz) and ``os/package`` (the personalization package, fetched on
-demand and checked). Answered only while the instance's OS record has an install mode
-or ``communication`` on; otherwise, like every unknown path, ``404 - Not Found``. Errors
+demand and checked). Answered (``read`` and ``write`` too) only while the instance's OS record has an install
+mode or ``communication`` on; otherwise, like every unknown path, ``404 - Not Found``. Errors
 are plain text, never JSON, never 500; a refused package is a 502 whose body says why.
 metad itself answers only ``latest``; ``VERSIONS`` is where dated versions would go.
 """
@@ -56,6 +56,8 @@ class GanetiFlavor:
                 channel = self.channel.get(parts[1])
                 if channel is None:
                     raise NotFound(f"/ganeti/{parts[0]}/{parts[1]} is not wired yet")
+                if not active((await self._locator.entry(call, count=False)).instance.os):
+                    raise NotFound("no Ganeti OS installation is under way for this instance")
                 return await channel(call)
             if scope["method"] not in READ_METHODS:
                 return plain(405)
