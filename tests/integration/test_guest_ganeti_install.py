@@ -241,7 +241,7 @@ def test_install_writes_image_package_and_script_output(base, guest, loop, upstr
         "from the image\n", "from the package\n", f"vm1.example.com\n{GREETING}\n"]
     assert [e["state"] for e in posted if e["state"] != "mode"] == ["started", "image", "package", "script",
                                                                      "succeeded"]
-    assert posted[-1]["state"] == "mode"  # the service's own event: the install mode ended
+    assert (posted[-1]["state"], posted[-1]["message"]) == ("mode", "run")  # the service's own: the mode ended
     assert mode == "run"
 
 
