@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from imds.guest.errors import GuestError, InstallError, NotServed, ServiceError
-from imds.guest.ganeti_files import copy_image, parse_environment, safe_extract
+from imds.guest.ganeti_files import CHUNK, copy_image, parse_environment, safe_extract
 from imds.guest.ganeti_http import MAX_DOCUMENT, Service, read_body
 from imds.guest.process import failure
 
@@ -109,7 +109,7 @@ def run(options: argparse.Namespace, report: Report) -> int:
         return _dry_run(service, plan, options, report)
     steps = [name for name, wanted in (("image", plan.image), ("package", plan.package)) if wanted]
     try:
-        service.event("started", message=f"ganeti install: {', '.join([*steps, 'create']) } on {options.disk[0]}")
+        service.event("started", message=f"ganeti install onto {options.disk[0]}: {', '.join([*steps, 'create?'])}")
     except GuestError as exc:
         report(f"error: {exc}; nothing was done")
         return NOT_STARTED
@@ -165,7 +165,7 @@ def _install(service: Service, plan: Plan, options: argparse.Namespace, work: Pa
         report("image: skipped (no os-image parameter)")
     if plan.package:
         archive = _download(service, "os/package", work / "package.tar.gz")
-        with _root(first, options.root, report) as root:
+        with _root(first, options.root) as root:
             count = safe_extract(archive, root)
         service.event("package", message=f"unpacked {count} entries of os/package over {first}'s root")
         report(f"package: unpacked {count} entries")
@@ -200,17 +200,21 @@ def _image(service: Service, device: str, every: int, report: Report) -> None:
 
 
 def _download(service: Service, path: str, target: Path) -> Path:
-    with service.open(path) as response:
-        data = read_body(response, service.url(path), MAX_DOCUMENT)
-    if len(data) > MAX_DOCUMENT:
-        msg = f"{service.url(path)}: larger than {MAX_DOCUMENT} bytes"
-        raise ServiceError(msg)
-    target.write_bytes(data)
+    """``GET path`` streamed into ``target`` (at most MAX_DOCUMENT bytes)."""
+    url = service.url(path)
+    with service.open(path) as response, target.open("wb") as sink:
+        size = 0
+        while chunk := read_body(response, url, CHUNK - 1):
+            size += len(chunk)
+            if size > MAX_DOCUMENT:
+                msg = f"{url}: larger than {MAX_DOCUMENT} bytes"
+                raise ServiceError(msg)
+            sink.write(chunk)
     return target
 
 
 @contextlib.contextmanager
-def _root(device: str, given: Path | None, report: Report) -> Iterator[Path]:
+def _root(device: str, given: Path | None) -> Iterator[Path]:
     """The first disk's root filesystem: ``--root``, or the device mounted on a temporary directory."""
     if given is not None:
         yield given
@@ -224,7 +228,6 @@ def _root(device: str, given: Path | None, report: Report) -> Iterator[Path]:
             yield mountpoint
         finally:
             if (why := failure(["umount", str(mountpoint)], MOUNT_TIMEOUT)) is not None:
-                report(f"error: unmounting {mountpoint}: {why}")
                 raise InstallError(f"unmounting {mountpoint}: {why}")
     finally:
         with contextlib.suppress(OSError):  # still mounted: leave the directory and what is in it

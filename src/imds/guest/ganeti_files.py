@@ -9,7 +9,8 @@
   ``/var/run -> /run``) is refused too. tarfile's ``data`` filter is applied on a python
   that has it (3.11.4+); the checks here do not depend on it.
 - ``copy_image``: a response streamed onto a block device or file from offset 0, then
-  ``fsync``; a body shorter than its ``Content-Length`` is an error.
+  ``fsync``; a body shorter than its ``Content-Length`` is an error. A block device is
+  opened ``O_EXCL``, so a disk that is mounted (or otherwise held) is refused.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import os
 import posixpath
 import re
 import shlex
+import stat
 import tarfile
 import zlib
 from collections.abc import Callable
@@ -116,8 +118,11 @@ def copy_image(
     ``progress(written)`` is called after every chunk (the caller decides when to report).
     A short body (fewer bytes than ``length``, or a broken chunked stream) is a ServiceError.
     """
+    flags = os.O_WRONLY | os.O_CLOEXEC
     try:
-        descriptor = os.open(device, os.O_WRONLY | getattr(os, "O_CLOEXEC", 0))
+        if stat.S_ISBLK(Path(device).stat().st_mode):
+            flags |= os.O_EXCL  # Linux: EBUSY when the disk is mounted or otherwise in use
+        descriptor = os.open(device, flags)
     except OSError as exc:
         raise InstallError(f"cannot open {device} for writing: {exc.strerror or exc}") from exc
     written = 0
