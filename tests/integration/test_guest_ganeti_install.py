@@ -258,3 +258,23 @@ def test_failing_create_reports_its_status_and_keeps_the_mode(base, guest):
     assert "failing on purpose" in done.stderr
     assert [(e["state"], e.get("code")) for e in posted] == [("started", None), ("script", None), ("failed", 3)]
     assert mode == "install"
+
+
+def test_a_mounted_disk_is_not_overwritten(base, guest, loop, upstream):
+    """The image goes nowhere while the target is mounted: O_EXCL refuses it, failed is posted, the disk is intact."""
+    run("mke2fs", "-q", "-F", "-t", "ext4", loop)
+    upstream.answer("/images/root.ext4", 200, ext4_image(base), content_type="application/octet-stream")
+    zipapp = build_documented_zipapp(base / "checkout")
+    held = base / "held"
+    held.mkdir()
+    run("mount", "-o", "ro", loop, str(held))
+    try:
+        with installing(base, guest, {"os-image": f"{upstream.base}/images/root.ext4"}, None) as (server, instance_id):
+            done = guest_install(guest, zipapp, server, loop)
+            posted = events(server, instance_id)
+        assert not (held / "marker").exists()
+    finally:
+        run("umount", str(held), check=False)
+    assert done.returncode == 1, done.stderr
+    assert [e["state"] for e in posted] == ["started", "failed"]
+    assert f"cannot open {loop} for writing: Device or resource busy" in posted[-1]["message"]

@@ -109,7 +109,7 @@ def run(options: argparse.Namespace, report: Report) -> int:
         return _dry_run(service, plan, options, report)
     steps = [name for name, wanted in (("image", plan.image), ("package", plan.package)) if wanted]
     try:
-        service.event("started", message=f"ganeti install onto {options.disk[0]}: {', '.join([*steps, 'create?'])}")
+        service.event("started", message=f"ganeti install onto {options.disk[0]}: {' + '.join([*steps, 'OS create'])}")
     except GuestError as exc:
         report(f"error: {exc}; nothing was done")
         return NOT_STARTED
