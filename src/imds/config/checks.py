@@ -111,8 +111,8 @@ def check_admin(values: Values) -> None:
 def check_ganeti(values: Values) -> None:
     """The private key file exists; OS parameter and package bounds are positive."""
     values.require_files(("private_key_file",))
-    values.require(("os_param_max_bytes", "os_package_max_bytes", "os_package_timeout"), _positive,
-                   "must be positive")
+    values.require(("os_param_max_bytes", "os_package_max_bytes", "os_package_timeout", "os_image_max_bytes"),
+                   _positive, "must be positive")
 
 
 def check_channel(values: Values) -> None:

@@ -115,6 +115,18 @@ def networks(option: Option, values: tuple[str, ...]) -> tuple[Network, ...]:
     return tuple(found)
 
 
+def directories(option: Option, values: tuple[str, ...]) -> tuple[Path, ...]:
+    """``parse`` for absolute directory paths."""
+    found = []
+    for value in values:
+        path = Path(value)
+        if not path.is_absolute():
+            msg = f"{option.named}: {value!r} is not an absolute path"
+            raise ConfigError(msg)
+        found.append(path)
+    return tuple(found)
+
+
 def log_level(option: Option, value: str) -> str:
     """``parse`` for a log level."""
     level = value.lower()

@@ -7,7 +7,7 @@ checks that need several options.
 
 from __future__ import annotations
 
-from imds.config.option import Option, Rows, flavors, listen, networks, redact_url, template
+from imds.config.option import Option, Rows, directories, flavors, listen, networks, redact_url, template
 
 _http, _store, _callers, _templates = map(Rows, ("http", "store", "callers", "templates"))
 _admin, _ec2, _lookup, _limits = map(Rows, ("admin", "ec2", "lookup", "limits"))
@@ -111,6 +111,12 @@ OPTIONS: tuple[Option, ...] = (
         "Largest personalization package fetched for /ganeti/.../os/package, in bytes (held in memory, "
         "never on disk)."),
     _ganeti("os_package_timeout", "float", 30.0, "Seconds a personalization package fetch may take."),
+    _ganeti("ganeti_os_image_dir", "list", (),
+        "Directory under which an os-image node path may be served as /ganeti/.../os/image (repeatable; "
+        "env: comma-separated; default: none, node paths are refused).", parse=directories),
+    _ganeti("os_image_max_bytes", "int", 16 << 30,
+        "Largest OS image streamed for /ganeti/.../os/image, in bytes (never held whole); an image found larger "
+        "mid-stream is cut by aborting the connection, never ended as a short 200."),
     _ganeti("ganeti_metad_socket", "path", None,
         "Unix socket taking ganeti-metad's place: Ganeti's node daemon pushes instances here (Luxi, mode 0600)."),
     # The instance<->host channel and change watch (README: "The instance↔host channel").

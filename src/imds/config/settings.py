@@ -157,6 +157,8 @@ class GanetiSettings(Group, rows=OPTIONS):
     os_param_max_bytes: int
     os_package_max_bytes: int
     os_package_timeout: float
+    ganeti_os_image_dir: tuple[Path, ...]
+    os_image_max_bytes: int
     ganeti_metad_socket: Path | None
 
 

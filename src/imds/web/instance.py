@@ -35,7 +35,18 @@ from imds.web.flavors.openstack import OpenStackFlavor
 from imds.web.instance_guard import FlavorGuard
 from imds.web.listeners import AdminListeners
 from imds.web.routes import INSTANCE, PROBE_PATHS, Groups, aliased, dispatch
-from imds.web.routing import JSON, READ_METHODS, Handler, InstanceCall, Locator, Pending, Reply, Scope, error_reply
+from imds.web.routing import (
+    JSON,
+    READ_METHODS,
+    Handler,
+    InstanceCall,
+    Locator,
+    Pending,
+    Reply,
+    Scope,
+    Streamed,
+    error_reply,
+)
 from imds.web.watch import hold, parse_watch
 
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
@@ -178,6 +189,9 @@ class InstanceFront:
         except Exception:  # noqa: BLE001 - an instance must get an answer, never a dropped connection
             _log.exception("instance.error", path=scope["path"])
             reply = _INTERNAL
+        if isinstance(reply, Streamed):
+            await self._stream(scope, send, reply, started)
+            return
         headers = [
             *reply.headers,
             (b"content-type", reply.content_type),
@@ -192,6 +206,29 @@ class InstanceFront:
         if self._log_reads:
             client = scope.get("client")
             _log.info("instance.read", path=scope["path"], peer=client[0] if client else None, status=reply.status)
+
+    async def _stream(self, scope: Scope, send: Send, reply: Streamed, started: float) -> None:
+        """Send a streamed reply chunk by chunk; a failure after the headers aborts the connection (re-raised)."""
+        chunks = reply.chunks
+        assert chunks is not None  # noqa: S101 - a Streamed reply always carries its chunks
+        headers = [*reply.headers, (b"content-type", reply.content_type)]
+        if reply.length is not None:
+            headers.append((b"content-length", str(reply.length).encode()))
+        try:
+            await send({"type": "http.response.start", "status": reply.status, "headers": headers})
+            if scope["method"] != "HEAD":
+                async for chunk in chunks:
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b""})
+        except Exception as exc:
+            _log.warning("instance.stream_cut", path=scope["path"], reason=str(exc)[:200])
+            self._tally.add(reply.status, time.perf_counter() - started)
+            raise  # the server aborts the connection: the client sees a cut response, never a short whole one
+        finally:
+            await chunks.aclose()
+            if reply.close is not None:
+                await reply.close()
+        self._tally.add(reply.status, time.perf_counter() - started)
 
     def _caller_key(self, call: InstanceCall) -> str:
         """The caller's address: the socket peer, or the forwarded caller when the peer is a trusted proxy."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, MutableMapping, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, MutableMapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Final, Literal
@@ -181,3 +181,20 @@ class Pending(Reply):
     status: int = 500
     body: bytes = b""
     complete: Callable[[Receive], Awaitable[Reply]] | None = None
+
+
+@dataclass(frozen=True)
+class Streamed(Reply):
+    """A reply whose body is sent as ``chunks`` yields it, never held whole (the Ganeti OS image).
+
+    ``length`` is the Content-Length when known before the first byte; ``close`` is awaited
+    once the reply is done, however it ends. ``chunks`` raising
+    after the headers went out aborts the connection (the front re-raises to the server):
+    a body cut short must never end like a whole one.
+    """
+
+    status: int = 200
+    body: bytes = b""
+    chunks: AsyncGenerator[bytes] | None = None
+    length: int | None = None
+    close: Callable[[], Awaitable[None]] | None = None  # releases the source, also when no chunk was asked for

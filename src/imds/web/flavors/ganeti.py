@@ -12,23 +12,36 @@ metad itself answers only ``latest``; ``VERSIONS`` is where dated versions would
 from __future__ import annotations
 
 from collections.abc import Mapping
+from http import HTTPStatus
 from types import MappingProxyType
 
 from imds.errors import ImdsError, NotFound, UpstreamError
 from imds.models import Instance
 from imds.services import Services
 from imds.services.ganeti.definitions import OsDefinition
+from imds.services.ganeti.image import IMAGE_PARAMETER, ImageSource
 from imds.services.ganeti.memory import PackageAuth
 from imds.services.ganeti.package import PackageFetcher
 from imds.services.ganeti.records import OsRecords, active
 from imds.web.errors import status_for
 from imds.web.replies import plain
-from imds.web.routing import BINARY, JSON, READ_METHODS, Handler, InstanceCall, Locator, Pending, Receive, Reply
+from imds.web.routing import (
+    BINARY,
+    JSON,
+    READ_METHODS,
+    Handler,
+    InstanceCall,
+    Locator,
+    Pending,
+    Receive,
+    Reply,
+    Streamed,
+)
 
 VERSIONS = ("latest",)
 GZIP = b"application/gzip"
 PARAMETERS, SCRIPTS, INSTALL_PACKAGE, PACKAGE = "parameters.json", "scripts", "os-install-package", "package"
-ENVIRONMENT = "environment"
+ENVIRONMENT, IMAGE = "environment", "image"
 # /ganeti/<version>/read and /write: the instance↔host channel (issue 11 §3).
 CHANNEL_PATHS = ("read", "write")
 
@@ -42,6 +55,10 @@ class GanetiFlavor:
         settings = services.settings
         self._fetcher = PackageFetcher(
             services.http, max_bytes=settings.ganeti.os_package_max_bytes, timeout=settings.ganeti.os_package_timeout
+        )
+        self._images = ImageSource(
+            services.http, directories=settings.ganeti.ganeti_os_image_dir,
+            max_bytes=settings.ganeti.os_image_max_bytes, timeout=settings.ganeti.os_package_timeout,
         )
         # The channel's handlers for "read" and "write" (``imds.web.flavors.channel``), given
         # by the front; one that is missing answers 404, as metad's stubs do.
@@ -82,21 +99,19 @@ class GanetiFlavor:
     def _os_leaf(self, instance: Instance, leaf: str) -> Reply:
         record = instance.os
         assert record is not None  # noqa: S101 - active() checked it
+        served = self._instance_leaf(instance, leaf)
+        if served is not None:
+            return served
         definition = self._os.definitions.get(record.os_type)
         scripts = definition.scripts if definition is not None else {}
         name = leaf.removeprefix(f"{SCRIPTS}/")
-        if leaf == PARAMETERS:
-            return Reply(200, self._os.parameters_json(instance), JSON)
-        if leaf == ENVIRONMENT:
-            return Reply(200, self._os.environment(instance))
         if leaf.startswith(f"{SCRIPTS}/") and name in scripts:
             return Reply(200, scripts[name], BINARY)
-        if leaf == PACKAGE and record.package_url is not None:
-            return self._package(record.package_url, self._os.package_auth(instance))
         if definition is None:
             raise NotFound(f"no OS definition {record.os_type!r} is loaded")
         listings = {
-            "": _os_listing(definition, has_package=record.package_url is not None),
+            "": _os_listing(definition, has_package=record.package_url is not None,
+                            has_image=IMAGE_PARAMETER in self._os.served(instance)),
             SCRIPTS: "\n".join(sorted(scripts)),
         }
         if leaf in listings:
@@ -104,6 +119,21 @@ class GanetiFlavor:
         if leaf == INSTALL_PACKAGE:
             return Reply(200, definition.package, GZIP)
         raise NotFound("no such path")
+
+    def _instance_leaf(self, instance: Instance, leaf: str) -> Reply | None:
+        """The leaves made from the instance's own record (no OS definition needed), or None."""
+        record = instance.os
+        assert record is not None  # noqa: S101 - active() checked it
+        if leaf == PARAMETERS:
+            return Reply(200, self._os.parameters_json(instance), JSON)
+        if leaf == ENVIRONMENT:
+            return Reply(200, self._os.environment(instance))
+        if leaf == PACKAGE and record.package_url is not None:
+            return self._package(record.package_url, self._os.package_auth(instance))
+        image = self._os.served(instance).get(IMAGE_PARAMETER) if leaf == IMAGE else None
+        if image is not None:
+            return self._image(image[0], record.package_url, self._os.package_auth(instance))
+        return None
 
     def _package(self, url: str, auth: PackageAuth | None) -> Reply:
         fetcher = self._fetcher
@@ -120,10 +150,31 @@ class GanetiFlavor:
         return Pending(complete=complete)
 
 
-def _os_listing(definition: OsDefinition, *, has_package: bool) -> str:
+    def _image(self, value: str, package_url: str | None, auth: PackageAuth | None) -> Reply:
+        images = self._images
+
+        async def complete(_receive: Receive) -> Reply:
+            try:
+                image = await images.open(value, package_url=package_url, auth=auth)
+            except ImdsError as exc:
+                return _refusal(exc)
+            return Streamed(200, b"", BINARY, chunks=image.chunks, length=image.length, close=image.close)
+
+        return Pending(complete=complete)
+
+
+def _refusal(exc: ImdsError) -> Reply:
+    """A plain-text error that says why: ``403 - Forbidden: os-image names a node path outside …``."""
+    status = status_for(exc)
+    return Reply(status, f"{status} - {HTTPStatus(status).phrase}: {exc.message}".encode())
+
+
+def _os_listing(definition: OsDefinition, *, has_package: bool, has_image: bool) -> str:
     entries = [PARAMETERS, ENVIRONMENT, INSTALL_PACKAGE]
     if definition.scripts:
         entries.append(f"{SCRIPTS}/")
     if has_package:
         entries.append(PACKAGE)
+    if has_image:
+        entries.append(IMAGE)
     return "\n".join(sorted(entries))
