@@ -15,6 +15,7 @@ disk then holds all three files, the events came in order, and the record is bac
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import io
 import os
@@ -44,15 +45,16 @@ TOOLS = ("ip", "losetup", "mke2fs", "mount", "umount")
 GREETING = "hello from the 'install' $HOME"
 CREATE = """#!/bin/sh
 # exits OSP_EXIT_STATUS when set; otherwise writes INSTANCE_NAME and OSP_GREETING onto DISK_0_PATH's filesystem
+# (or OSP_ROOT_DEVICE's, when the root filesystem is elsewhere)
 set -eu
 if [ -n "${OSP_EXIT_STATUS:-}" ]; then echo "failing on purpose" >&2; exit "$OSP_EXIT_STATUS"; fi
 mnt=$(mktemp -d)
-mount "$DISK_0_PATH" "$mnt"
+mount "${OSP_ROOT_DEVICE:-$DISK_0_PATH}" "$mnt"
 printf '%s\\n%s\\n' "$INSTANCE_NAME" "$OSP_GREETING" > "$mnt/created-by-script"
 umount "$mnt"
 rmdir "$mnt"
 """
-PARAMETERS = ("os-image", "os-package", "greeting", "exit-status")
+PARAMETERS = ("os-image", "os-package", "greeting", "exit-status", "root-device")
 
 
 def run(*argv: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -111,10 +113,9 @@ def base() -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
-@pytest.fixture
-def loop(base: Path) -> Iterator[str]:
-    """A 32 MiB sparse file behind a loop device; detached afterwards."""
-    backing = base / "disk.img"
+@contextmanager
+def loop_device(backing: Path) -> Iterator[str]:
+    """A 32 MiB sparse file ``backing`` behind a loop device; detached afterwards."""
     with backing.open("wb") as file:
         file.truncate(32 * 1024 * 1024)
     device = run("losetup", "-f", "--show", str(backing)).stdout.strip()
@@ -122,6 +123,12 @@ def loop(base: Path) -> Iterator[str]:
         yield device
     finally:
         run("losetup", "-d", device, check=False)
+
+
+@pytest.fixture
+def loop(base: Path) -> Iterator[str]:
+    with loop_device(base / "disk.img") as device:
+        yield device
 
 
 @pytest.fixture
@@ -143,12 +150,13 @@ def os_definitions(base: Path) -> Path:
     return definition.parent
 
 
-def ext4_image(base: Path) -> bytes:
-    """An 8 MiB ext4 filesystem holding /marker, built without mounting anything."""
-    source = base / "image-root"
+def ext4_image(base: Path, *, marker: bool = True) -> bytes:
+    """An 8 MiB ext4 filesystem (holding /marker), built without mounting anything."""
+    source = base / ("image-root" if marker else "empty-root")
     source.mkdir()
-    (source / "marker").write_text("from the image\n")
-    image = base / "root.ext4"
+    if marker:
+        (source / "marker").write_text("from the image\n")
+    image = base / f"{source.name}.img"
     run("mke2fs", "-q", "-F", "-t", "ext4", "-d", str(source), str(image), "8M")
     return image.read_bytes()
 
@@ -208,15 +216,15 @@ def events(server: Server, instance_id: str) -> list[dict[str, Any]]:
     return found
 
 
-def guest_install(guest: Guest, zipapp: Path, server: Server, disk: str) -> subprocess.CompletedProcess[str]:
+def guest_install(guest: Guest, zipapp: Path, server: Server, disk: str,
+                  *args: str) -> subprocess.CompletedProcess[str]:
     """The zipapp on the system python, isolated, inside the namespace."""
     return run("ip", "netns", "exec", guest.netns, SYSTEM_PYTHON, "-I", "-S", str(zipapp), "ganeti", "install",
-               "--disk", disk, "--url", server.url, check=False, timeout=120)
+               "--disk", disk, "--url", server.url, *args, check=False, timeout=120)
 
 
-def read_disk(device: str, base: Path, *names: str) -> list[str]:
-    """The files, read from the device mounted read-only (unmounted afterwards)."""
-    mountpoint = base / "check"
+def read_disk(device: str, mountpoint: Path, *names: str) -> list[str]:
+    """The files, read from the device mounted read-only on ``mountpoint`` (unmounted afterwards)."""
     mountpoint.mkdir()
     run("mount", "-o", "ro", device, str(mountpoint))
     try:
@@ -225,20 +233,31 @@ def read_disk(device: str, base: Path, *names: str) -> list[str]:
         run("umount", str(mountpoint), check=False)
 
 
-def test_install_writes_image_package_and_script_output(base, guest, loop, upstream):
-    """Every step onto the loop device; events in order; the record back in run mode."""
-    upstream.answer("/images/root.ext4", 200, ext4_image(base), content_type="application/octet-stream")
+@pytest.mark.parametrize("separate_root", [False, True], ids=["root-on-the-disk", "root-device"])
+def test_install_writes_image_package_and_script_output(base, guest, loop, upstream, separate_root):
+    """Every step onto the loop device; events in order; the record back in run mode.
+
+    ``root-device``: the root filesystem is on another device (``--root-device``), which gets
+    the package and create's file, while the image goes to the first disk.
+    """
+    upstream.answer("/images/root.img", 200, ext4_image(base), content_type="application/octet-stream")
     upstream.answer("/pkg/site.tar.gz", 200, package(), content_type="application/gzip")
-    parameters = {"os-image": f"{upstream.base}/images/root.ext4", "os-package": f"{upstream.base}/pkg/site.tar.gz",
+    parameters = {"os-image": f"{upstream.base}/images/root.img", "os-package": f"{upstream.base}/pkg/site.tar.gz",
                   "greeting": GREETING}
     zipapp = build_documented_zipapp(base / "checkout")
-    with installing(base, guest, parameters, parameters["os-package"]) as (server, instance_id):
-        done = guest_install(guest, zipapp, server, loop)
-        assert done.returncode == 0, done.stderr
-        posted = events(server, instance_id)
-        mode = record(server, instance_id)["mode"]
-    assert read_disk(loop, base, "marker", "etc/imds-package", "created-by-script") == [
-        "from the image\n", "from the package\n", f"vm1.example.com\n{GREETING}\n"]
+    with contextlib.ExitStack() as stack:
+        root = stack.enter_context(loop_device(base / "root.img")) if separate_root else loop
+        if separate_root:
+            Path(root).write_bytes(ext4_image(base, marker=False))
+            parameters["root-device"] = root
+        with installing(base, guest, parameters, parameters["os-package"]) as (server, instance_id):
+            done = guest_install(guest, zipapp, server, loop, *(("--root-device", root) if separate_root else ()))
+            assert done.returncode == 0, done.stderr
+            posted = events(server, instance_id)
+            mode = record(server, instance_id)["mode"]
+        assert read_disk(loop, base / "disk", "marker") == ["from the image\n"]
+        assert read_disk(root, base / "root", "etc/imds-package", "created-by-script") == [
+            "from the package\n", f"vm1.example.com\n{GREETING}\n"]
     assert [e["state"] for e in posted if e["state"] != "mode"] == ["started", "image", "package", "script",
                                                                      "succeeded"]
     assert (posted[-1]["state"], posted[-1]["message"]) == ("mode", "run")  # the service's own: the mode ended
@@ -263,13 +282,13 @@ def test_failing_create_reports_its_status_and_keeps_the_mode(base, guest):
 def test_a_mounted_disk_is_not_overwritten(base, guest, loop, upstream):
     """The image goes nowhere while the target is mounted: O_EXCL refuses it, failed is posted, the disk is intact."""
     run("mke2fs", "-q", "-F", "-t", "ext4", loop)
-    upstream.answer("/images/root.ext4", 200, ext4_image(base), content_type="application/octet-stream")
+    upstream.answer("/images/root.img", 200, ext4_image(base), content_type="application/octet-stream")
     zipapp = build_documented_zipapp(base / "checkout")
     held = base / "held"
     held.mkdir()
     run("mount", "-o", "ro", loop, str(held))
     try:
-        with installing(base, guest, {"os-image": f"{upstream.base}/images/root.ext4"}, None) as (server, instance_id):
+        with installing(base, guest, {"os-image": f"{upstream.base}/images/root.img"}, None) as (server, instance_id):
             done = guest_install(guest, zipapp, server, loop)
             posted = events(server, instance_id)
         assert not (held / "marker").exists()

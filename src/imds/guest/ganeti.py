@@ -16,12 +16,13 @@ import re
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from imds.guest.errors import GuestError, InstallError, NotServed, ServiceError
-from imds.guest.ganeti_files import CHUNK, copy_image, parse_environment, safe_extract
+from imds.guest.ganeti_files import CHUNK, copy_image, parse_environment, reread_partitions, safe_extract
 from imds.guest.ganeti_http import MAX_DOCUMENT, Service, read_body
 from imds.guest.process import failure
 
@@ -30,6 +31,7 @@ DEFAULT_URL = "http://169.254.169.254"
 PROGRESS_BYTES = 64 * 1024 * 1024
 HOOKS_PATH = "/sbin:/bin:/usr/sbin:/usr/bin"  # the PATH Ganeti gives OS scripts (constants.HOOKS_PATH)
 MOUNT_TIMEOUT = 120.0
+NODE_TIMEOUT = 10.0  # seconds a --root-device node may take to appear after the image
 _DISK_PATH = re.compile(r"^DISK_(\d+)_PATH$")
 
 Report = Callable[[str], None]
@@ -53,8 +55,12 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     install.add_argument("--disk", action="append", required=True, metavar="DEV",
                          help="the instance's disks in Ganeti's order (DISK_0_PATH, DISK_1_PATH, ...); repeat")
     install.add_argument("--url", default=DEFAULT_URL, help="the metadata service (default: %(default)s)")
-    install.add_argument("--root", type=Path, metavar="DIR",
-                         help="the first disk's root filesystem, already mounted here (default: mount it)")
+    where = install.add_mutually_exclusive_group()
+    where.add_argument("--root", type=Path, metavar="DIR",
+                       help="the root filesystem, already mounted here, for os-package (default: mount it)")
+    where.add_argument("--root-device", metavar="DEV",
+                       help="the device holding the root filesystem, mounted for os-package (default: the first "
+                       "--disk; e.g. /dev/vda1 after a partitioned image)")
     install.add_argument("--timeout", type=_positive, default=30.0, metavar="SECONDS",
                          help="HTTP timeout per request (default: 30)")
     install.add_argument("--progress-bytes", type=_positive_int, default=PROGRESS_BYTES, metavar="N",
@@ -165,9 +171,10 @@ def _install(service: Service, plan: Plan, options: argparse.Namespace, work: Pa
         report("image: skipped (no os-image parameter)")
     if plan.package:
         archive = _download(service, "os/package", work / "package.tar.gz")
-        with _root(first, options.root) as root:
+        device = options.root_device or first
+        with _root(device, options.root) as root:
             count = safe_extract(archive, root)
-        service.event("package", message=f"unpacked {count} entries of os/package over {first}'s root")
+        service.event("package", message=f"unpacked {count} entries of os/package over {options.root or device}")
         report(f"package: unpacked {count} entries")
     else:
         report("package: skipped (no os-package parameter)")
@@ -195,6 +202,8 @@ def _image(service: Service, device: str, every: int, report: Report) -> None:
                 marks["next"] = (written // step + 1) * step
 
         written = copy_image(response, device, url=url, length=length, progress=progress)
+    if (note := reread_partitions(device)) is not None:
+        report(f"note: {note}")
     service.event("image", message=f"{written} bytes written to {device}, synced")
     report(f"image: {written} bytes written to {device}")
 
@@ -219,6 +228,7 @@ def _root(device: str, given: Path | None) -> Iterator[Path]:
     if given is not None:
         yield given
         return
+    _wait_for_node(device)
     mountpoint = Path(tempfile.mkdtemp(prefix="imds-ganeti-root-"))
     try:
         if (why := failure(["mount", device, str(mountpoint)], MOUNT_TIMEOUT)) is not None:
@@ -232,6 +242,13 @@ def _root(device: str, given: Path | None) -> Iterator[Path]:
     finally:
         with contextlib.suppress(OSError):  # still mounted: leave the directory and what is in it
             mountpoint.rmdir()
+
+
+def _wait_for_node(device: str) -> None:
+    """A partition's node appears shortly after the partition table is re-read: wait for it (bounded)."""
+    deadline = time.monotonic() + NODE_TIMEOUT
+    while not Path(device).exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
 
 
 def _definition(service: Service, work: Path) -> Path | None:
@@ -280,7 +297,8 @@ def _failed(service: Service, error: GuestError, report: Report) -> int:
 
 def _dry_run(service: Service, plan: Plan, options: argparse.Namespace, report: Report) -> int:
     first = options.disk[0]
-    where = f"over {options.root}" if options.root else f"over {first}'s root filesystem (mounted on a temporary dir)"
+    device = options.root_device or first
+    where = f"over {options.root}" if options.root else f"over {device}'s root filesystem (mounted on a temporary dir)"
     image, package = service.url("os/image"), service.url("os/package")
     lines = [
         f"image: write {image} onto {first}" if plan.image else "image: skipped (no os-image parameter)",

@@ -10,11 +10,14 @@
   that has it (3.11.4+); the checks here do not depend on it.
 - ``copy_image``: a response streamed onto a block device or file from offset 0, then
   ``fsync``; a body shorter than its ``Content-Length`` is an error. A block device is
-  opened ``O_EXCL``, so a disk that is mounted (or otherwise held) is refused.
+  opened ``O_EXCL``, so a disk that is mounted (or otherwise held) is refused; afterwards
+  ``reread_partitions`` asks the kernel for its new partition table.
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import http.client
 import os
 import posixpath
@@ -30,6 +33,7 @@ from typing import IO
 from imds.guest.errors import InstallError, ServiceError
 
 CHUNK = 1024 * 1024
+BLKRRPART = 0x125F  # linux/fs.h _IO(0x12, 95): re-read the partition table
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
 _SHOWN = 100
 
@@ -152,3 +156,26 @@ def copy_image(
     finally:
         os.close(descriptor)
     return written
+
+
+def reread_partitions(device: str) -> str | None:
+    """Ask the kernel to re-read a block device's partition table (BLKRRPART); a note when it could not.
+
+    Not a block device, or one that cannot be partitioned (a loop device without partition
+    scanning): nothing to do, None.
+    """
+    try:
+        if not stat.S_ISBLK(Path(device).stat().st_mode):
+            return None
+        descriptor = os.open(device, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as exc:
+        return f"cannot open {device} to re-read its partition table: {exc.strerror or exc}"
+    try:
+        fcntl.ioctl(descriptor, BLKRRPART)
+    except OSError as exc:
+        if exc.errno in (errno.EINVAL, errno.ENOTTY):
+            return None
+        return f"the kernel did not re-read {device}'s partition table: {exc.strerror or exc}"
+    finally:
+        os.close(descriptor)
+    return None
