@@ -3,7 +3,8 @@
 GET routes serve fixed bytes (optionally without Content-Length, or cut short: the
 declared length is larger than what is sent before the connection closes); ``POST
 /ganeti/latest/write`` records each event body, answering 429 (``Retry-After: 0``) to the
-first ``throttle`` posts. Served on 127.0.0.1 from a thread while the ``with`` block runs.
+first ``throttle`` posts and 500 to the states in ``refused``. Served on 127.0.0.1 from a
+thread while the ``with`` block runs.
 """
 
 from __future__ import annotations
@@ -63,6 +64,7 @@ class FakeService:
         self.requests: list[str] = []
         self.throttle = 0
         self.throttled = 0
+        self.refused: set[str] = set()  # states answered with a 500
         self._server = _Server(("127.0.0.1", 0), self._handler())
         self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
                                         daemon=True)
@@ -94,6 +96,16 @@ class FakeService:
         self._server.server_close()
         self._thread.join(timeout=5)
 
+    def posted(self, event: dict[str, Any]) -> tuple[int, bytes, str | None]:
+        """The answer to one event: 500 for a refused state, 429 while throttling, else stored."""
+        if event.get("state") in self.refused:
+            return 500, b'{"message": "store down"}', None
+        if self.throttled < self.throttle:
+            self.throttled += 1
+            return 429, b'{"message": "slow down"}', "0"
+        self.events.append(event)
+        return 200, json.dumps({"cursor": len(self.events)}).encode(), None
+
     def _handler(self) -> type[BaseHTTPRequestHandler]:
         fake = self
 
@@ -117,12 +129,8 @@ class FakeService:
                 body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
                 if self.path != PREFIX + "write":
                     self._answer(404, b"404 - Not Found")
-                elif fake.throttled < fake.throttle:
-                    fake.throttled += 1
-                    self._answer(429, b'{"message": "slow down"}', retry_after="0")
                 else:
-                    fake.events.append(json.loads(body))
-                    self._answer(200, json.dumps({"cursor": len(fake.events)}).encode())
+                    self._answer(*fake.posted(json.loads(body)))
 
             def _answer(self, status: int, body: bytes, retry_after: str | None = None) -> None:
                 self.send_response(status)

@@ -12,8 +12,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 from ganeti_fake import FakeService, tar_gz
 
+from imds.cli import cli
 from imds.guest.cli import main
 
 MiB = 1024 * 1024
@@ -222,3 +224,35 @@ def test_usage_needs_a_disk(capsys):
         main(["ganeti", "install"])
     assert stopped.value.code == 2
     assert "--disk" in capsys.readouterr().err
+
+
+def test_unreported_success_is_exit_3(service, disk, capsys):
+    """Installed, but succeeded could not be posted: exit 3 and the reason; no failed event."""
+    service.install({}, ENV)
+    service.refused = {"succeeded"}
+    assert install(service, disk) == 3
+    assert service.states() == ["started"]
+    assert "installed, but POST" in capsys.readouterr().err
+
+
+def test_dry_run_names_the_root_device(service, disk, capsys):
+    service.install({"os-package": "y"}, ENV)
+    assert install(service, disk, "--root-device", "/dev/vdz1", "--dry-run") == 0
+    assert "over /dev/vdz1's root filesystem" in capsys.readouterr().out
+
+
+def test_root_and_root_device_exclude_each_other(disk, capsys):
+    with pytest.raises(SystemExit) as stopped:
+        main(["ganeti", "install", "--disk", str(disk), "--root", "/mnt", "--root-device", "/dev/vda1"])
+    assert stopped.value.code == 2
+    assert "not allowed with argument" in capsys.readouterr().err
+
+
+def test_imds_guest_ganeti_install_is_the_same_command(service, disk):
+    """``imds guest ganeti install …`` (click) reaches the same argparse main, exit status included."""
+    service.install({}, ENV)
+    result = CliRunner().invoke(cli, ["guest", "ganeti", "install", "--disk", str(disk), "--url", service.url])
+    assert result.exit_code == 0, result.output
+    assert service.states() == ["started", "succeeded"]
+    usage = CliRunner().invoke(cli, ["guest", "ganeti", "install", "--help"])
+    assert usage.output.startswith("usage: imds guest ganeti install [-h] --disk DEV")
