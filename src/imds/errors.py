@@ -27,7 +27,8 @@ for them are chosen in exactly one place, ``imds.web.errors``.
     │   └── LookupDisabled       a refresh was asked for but no upstream is configured
     ├── StoreUnavailable         the database cannot be reached or answered with an error
     ├── UpstreamError            an upstream answered something unusable (4xx, bad JSON, bad record)
-    │   └── UpstreamUnavailable  an upstream could not be reached, timed out, failed (5xx), or its breaker is open
+    │   ├── UpstreamUnavailable  an upstream could not be reached, timed out, failed (5xx), or its breaker is open
+    │   └── StreamCut            a streamed source (a Ganeti OS image) failed or went over its cap mid-answer
     ├── ConfigError              configuration is invalid; raised at startup only
     └── AgentError               the host agent could not program OVS or haproxy
         ├── OvsCommandFailed     an ovs-vsctl / ovs-ofctl / ip command failed
@@ -218,6 +219,13 @@ class UpstreamError(ImdsError):
 
 class UpstreamUnavailable(UpstreamError):
     """An upstream could not be reached, timed out, failed (5xx), or its circuit breaker is open."""
+
+
+class StreamCut(UpstreamError):
+    """A streamed source (the Ganeti OS image) failed or went over its cap after the answer started.
+
+    No status can be sent any more: the front aborts the connection (``imds.web.instance``).
+    """
 
 
 class ConfigError(ImdsError):

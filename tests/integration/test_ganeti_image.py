@@ -1,6 +1,6 @@
 """os/image: the os-image parameter streamed (node paths under --ganeti-os-image-dir, URLs), capped, never whole.
 
-An 8 MiB image (128 times the largest chunk imds holds) goes out in chunks of at most
+An 8 MiB image (32 times the largest chunk imds holds) goes out in chunks of at most
 ``CHUNK`` bytes; refusals known before the first byte are statuses whose body says why; an
 image found over the cap mid-stream aborts the connection (a real ``imds serve``), so a
 client never takes a short body for a whole one.
@@ -28,7 +28,7 @@ from serve_process import client_at, serving
 
 pytestmark = pytest.mark.anyio
 PATH = "/ganeti/latest/os/image"
-BIG = 8 << 20  # 8 MiB: far larger than CHUNK (64 KiB), the most of an image imds holds at once
+BIG = 8 << 20  # 8 MiB: far larger than CHUNK (256 KiB), the most of an image imds holds at once
 GUEST = "127.0.0.2"  # the instance's source address for the real server
 
 

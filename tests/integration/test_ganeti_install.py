@@ -97,6 +97,7 @@ async def test_read_and_write_answer_only_while_installing_or_communicating(app)
         assert await stream_of(admin, instance_id) == [("started", None)] * 3
 
 
+@pytest.mark.stores("memory", "sqlite", "postgres")  # the switch is a store write: every kind of store
 async def test_succeeded_returns_the_record_to_run_mode_and_the_stream_says_so(app):
     """Install → succeeded: mode run (durable, audited as the instance), a ``mode`` event, then /ganeti is 404."""
     ip = next_ipv4()
@@ -143,7 +144,7 @@ async def test_failed_keeps_the_mode_and_run_mode_is_never_switched(app):
             assert (await guest.post("/events", json={"state": "mode"})).status_code == 400
 
 
-@pytest.mark.stores("sqlite")  # one database two replicas share
+@pytest.mark.stores("sqlite", "postgres")  # one database two replicas share
 async def test_the_other_replica_sees_the_switch_through_the_store(db_url):
     """Succeeded through replica A: replica B, once it follows the feed, serves 404 to the instance too."""
     async with two_replicas(db_url, mode="install") as r:

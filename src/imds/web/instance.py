@@ -69,6 +69,13 @@ async def _not_here(_call: InstanceCall) -> Reply:
     return _NOT_HERE
 
 
+class _StreamAborted(BaseException):
+    """A streamed reply failed after its headers went out; it reaches the server, which aborts the connection.
+
+    A ``BaseException``, so ``_answer``'s catch-all (which turns errors into a 500) lets it through.
+    """
+
+
 def _busy(limit: int) -> Handler:
     """A handler answering 429: the caller already has ``limit`` requests in flight."""
     reply = error_reply(SourceBusy(limit))
@@ -184,14 +191,14 @@ class InstanceFront:
                 reply = await handler(call)
             if isinstance(reply, Pending) and reply.complete is not None:
                 reply = await reply.complete(receive)  # a write that needs the body (OpenStack password)
+                if isinstance(reply, Streamed):  # checked only here: other replies pay nothing for it
+                    await self._stream(scope, send, reply, started)
+                    return
             elif scope["query_string"]:  # change watch: parsed only when there is a query
                 reply = await self._watch(call, handler, reply, receive)
         except Exception:  # noqa: BLE001 - an instance must get an answer, never a dropped connection
             _log.exception("instance.error", path=scope["path"])
             reply = _INTERNAL
-        if isinstance(reply, Streamed):
-            await self._stream(scope, send, reply, started)
-            return
         headers = [
             *reply.headers,
             (b"content-type", reply.content_type),
@@ -223,7 +230,9 @@ class InstanceFront:
         except Exception as exc:
             _log.warning("instance.stream_cut", path=scope["path"], reason=str(exc)[:200])
             self._tally.add(reply.status, time.perf_counter() - started)
-            raise  # the server aborts the connection: the client sees a cut response, never a short whole one
+            # Past the headers no error answer is possible: the server must abort the connection, so the
+            # client sees a cut response, never a short whole one (not the 500 of ``_answer``'s handler).
+            raise _StreamAborted(str(exc)[:200]) from exc
         finally:
             await chunks.aclose()
             if reply.close is not None:

@@ -9,7 +9,7 @@ over ``--os-image-max-bytes`` (``UpstreamError``, 502). URLs are fetched like th
 (no redirects followed; the package's credentials, from memory, only for the package URL's
 own origin, never in the URL). The returned ``Image`` yields chunks of at most ``CHUNK``
 bytes; a source that turns out longer than the cap (a URL without a declared length, a
-file that grew) raises ``ImageCut`` mid-stream, and the front then aborts the connection
+file that grew) raises ``StreamCut`` mid-stream, and the front then aborts the connection
 rather than end a short body as if it were whole.
 """
 
@@ -24,15 +24,11 @@ from urllib.parse import urlsplit
 import anyio
 import httpx
 
-from imds.errors import ImdsError, NotFound, Refused, UpstreamError, UpstreamUnavailable
+from imds.errors import NotFound, Refused, StreamCut, UpstreamError, UpstreamUnavailable
 from imds.services.ganeti.memory import PackageAuth
 
 IMAGE_PARAMETER = "os-image"
-CHUNK = 64 * 1024  # the largest piece of an image in memory at once (per request)
-
-
-class ImageCut(ImdsError):
-    """The image went over the cap (or its source failed) after the answer started: abort the connection."""
+CHUNK = 256 * 1024  # the largest piece of an image in memory at once (per request)
 
 
 @dataclass(frozen=True)
@@ -106,7 +102,7 @@ class ImageSource:
                     yield chunk
                 if sent != size:  # the file shrank while being sent: a short body must not look whole
                     msg = f"image cut: the node file ended after {sent} of {size} bytes"
-                    raise ImageCut(msg)
+                    raise StreamCut(msg)
             finally:
                 await handle.aclose()
 
@@ -141,15 +137,15 @@ class ImageSource:
                     sent += len(chunk)
                     if sent > limit:
                         msg = f"image cut: larger than {limit} bytes (--os-image-max-bytes)"
-                        raise ImageCut(msg)
+                        raise StreamCut(msg)
                     yield chunk
             except httpx.HTTPError as exc:
                 msg = f"image cut: the image URL failed mid-stream ({type(exc).__name__})"
-                raise ImageCut(msg) from exc
+                raise StreamCut(msg) from exc
             finally:
                 await response.aclose()
             if length is not None and sent != length:
                 msg = f"image cut: the image URL sent {sent} of {length} bytes"
-                raise ImageCut(msg)
+                raise StreamCut(msg)
 
         return Image(length, chunks(), response.aclose)
