@@ -28,7 +28,6 @@ import tarfile
 import zlib
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO
 
 from imds.guest.errors import InstallError, ServiceError
 
@@ -115,7 +114,8 @@ def _extract_one(tar: tarfile.TarFile, member: tarfile.TarInfo, root: Path) -> N
 
 
 def copy_image(
-    response: IO[bytes], device: str, *, url: str, length: int | None, progress: Callable[[int], None]
+    response: http.client.HTTPResponse, device: str, *, url: str, length: int | None,
+    progress: Callable[[int], None],
 ) -> int:
     """Stream ``response`` onto ``device`` from offset 0, fsync it; the bytes written.
 
@@ -130,18 +130,19 @@ def copy_image(
     except OSError as exc:
         raise InstallError(f"cannot open {device} for writing: {exc.strerror or exc}") from exc
     written = 0
+    buffer = memoryview(bytearray(CHUNK))  # one buffer for the whole copy: no allocation per chunk
     try:
         while True:
             try:
-                chunk = response.read(CHUNK)
+                size = response.readinto(buffer)
             except http.client.IncompleteRead as exc:
                 msg = f"{url}: the image ended early after {written + len(exc.partial)} bytes"
                 raise ServiceError(msg) from exc
             except (OSError, http.client.HTTPException) as exc:
                 raise ServiceError(f"{url}: reading the image after {written} bytes: {exc}") from exc
-            if not chunk:
+            if not size:
                 break
-            view = memoryview(chunk)
+            view = buffer[:size]
             while view:
                 done = os.write(descriptor, view)
                 view = view[done:]
