@@ -19,6 +19,7 @@ import pytest
 from click.testing import CliRunner
 
 import imds
+from guest_zipapp import build_documented_zipapp
 from imds.cli import cli
 from imds.guest.testing import FakeSystem, MetadataServer
 
@@ -85,24 +86,10 @@ def test_system_python_runs_the_module_isolated(image, machine, expected):
     assert done.stdout == expected
 
 
-def documented_zipapp_commands() -> list[str]:
-    """docs/guest.md's zipapp recipe: the commands from "build one self-contained file" up to the install."""
-    text = (Path(__file__).parents[2] / "docs" / "guest.md").read_text()
-    recipe = text.split("# … or build one self-contained file", 1)[1].split("```", 1)[0]
-    commands = [line for line in recipe.splitlines()[1:] if line.strip() and not line.startswith("#")]
-    assert commands[-1].startswith("install "), commands  # installing into an image is the reader's part
-    return commands[:-1]
-
-
 @pytest.fixture
 def documented_zipapp(tmp_path):
     """imds-guest.pyz built by running docs/guest.md's recipe literally, in a directory whose src/ is ours."""
-    workdir = tmp_path / "checkout"
-    workdir.mkdir()
-    (workdir / "src").symlink_to(SOURCE.parent)
-    done = _run("bash", "-euo", "pipefail", "-c", "\n".join(documented_zipapp_commands()), cwd=workdir)
-    assert done.returncode == 0, done.stderr
-    return workdir / "imds-guest.pyz"
+    return build_documented_zipapp(tmp_path / "checkout")
 
 
 def test_zipapp_runs_on_the_system_python(documented_zipapp, machine, expected):

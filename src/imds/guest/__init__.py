@@ -5,10 +5,12 @@ import against ``sys.stdlib_module_names``), so the package can ship in an image
 imds's server dependencies: copy ``imds/__init__.py`` and ``imds/guest/`` onto the
 image's ``sys.path``, or build one ``.pyz`` file with ``zipapp`` (see docs/guest.md).
 
-Entry points: ``python3 -m imds.guest udev …`` and, where imds is installed,
-``imds guest udev …`` (the click command hands its arguments to the same argparse main).
+Entry points: ``python3 -m imds.guest udev|ganeti install …`` and, where imds is
+installed, ``imds guest …`` (the click command hands its arguments to the same argparse main).
 
 Modules: ``sources`` (config drive, metadata URL) → ``devices`` (the ``devices`` document)
 → ``sysfs`` (what this machine has) → ``match`` → ``rules`` (udev text) → ``apply``
 (atomic write, udevadm). ``testing`` builds fake sysfs/dev trees for tests.
+``ganeti install``: ``ganeti`` (the steps, exit statuses) → ``ganeti_http`` (the service's
+``/ganeti/latest`` paths, events) and ``ganeti_files`` (environment, safe unpacking, the image).
 """

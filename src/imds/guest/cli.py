@@ -1,6 +1,7 @@
-"""``python3 -m imds.guest udev``: argparse only, so it runs on an image's system python.
+"""``python3 -m imds.guest udev|ganeti install``: argparse only, so it runs on an image's system python.
 
-Exit status: 0 when every tagged device became a rule; 1 when the rules were produced but
+``ganeti install`` is ``imds.guest.ganeti`` (its own exit statuses, documented there and in
+docs/guest.md). ``udev``'s exit status: 0 when every tagged device became a rule; 1 when the rules were produced but
 something tagged was left out (a device not found here, an invalid entry, a tag udev
 cannot carry); 2 when nothing could be done (usage error, unreadable source, the rules
 file could not be written, udevadm failed).
@@ -17,7 +18,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from imds.guest import apply, rules, sources, sysfs
+from imds.guest import apply, ganeti, rules, sources, sysfs
 from imds.guest.devices import parse_devices
 from imds.guest.errors import GuestError
 from imds.guest.match import match_devices
@@ -69,6 +70,7 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     udev.add_argument("--dry-run", action="store_true", help="print the rules; write and reload nothing")
     udev.add_argument("--no-reload", action="store_true", help="write the rules but leave udev alone")
     udev.add_argument("--udevadm", default="udevadm", metavar="PATH", help="the udevadm program (default: from PATH)")
+    ganeti.add_parser(commands)
     return parser
 
 
@@ -86,9 +88,11 @@ def main(argv: Sequence[str] | None = None, *, prog: str | None = None) -> int:
     """Run one command and return its exit status (argparse exits 2 itself on a usage error)."""
     parser = build_parser(prog)
     options = parser.parse_args(argv)
+    report = _Reporter(parser.prog)
+    if options.command == "ganeti":
+        return ganeti.run(options, report)
     if not options.sysfs_root.is_dir():
         parser.error(f"--sysfs-root {options.sysfs_root}: not a directory")
-    report = _Reporter(parser.prog)
     try:
         return udev(options, report)
     except GuestError as exc:
