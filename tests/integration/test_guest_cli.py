@@ -154,7 +154,7 @@ def test_imds_guest_help_is_argparse_help():
     result = CliRunner().invoke(cli, ["guest", "udev", "--help"])
     assert result.exit_code == 0
     assert result.output.startswith("usage: imds guest udev [-h] [--config-drive PATH|auto | --metadata-url URL]")
-    assert "In-guest tools: udev rules from device role tags." in CliRunner().invoke(cli, ["--help"]).output
+    assert "In-guest tools: udev rules from role tags; Ganeti OS install." in CliRunner().invoke(cli, ["--help"]).output
 
 
 def test_imds_command_exit_status_reaches_the_shell(tmp_path):

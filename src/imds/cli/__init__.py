@@ -32,7 +32,7 @@ def version() -> None:
 @cli.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False}, add_help_option=False)
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def guest(args: tuple[str, ...]) -> None:
-    """In-guest tools: udev rules from device role tags."""
+    """In-guest tools: udev rules from role tags; Ganeti OS install."""
     from imds.guest.cli import main as guest_main  # noqa: PLC0415 - argparse, stdlib only; loads when used
 
     raise SystemExit(guest_main(list(args), prog="imds guest"))
