@@ -210,7 +210,7 @@ def _held_on(app: InstanceFront, ip: str) -> bool:
 
 
 async def test_the_fronts_own_503_and_429_on_gce_paths_say_metadata_flavor():
-    """Catalog loading (503), rate limit and requests in flight (429): Metadata-Flavor: Google under /computeMetadata."""
+    """Catalog loading (503), rate limit, requests in flight (429): Metadata-Flavor: Google under /computeMetadata."""
     loading = build_app(make_settings())  # services not started: the catalog is not loaded
     async with client_from(loading, GUEST) as guest:
         answer = await guest.get(f"{V1}/instance/id", headers=GOOGLE)
