@@ -123,6 +123,16 @@ async def test_writes_and_deletes_are_audited_without_values(app):
     assert "secret-looking-value" not in json.dumps(entries)
 
 
+async def test_the_change_feed_page_names_the_project(app):
+    """/device-changes lists a project write as project:<id>, present while the project has a record."""
+    await admin(app, "PUT", PROJECT, json={"a": "b"})
+    rows = (await admin(app, "GET", "/device-changes")).json()["changes"]
+    assert (rows[0]["instance_id"], rows[0]["present"]) == ("project:acme-prod", True)
+    await admin(app, "DELETE", PROJECT)
+    rows = (await admin(app, "GET", "/device-changes")).json()["changes"]
+    assert [(r["instance_id"], r["present"]) for r in rows[:2]] == [("project:acme-prod", False)] * 2
+
+
 async def test_scopes_of_kind_project(tmp_path: Path):
     """A metadata-only token is refused (403); metadata:*:project scopes and read/write/delete are allowed."""
     tokens = {"tokens": [{"subject": s, "token": f"tok-{s}-0123456789", "scopes": [s]} for s in (
