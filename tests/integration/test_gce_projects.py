@@ -20,7 +20,7 @@ import pytest
 
 from factories import new_id
 from helpers import ADMIN_TOKEN, admin_client, client_from, make_settings, push_record, running_app, wait_for_async
-from imds.app import build_app
+from imds.app import build_app, build_served_app
 from imds.web.instance import InstanceFront
 
 pytestmark = pytest.mark.anyio
@@ -243,6 +243,19 @@ async def test_the_fronts_own_503_and_429_on_gce_paths_say_metadata_flavor():
         busy = await get(app, f"{V1}/instance/id")
         assert (busy.status_code, busy.headers["metadata-flavor"]) == (429, "Google")
         held.cancel()
+
+
+async def test_listener_refusals_on_gce_paths_say_metadata_flavor():
+    """A body over --max-body-bytes is refused (413) before the front: under /computeMetadata, with the header."""
+    served = build_served_app(make_settings(max_body_bytes=16))
+    async with served.services.running():
+        transport = httpx.ASGITransport(app=served, client=(GUEST, 40000))
+        async with httpx.AsyncClient(transport=transport, base_url="http://imds.test") as guest:
+            answer = await guest.post(f"{V1}/instance/id", content=b"x" * 64, headers=GOOGLE)
+            assert (answer.status_code, answer.headers["metadata-flavor"]) == (413, "Google")
+            other = await guest.post("/metadata", content=b"x" * 64)
+            assert other.status_code == 413
+            assert "metadata-flavor" not in other.headers
 
 
 async def test_the_key_set_is_answered_on_the_admin_listener_too():
