@@ -120,6 +120,12 @@ async def test_writes_and_deletes_are_audited_without_values(app):
     assert [(e["action"], e["instance_id"], e["subject"]) for e in mine] == [
         ("write", "project:acme-prod", "admin-token"), ("delete", "project:acme-prod", "admin-token")]
     assert mine[0]["detail"] == {"project_id": "acme-prod", "keys": 1, "revision": 1}
+    await admin(app, "PUT", "/projects/other-proj/attributes", json={})
+    only = (await admin(app, "GET", "/audit", params={"instance": "project:acme-prod"})).json()["entries"]
+    assert [(e["action"], e["instance_id"]) for e in only] == [("write", "project:acme-prod"),
+                                                              ("delete", "project:acme-prod")]
+    bad = await admin(app, "GET", "/audit", params={"instance": "project:Bad Name"})
+    assert (bad.status_code, bad.json()["errors"][0]["field"]) == (400, "project_id")
     assert "secret-looking-value" not in json.dumps(entries)
 
 
