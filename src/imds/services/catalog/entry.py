@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import sys
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
@@ -195,7 +196,7 @@ class Entry:
 
     def _project(self) -> ProjectAttributes | None:
         """The record of the instance's project (GCE's ``project_id``, else ``default``), joining that project."""
-        project_id = project_of(self.instance.metadata or {}).id
+        project_id = sys.intern(project_of(self.instance.metadata or {}).id)  # one string per project, not per entry
         self.joined = project_id
         return self._cache.projects.join(self, project_id)
 
