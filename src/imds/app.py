@@ -32,6 +32,7 @@ from imds.services.identity.tokens import TokenIssuer
 from imds.services.lookup.breaker import Breaker
 from imds.services.lookup.pull import Lookup, LookupPolicy
 from imds.services.records.limits import Limits
+from imds.services.records.projects import ProjectRecords
 from imds.services.records.upsert import Records
 from imds.signing import read_secret
 from imds.store import Store, open_store
@@ -44,6 +45,7 @@ from imds.web.admin.docs import docs_router
 from imds.web.admin.explain import explain_router
 from imds.web.admin.ganeti import ganeti_admin_router
 from imds.web.admin.openstack import openstack_admin_router
+from imds.web.admin.projects import projects_router
 from imds.web.admin.push import admin_router
 from imds.web.admin.records import records_admin_router
 from imds.web.admin.refresh import refresh_router
@@ -88,6 +90,7 @@ def build_app(
     routers: list[APIRouter] = [admin_router(services), refresh_router(services), openstack_admin_router(services),
                                   records_admin_router(services)]
     routers.append(ganeti_admin_router(services))  # Ganeti OS records
+    routers.append(projects_router(services))  # GCE project attributes
     routers.append(audit_router(services))  # the audit log (GET /audit)
     routers.append(explain_router(services))  # imds explain (GET /explain)
     # (router, also under /api/v1), in the order they are included
@@ -147,6 +150,7 @@ def build_services(
         store=store,
         catalog=catalog,
         records=records,
+        projects=ProjectRecords(store, catalog),
         lookup=_lookup(settings, discovery, records, catalog, metrics),
         auth=_authenticator(settings, discovery),
         templates=settings.templates.compiled,

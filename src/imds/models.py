@@ -215,3 +215,33 @@ class AuditEntry:
     seq: int
     at: datetime
     event: AuditEvent
+
+
+# --- GCE project attributes (services/records/projects.py) -------------------------------------------
+
+PROJECT_KIND = "project"
+PROJECT_FEED_PREFIX = "project:"  # a change-feed (and audit) id naming a project: instance ids are UUIDs
+
+
+@dataclass(frozen=True)
+class ProjectAttributes:
+    """A project's attributes (GCE's ``project/attributes/``), written once for every instance of the project.
+
+    ``revision`` counts the writes of this project's record (1 for the first); it is part of
+    the GCE ETag of the project's instances, so their watches see each change.
+    """
+
+    project_id: str
+    attributes: dict[str, str]
+    revision: int
+    updated_at: datetime
+
+
+def project_feed_id(project_id: str) -> str:
+    """The change-feed id of ``project_id``'s attributes (``project:<id>``)."""
+    return PROJECT_FEED_PREFIX + project_id
+
+
+def feed_project(feed_id: str) -> str | None:
+    """The project a change-feed id names, or None for an instance id."""
+    return feed_id[len(PROJECT_FEED_PREFIX):] if feed_id.startswith(PROJECT_FEED_PREFIX) else None

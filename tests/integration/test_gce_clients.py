@@ -169,3 +169,57 @@ def test_cloud_inits_gce_datasource_reads_id_hostname_keys_and_userdata(crawled)
 
 def _int(text: str) -> int:
     return int.from_bytes(base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)), "big")
+
+
+PROJECT_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIPr0j3ct carol@example"
+PROJECT_SCRIPT = r"""
+import json, sys
+cfg = json.loads(sys.argv[1])
+""" + GUEST_GUARD + r"""
+import google.auth.transport.requests
+from google.auth.compute_engine import _metadata
+
+request = google.auth.transport.requests.Request()
+print(json.dumps({"team": _metadata.get(request, "project/attributes/team"),
+                  "all": _metadata.get(request, "project/attributes/", recursive=True),
+                  "project": _metadata.get_project_id(request)}))
+"""
+
+
+@pytest.fixture(scope="module")
+def project_crawled(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """An instance without SSH keys of its own in project fleet-prj, whose attributes are written by PUT."""
+    tmp = tmp_path_factory.mktemp("gce-project-clients")
+    instance_id = new_id()
+    doc = {"id": instance_id, "hostname": "fleet-guest.acme.internal", "facility": "us-east1-c",
+           "project_id": "fleet-prj"}
+    with serving(tmp, "--data-dir", str(tmp / "data")) as server:
+        server.post("/device-metadata", {"id": instance_id, "ipAddresses": [GUEST], "metadata": doc})
+        attributes = {"ssh-keys": f"cloudinit:{PROJECT_KEY}\ndave:ssh-rsa AAAAB3Nzb dave@example", "team": "infra"}
+        with client_at() as admin:
+            put = admin.put(f"{server.url}/projects/fleet-prj/attributes", json=attributes,
+                            headers=server.admin_headers)
+        assert put.status_code == 200, put.text
+        cfg = {"url": server.url, "source": GUEST, "tmp": str(tmp / "cloud-init")}
+        env = clean_env(tmp, GCE_METADATA_HOST=server.url.removeprefix("http://"))
+        ran = subprocess.run([sys.executable, "-c", PROJECT_SCRIPT, json.dumps(cfg)], env=env, capture_output=True,
+                             text=True, timeout=CLIENT_TIMEOUT, check=False)
+        assert ran.returncode == 0, ran.stderr
+        yield {"google_auth": json.loads(ran.stdout.strip().splitlines()[-1]), "attributes": attributes,
+               "cloud_init": run_cloud_init(CLOUD_INIT_SCRIPT, cfg, tmp, CLIENT_TIMEOUT), "id": instance_id}
+
+
+def test_google_auth_reads_project_attributes_written_by_put(project_crawled):
+    """_metadata.get of project/attributes/team and the recursive directory: the record PUT wrote."""
+    got = project_crawled["google_auth"]
+    assert got["team"] == "infra"
+    assert got["all"] == project_crawled["attributes"]
+    assert got["project"] == "fleet-prj"
+
+
+def test_cloud_inits_gce_datasource_takes_ssh_keys_from_project_attributes(project_crawled):
+    """DataSourceGCE reads project/attributes/ssh-keys: the cloudinit user's key (not dave's) reaches the guest."""
+    got = project_crawled["cloud_init"]
+    assert got["ok"] is True
+    assert got["instance_id"] == project_crawled["id"]
+    assert got["public_keys"] == [PROJECT_KEY]

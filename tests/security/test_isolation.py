@@ -1,7 +1,8 @@
 """Isolation, tried as an attacker would: no request from one instance ever shows another's data.
 
 One real ``imds serve`` process (IPv4 and IPv6 loopback, one trusted proxy address) holds
-five instances, each of whose documents and userdata carry a unique marker. Every case is
+five instances, each of whose documents and userdata carry a unique marker, each in a GCE
+project of its own whose attributes (written by ``PUT /projects/{id}/attributes``) carry it too. Every case is
 a raw HTTP request (so paths reach the server byte for byte: ``..``, ``//``, ``%2e%2e``)
 sent from a chosen loopback source address with chosen headers; a **leak** is any marker
 (or instance id) of an instance other than the one the network path identifies appearing
@@ -19,6 +20,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import pytest
 
 from factories import new_id
@@ -149,6 +151,8 @@ GCE_PATHS = [
     "/computeMetadata/v1/instance/?recursive=true", "/computeMetadata/v1/instance/attributes/user-data",
     "/computeMetadata/v1/instance/attributes/?recursive=true&alt=text", "/computeMetadata/v1/?recursive=true",
     "/computeMetadata/v1/instance/../instance/id", "/computeMetadata//v1/instance/hostname",
+    "/computeMetadata/v1/project/attributes/?recursive=true", "/computeMetadata/v1/project/attributes/marker",
+    "/computeMetadata/v1/project/attributes/?alt=text&recursive=true", "/computeMetadata/v1/project/?recursive=true",
 ]
 GOOGLE = ("Metadata-Flavor", "Google")
 
@@ -199,11 +203,16 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     tmp: Path = tmp_path_factory.mktemp("isolation")
     with serving(tmp, "--db", "memory://", "--trusted-proxy", f"{PROXY}/32", v6=True) as running:
         for tenant in TENANTS:
-            document = {"id": tenant.id, "hostname": tenant.marker, "facility": "da11", "tags": [f"m={tenant.marker}"]}
+            document = {"id": tenant.id, "hostname": tenant.marker, "facility": "da11", "tags": [f"m={tenant.marker}"],
+                        "project_id": f"proj-{tenant.name}"}
             running.post("/device-metadata", {"id": tenant.id, "ipAddresses": [tenant.binding], "metadata": document})
             running.post("/device-userdata", {"id": tenant.id, "ipAddresses": [tenant.binding],
                                               "userdata": f"#!/bin/sh\necho {tenant.marker}\n",
                                               "userdata_encoding": "text"})
+            with httpx.Client(headers=running.admin_headers, timeout=10.0, trust_env=False) as admin:
+                put = admin.put(f"{running.url}/projects/proj-{tenant.name}/attributes",
+                                json={"marker": tenant.marker})
+            assert put.status_code == 200, put.text
         yield running
 
 
@@ -262,3 +271,22 @@ def test_a_gce_identity_token_names_only_the_caller(server):
         assert forged_answer.startswith(b"HTTP/1.1 403")
     relayed = raw_request(server, Case(PROXY, path, (GOOGLE, ("X-Forwarded-For", "127.0.10.1"))))
     assert relayed.startswith(b"HTTP/1.1 403")
+
+
+def test_a_gce_instance_reads_only_its_own_projects_attributes(server):
+    """project/attributes/marker: the caller's project's marker, 404 for a stranger; forged headers name no other."""
+    path = "/computeMetadata/v1/project/attributes/marker"
+    for source in SOURCES:
+        mine = owner(source)
+        plain = raw_request(server, Case(source, path, (GOOGLE,)))
+        if mine is None:
+            assert plain.startswith(b"HTTP/1.1 404"), (source, plain[:200])
+        else:
+            assert plain.startswith(b"HTTP/1.1 200"), (source, plain[:200])
+            assert plain.split(b"\r\n\r\n", 1)[1] == mine.marker.encode()
+        for headers in forged("127.0.10.2"):
+            answer = raw_request(server, Case(source, path, (GOOGLE, *headers)))
+            assert leaks(answer, mine) == [], (source, headers, answer[:200])
+            if answer.startswith(b"HTTP/1.1 200"):
+                assert mine is not None
+                assert answer.split(b"\r\n\r\n", 1)[1] == mine.marker.encode()

@@ -28,6 +28,7 @@ from imds.services.identity.proxytrust import warn_stored
 from imds.services.identity.tokens import TokenIssuer
 from imds.services.lookup.pull import Lookup
 from imds.services.records.limits import Limits
+from imds.services.records.projects import ProjectRecords
 from imds.services.records.templates import Template
 from imds.services.records.upsert import Records
 from imds.store import Store
@@ -50,6 +51,7 @@ class Services:
     tokens: TokenIssuer
     channel: Channel
     os: OsRecords  # Ganeti OS records: always there (no OS definition is loaded without --os-definitions-dir)
+    projects: ProjectRecords  # GCE project attributes
     lookup: Lookup | None = None
     limits: Limits = field(default_factory=Limits)
     signed: SignedIdentity | None = None

@@ -23,7 +23,18 @@ from datetime import datetime
 from typing import NamedTuple, Protocol, runtime_checkable
 
 from imds.errors import InvalidInput
-from imds.models import RECORD_KINDS, AuditEntry, AuditEvent, Change, Event, Instance, JsonObject, Network, OsRecord
+from imds.models import (
+    RECORD_KINDS,
+    AuditEntry,
+    AuditEvent,
+    Change,
+    Event,
+    Instance,
+    JsonObject,
+    Network,
+    OsRecord,
+    ProjectAttributes,
+)
 from imds.store.journal import Journal
 
 
@@ -128,6 +139,14 @@ class WriteTx(Protocol):
         """Delete the OS record; False when there was none."""
         ...
 
+    async def put_project(self, project_id: str, attributes: dict[str, str]) -> ProjectAttributes:
+        """Create or replace the project's attributes (its revision one higher); journals the record stored."""
+        ...
+
+    async def remove_project(self, project_id: str) -> bool:
+        """Delete the project's attributes; False when it had none."""
+        ...
+
     async def append_audit(self, event: AuditEvent) -> None:
         """Record an admin change in the audit log, in this transaction."""
         ...
@@ -178,6 +197,10 @@ class Store(Protocol):
 
     async def changes_since(self, seq: int, limit: int = 1000) -> list[Change]:
         """Change-feed entries after ``seq``, oldest first."""
+        ...
+
+    async def projects(self, project_ids: Iterable[str] | None = None) -> dict[str, ProjectAttributes]:
+        """The attributes of these projects (every project's with None) that exist, by project id."""
         ...
 
     async def changed(self, within: float) -> None:

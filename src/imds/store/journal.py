@@ -36,9 +36,10 @@ from datetime import datetime
 from imds.models import Network
 
 # Operation kinds. The fields a put or remove sets or clears are ``Instance`` fields:
-# the record kinds ("metadata", "userdata"), PASSWORD and OS.
+# the record kinds ("metadata", "userdata"), PASSWORD and OS; or PROJECT, a project's
+# attributes (``instance_id`` is then the project's feed id, ``project:<id>``).
 PUT, REMOVE, ADDRESSES, FORGET = "put", "remove", "addresses", "forget"
-PASSWORD, OS = "password", "os"
+PASSWORD, OS, PROJECT = "password", "os", "project"
 
 
 @dataclass(frozen=True)

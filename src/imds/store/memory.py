@@ -26,9 +26,11 @@ from imds.models import (
     JsonObject,
     Network,
     OsRecord,
+    ProjectAttributes,
+    project_feed_id,
 )
 from imds.store.interface import StoredInstance, record_kind, stored_form
-from imds.store.journal import ADDRESSES, FORGET, OS, PASSWORD, PUT, REMOVE, Group, Journal, Op
+from imds.store.journal import ADDRESSES, FORGET, OS, PASSWORD, PROJECT, PUT, REMOVE, Group, Journal, Op
 
 
 @dataclass
@@ -47,6 +49,7 @@ class _State:
     holders: dict[Network, str] = field(default_factory=dict)
     changes: list[Change] = field(default_factory=list)
     audit: list[AuditEntry] = field(default_factory=list)
+    projects: dict[str, ProjectAttributes] = field(default_factory=dict)  # frozen values: shared safely
 
 
 @dataclass
@@ -153,6 +156,20 @@ class _MemoryTx:
         self.journal.ops.append(Op(REMOVE, instance_id, name))
         return True
 
+    async def put_project(self, project_id: str, attributes: dict[str, str]) -> ProjectAttributes:
+        before = self._s.projects.get(project_id)
+        record = ProjectAttributes(project_id, dict(attributes), 1 if before is None else before.revision + 1,
+                                   datetime.now(UTC))
+        self._s.projects[project_id] = record
+        self.journal.ops.append(Op(PUT, project_feed_id(project_id), PROJECT, record))
+        return record
+
+    async def remove_project(self, project_id: str) -> bool:
+        if self._s.projects.pop(project_id, None) is None:
+            return False
+        self.journal.ops.append(Op(REMOVE, project_feed_id(project_id), PROJECT))
+        return True
+
     async def append_audit(self, event: AuditEvent) -> None:
         await self.append_audit_many([event])
 
@@ -178,7 +195,7 @@ class MemoryStore:
     async def write(self) -> AsyncIterator[_MemoryTx]:
         async with self._lock:
             s = self._state  # the feed's entries are immutable: copying the list is enough
-            staged = _State(copy.deepcopy(s.rows), dict(s.holders), list(s.changes), list(s.audit))
+            staged = _State(copy.deepcopy(s.rows), dict(s.holders), list(s.changes), list(s.audit), dict(s.projects))
             tx = _MemoryTx(staged)
             yield tx
             self._state = staged
@@ -222,6 +239,11 @@ class MemoryStore:
 
     async def changes_since(self, seq: int, limit: int = 1000) -> list[Change]:
         return [c for c in self._state.changes if c.seq > seq][:limit]
+
+    async def projects(self, project_ids: Iterable[str] | None = None) -> dict[str, ProjectAttributes]:
+        held = self._state.projects
+        wanted = held if project_ids is None else project_ids
+        return {p: held[p] for p in wanted if p in held}
 
     async def ping(self) -> None:
         return None

@@ -10,8 +10,9 @@ Whatever server runs the app (granian or uvicorn), every request passes here fir
   connection is dropped if the answer had started), so a chunk declared
   ``FFFFFFFFFFFFFFFF`` or a trickled body cannot hold a connection forever.
 
-Each refusal closes the connection. Requests without a body (every instance read) pay a
-scan of their header list and nothing else.
+Each refusal closes the connection (and, on GCE's paths, says ``Metadata-Flavor: Google``, as
+every answer there does). Requests without a body (every instance read) pay a scan of their
+header list and nothing else.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Any
 from imds.config import Settings
 from imds.errors import HeadersTooLarge, ImdsError, InvalidInput, PayloadTooLarge, RequestTimeout
 from imds.web.errors import JSON, error_parts
+from imds.web.routes import on_gce_path
 
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
@@ -54,7 +56,7 @@ class Bounded:
             return
         headers = scope["headers"]
         if len(headers) > self.max_headers:
-            await _refuse(send, HeadersTooLarge(self.max_headers))
+            await _refuse(scope, send, HeadersTooLarge(self.max_headers))
             return
         lengths: list[bytes] = []
         chunked = False
@@ -68,7 +70,7 @@ class Bounded:
             return
         problem = self._framing_problem(lengths, chunked=chunked)
         if problem is not None:
-            await _refuse(send, problem)
+            await _refuse(scope, send, problem)
             return
         await self._with_body(scope, receive, send)
 
@@ -99,12 +101,14 @@ class Bounded:
             await self.app(scope, timed_receive, noting_send)
         except _BodyTimedOut:
             if not started:
-                await _refuse(send, RequestTimeout(self.body_timeout))
+                await _refuse(scope, send, RequestTimeout(self.body_timeout))
 
 
-async def _refuse(send: Send, exc: ImdsError) -> None:
+async def _refuse(scope: MutableMapping[str, Any], send: Send, exc: ImdsError) -> None:
     """Answer with the error's status and JSON body, closing the connection."""
     status, body, extra = error_parts(exc)
+    if on_gce_path(scope["path"]):
+        extra.append((b"metadata-flavor", b"Google"))
     headers = [
         *extra,
         (b"content-type", JSON.encode()),

@@ -12,6 +12,7 @@ are measured by route group.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import Any
@@ -28,13 +29,13 @@ from imds.web.errors import error_body, handle_imds_error
 from imds.web.flavors.channel import ChannelFlavor
 from imds.web.flavors.ec2 import Ec2Flavor
 from imds.web.flavors.ganeti import GanetiFlavor
-from imds.web.flavors.gce import GceFlavor
+from imds.web.flavors.gce import FLAVOR, GceFlavor
 from imds.web.flavors.json import JsonFlavor
 from imds.web.flavors.nocloud import NoCloudFlavor
 from imds.web.flavors.openstack import OpenStackFlavor
 from imds.web.instance_guard import FlavorGuard
 from imds.web.listeners import AdminListeners
-from imds.web.routes import INSTANCE, PROBE_PATHS, Groups, aliased, dispatch
+from imds.web.routes import INSTANCE, PROBE_PATHS, PUBLISHED_PATHS, Groups, aliased, dispatch, on_gce_path
 from imds.web.routing import (
     JSON,
     READ_METHODS,
@@ -58,8 +59,18 @@ _INTERNAL = Reply(500, error_body("internal error"), JSON)
 _LOADING = Reply(503, error_body("the instance catalog is still loading; see /readyz"), JSON, ((b"retry-after", b"1"),))
 
 
-async def _loading(_call: InstanceCall) -> Reply:
-    return _LOADING
+def _own(call: InstanceCall, reply: Reply) -> Reply:
+    """One of the front's own answers (429, 503, 500): on GCE's paths it says ``Metadata-Flavor: Google`` too.
+
+    Only the refusals pay for the check: a handler's answer is the flavor's own.
+    """
+    if on_gce_path(call.scope["path"]):
+        return dataclasses.replace(reply, headers=(*reply.headers, FLAVOR))
+    return reply
+
+
+async def _loading(call: InstanceCall) -> Reply:
+    return _own(call, _LOADING)
 
 
 _NOT_HERE = error_reply(NotFound("not found"))
@@ -80,8 +91,8 @@ def _busy(limit: int) -> Handler:
     """A handler answering 429: the caller already has ``limit`` requests in flight."""
     reply = error_reply(SourceBusy(limit))
 
-    async def busy(_call: InstanceCall) -> Reply:
-        return reply
+    async def busy(call: InstanceCall) -> Reply:
+        return _own(call, reply)
 
     return busy
 
@@ -163,7 +174,7 @@ class InstanceFront:
         """With ``--admin-listen``: an instance path on an admin listener, or an admin path on an instance one."""
         assert self._admin_listeners is not None  # noqa: S101 - only called when set
         if self._admin_listeners.serves(scope):
-            return instance_path
+            return instance_path and scope["path"] not in PUBLISHED_PATHS
         return not instance_path and scope["path"] not in PROBE_PATHS
 
     async def _serve(self, scope: Scope, send: Send, handler: Handler, receive: Receive) -> None:
@@ -186,7 +197,7 @@ class InstanceFront:
         started = time.perf_counter()
         scope = call.scope
         try:
-            reply = self._limited(key) if key is not None else None  # no key: neither limit is on
+            reply = self._limited(call, key) if key is not None else None  # no key: neither limit is on
             if reply is None:
                 reply = await handler(call)
             if isinstance(reply, Pending) and reply.complete is not None:
@@ -198,7 +209,7 @@ class InstanceFront:
                 reply = await self._watch(call, handler, reply, receive)
         except Exception:  # noqa: BLE001 - an instance must get an answer, never a dropped connection
             _log.exception("instance.error", path=scope["path"])
-            reply = _INTERNAL
+            reply = _own(call, _INTERNAL)
         headers = [
             *reply.headers,
             (b"content-type", reply.content_type),
@@ -251,12 +262,12 @@ class InstanceFront:
             key = str(address) if address is not None else key
         return key
 
-    def _limited(self, key: str) -> Reply | None:
+    def _limited(self, call: InstanceCall, key: str) -> Reply | None:
         """A 429 with Retry-After when the caller's address has used up its rate, else None."""
         if self._limiter is None:
             return None
         wait = self._limiter.retry_after(key)
-        return error_reply(RateLimited(wait)) if wait else None
+        return _own(call, error_reply(RateLimited(wait))) if wait else None
 
     async def _watch(self, call: InstanceCall, handler: Handler, reply: Reply, receive: Receive) -> Reply:
         """Hold the read while ``?wait_for_change=true`` asks for it (see ``imds.web.watch``)."""

@@ -21,12 +21,21 @@ from imds.web.routing import Handler
 API_V1 = "/api/v1"  # hollow's versioned prefix: the JSON reads and the whole admin API answer under it too
 OPS_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
 PROBE_PATHS = frozenset({"/healthz", "/readyz"})  # answered on every listener (health checks)
+# Instance routes also answered on an --admin-listen listener: the identity tokens' key set and its
+# discovery document, so a verifier inside the operator's network need not look like an instance.
+PUBLISHED_PATHS = frozenset({JWKS_PATH, DISCOVERY_PATH})
+GCE_PATH = f"/{GCE_PREFIX}"  # the front's own answers on paths under it say Metadata-Flavor: Google
 INSTANCE = "instance"  # the metric group of every request an instance route answers
 
 
 def aliased(path: str) -> tuple[str, str]:
     """``path`` and its ``/api/v1`` alias."""
     return path, f"{API_V1}{path}"
+
+
+def on_gce_path(path: str) -> bool:
+    """Whether ``path`` is GCE's (``/computeMetadata`` or under it): every answer there says ``Metadata-Flavor``."""
+    return path == GCE_PATH or path.startswith(f"{GCE_PATH}/")
 
 
 def first_segment(path: str) -> str:

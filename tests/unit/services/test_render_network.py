@@ -130,3 +130,14 @@ def test_nocloud_files():
     bare = nocloud_tree(Instance(id=SEED["id"], metadata={"hostname": "h"}, userdata=b"#!/bin/sh\n"))
     assert list(bare) == ["meta-data", "user-data", "vendor-data"]
     assert (bare["user-data"], bare["vendor-data"]) == (b"#!/bin/sh\n", b"")
+
+
+def test_network_config_v2_ignores_a_network_whose_link_is_not_a_string():
+    """A list or object as a network's ``link`` (explicit network_data) is skipped, never a TypeError."""
+    data = {"links": [{"id": "eth0", "type": "phy", "ethernet_mac_address": "fa:16:3e:00:00:01"}],
+            "networks": [{"id": "n0", "link": ["eth0"], "type": "ipv4_dhcp"},
+                         {"id": "n1", "link": {"id": "eth0"}, "type": "ipv4_dhcp"},
+                         {"id": "n2", "link": "eth0", "type": "ipv4_dhcp"}]}
+    config = network_config_v2(data)
+    assert config is not None
+    assert config["ethernets"]["eth0"]["dhcp4"] is True

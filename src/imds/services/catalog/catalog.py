@@ -23,11 +23,11 @@ from typing import cast
 
 from imds import log
 from imds.errors import StoreUnavailable
-from imds.models import RECORD_KINDS, Address, Instance, Network, OsRecord
+from imds.models import RECORD_KINDS, Address, Instance, Network, OsRecord, ProjectAttributes, feed_project
 from imds.services.catalog.addresses import AddressIndex
 from imds.services.catalog.entry import Entry, RenderCache
 from imds.store.interface import Store, StoredInstance, stored_form
-from imds.store.journal import ADDRESSES, FORGET, PUT, Journal, Op
+from imds.store.journal import ADDRESSES, FORGET, PROJECT, PUT, Journal, Op
 
 __all__ = ["Catalog", "Entry"]
 _log = log.get("catalog")
@@ -84,6 +84,10 @@ class Catalog:
         """The instance with this id, if the catalog holds it."""
         return self._entries.get(instance_id)
 
+    def project(self, project_id: str) -> ProjectAttributes | None:
+        """The attributes record of ``project_id`` this replica serves, if it has one."""
+        return self._cache.projects.get(project_id)
+
     async def load(self) -> None:
         """Replace everything with a fresh snapshot of the store.
 
@@ -115,6 +119,9 @@ class Catalog:
             for instance_id, old in previous.items():
                 new = self._entries.get(instance_id)
                 self._os_left(instance_id, old.os, None if new is None else new.os)
+            # Read after the instances: a project written in between is newer than ``position``,
+            # and its feed entry re-reads the same record (no older state is ever applied).
+            self._cache.projects.replace((await self._store.projects()).values())
             self.position = position
             self.loaded = True
             self.phase = "loaded"
@@ -171,9 +178,15 @@ class Catalog:
                 batch = await self._store.changes_since(self.position, FEED_BATCH)
                 if batch:
                     ids = list(dict.fromkeys(change.instance_id for change in batch))
+                    projects = [p for i in ids if (p := feed_project(i)) is not None]
+                    ids = [i for i in ids if feed_project(i) is None]
                     found = await self._store.get_many(ids)
                     for instance_id in ids:
                         self._apply(instance_id, found.get(instance_id))
+                    if projects:
+                        records = await self._store.projects(projects)
+                        for project_id in projects:
+                            self._cache.projects.apply(project_id, records.get(project_id))
                     self.position = max(self.position, batch[-1].seq)
             applied += len(batch)
             if len(batch) < FEED_BATCH:
@@ -206,6 +219,14 @@ class Catalog:
         if gone is not None and self.on_os_gone is not None and (new is None or new.generation != gone):
             self.on_os_gone(instance_id, gone)
 
+    def _instance_ops(self, ops: list[Op]) -> list[Op]:
+        """Apply the journal's project operations; the others, for ``_replay``."""
+        for op in ops:
+            if op.field == PROJECT:
+                project_id = feed_project(op.instance_id) or ""
+                self._cache.projects.apply(project_id, cast("ProjectAttributes", op.value) if op.kind == PUT else None)
+        return [op for op in ops if op.field != PROJECT]
+
     def _replay(self, ops: list[Op]) -> None:
         """Carry out a journal's operations on the held instances (no store read)."""
         work: dict[str, Instance | None] = {}
@@ -216,7 +237,7 @@ class Catalog:
             entry = self._entries.get(instance_id)
             return None if entry is None else entry.instance
 
-        for op in ops:
+        for op in self._instance_ops(ops):
             if op.kind == FORGET:
                 work[op.instance_id] = None
                 continue
@@ -245,6 +266,7 @@ class Catalog:
             self._os_left(instance_id, old.os, None if instance is None else instance.os)
             old.wake()
             self._cache.drop(old)
+            self._cache.projects.leave(old, old.joined)
         if instance is None:
             self._entries.pop(instance_id, None)
             self._index.forget(instance_id)

@@ -13,7 +13,9 @@ drops them; the next read rebuilds them from the packed form, byte for byte the 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
+import sys
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
@@ -21,9 +23,11 @@ from typing import TypeVar, cast
 
 import zstandard
 
-from imds.models import Instance, JsonObject, Network, OsRecord
+from imds.models import Instance, JsonObject, Network, OsRecord, ProjectAttributes
 from imds.services.catalog.addresses import pack_stored, unpack_network
+from imds.services.catalog.projects import Projects, project_tag
 from imds.services.catalog.watch import instance_etag
+from imds.services.render.gce import project_of
 from imds.services.render.tree import Dir
 from imds.store.interface import StoredInstance
 
@@ -55,6 +59,7 @@ class RenderCache:
         self.bytes = 0
         self._held: OrderedDict[Entry, int] = OrderedDict()
         self.packer = Packer()
+        self.projects = Projects()  # what an entry's ETag and GCE rendering take besides the entry
 
     def __len__(self) -> int:
         return len(self._held)
@@ -122,9 +127,11 @@ class Entry:
 
     ``waiters`` are the change-watch requests held on this version (``watch``/``unwatch``);
     the catalog resolves them when it replaces or drops the entry (see ``imds.services.catalog.watch``).
+    ``joined`` is the project whose record the ETag (and the GCE rendering) took, once computed
+    (``imds.services.catalog.projects``): a change of that record resets them (``reproject``).
     """
 
-    __slots__ = ("_blob", "_cache", "_etag", "_instance", "_rendered", "_rest", "_updated", "id", "packed",
+    __slots__ = ("_blob", "_cache", "_etag", "_instance", "_rendered", "_rest", "_updated", "id", "joined", "packed",
                  "waiters")
 
     def __init__(self, stored: StoredInstance, cache: RenderCache) -> None:
@@ -140,6 +147,7 @@ class Entry:
         self._instance: Instance | None = None
         self._rendered: dict[str, object] | None = None
         self._etag: bytes | None = None
+        self.joined: str | None = None
         self.waiters: set[asyncio.Future[None]] | None = None
 
     @property
@@ -173,10 +181,31 @@ class Entry:
 
     @property
     def etag(self) -> bytes:
-        """The strong ETag of this version of the instance, computed once (every read sends it)."""
+        """The strong ETag of this version of the instance and of its project's record, computed once.
+
+        Every read sends it. Without a project record it is the instance's own ETag.
+        """
         if self._etag is None:
-            self._etag = instance_etag(self.instance)
+            etag = instance_etag(self.instance)
+            project = self._project()
+            if project is not None:
+                digest = hashlib.sha256(etag + project_tag(project)).hexdigest()[:32]
+                etag = b'"' + digest.encode() + b'"'
+            self._etag = etag
         return self._etag
+
+    def _project(self) -> ProjectAttributes | None:
+        """The record of the instance's project (GCE's ``project_id``, else ``default``), joining that project."""
+        project_id = sys.intern(project_of(self.instance.metadata or {}).id)  # one string per project, not per entry
+        self.joined = project_id
+        return self._cache.projects.join(self, project_id)
+
+    def reproject(self) -> None:
+        """The project's record changed: forget the ETag and renderings, wake the watches."""
+        self.wake()
+        self._cache.drop(self)
+        self._etag = None
+        self.joined = None
 
     def watch(self, waiter: asyncio.Future[None]) -> None:
         """Hold ``waiter`` on this version: ``wake`` resolves it when the version is replaced or dropped."""
@@ -202,7 +231,17 @@ class Entry:
         if rendered is not None and key in rendered:
             self._cache.touch(self)
             return cast("T", rendered[key])
-        value = build(self.instance)
+        return self._keep(key, build(self.instance))
+
+    def render_in_project(self, key: str, build: Callable[[Instance, ProjectAttributes | None], T]) -> T:
+        """``render``, for a rendering that also takes the record of the instance's project (GCE's)."""
+        rendered = self._rendered
+        if rendered is not None and key in rendered:
+            self._cache.touch(self)
+            return cast("T", rendered[key])
+        return self._keep(key, build(self.instance, self._project()))
+
+    def _keep(self, key: str, value: T) -> T:
         if self._rendered is None:
             self._rendered = {}
         self._rendered[key] = value

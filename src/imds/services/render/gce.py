@@ -18,7 +18,12 @@ the web flavor answers per request (``identity``, ``token``). Mapping from the d
 | instance/network-interfaces/0/… | ``network.addresses`` and ``network.interfaces`` (bond MAC, else the first) |
 | project/project-id | ``project_id`` (else ``default``) |
 | project/numeric-project-id | ``project_number(project_id)`` |
-| project/attributes/… | ``project_attributes`` (an object, like ``attributes``) |
+| project/attributes/… | the project's record (``PUT /projects/{id}/attributes``) over ``project_attributes`` |
+
+``project/attributes/`` merges two sources key by key: the project's attributes record
+(written once for the whole project, held by the catalog) wins over the instance
+document's ``project_attributes`` object for a key both have; keys only the document has
+stay. An instance without ``project_id`` is in project ``default``.
 
 The numeric project id is stable per project and the same on every replica: the first 48
 bits of SHA-256 of the project id, as a 12-digit decimal (``project_number``).
@@ -33,7 +38,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from imds.models import Instance, JsonObject
+from imds.models import Instance, JsonObject, ProjectAttributes
 
 PREFIX = "computeMetadata"
 ROOT = "/computeMetadata/v1"
@@ -159,8 +164,19 @@ def _interfaces(doc: JsonObject, project: Project) -> list[object]:
     return [nic]
 
 
-def gce_root(instance: Instance) -> dict[str, object]:
-    """Everything under ``/computeMetadata/v1/`` for this instance (``instance/`` and ``project/``)."""
+def project_attributes(doc: JsonObject, record: ProjectAttributes | None) -> dict[str, str]:
+    """``project/attributes``: the project's record over the document's ``project_attributes``, key by key."""
+    merged = {str(k): _text(v) for k, v in _obj(doc.get("project_attributes")).items()}
+    if record is not None:
+        merged.update(record.attributes)
+    return dict(sorted(merged.items()))
+
+
+def gce_root(instance: Instance, record: ProjectAttributes | None = None) -> dict[str, object]:
+    """Everything under ``/computeMetadata/v1/`` for this instance (``instance/`` and ``project/``).
+
+    ``record``: the attributes record of the instance's project, if it has one.
+    """
     doc = instance.metadata or {}
     project = project_of(doc)
     hostname = _text(doc.get("hostname"))
@@ -179,7 +195,7 @@ def gce_root(instance: Instance) -> dict[str, object]:
         "zone": f"projects/{project.number}/zones/{zone_of(doc)}",
     }
     project_tree: dict[str, object] = {
-        "attributes": {str(k): _text(v) for k, v in sorted(_obj(doc.get("project_attributes")).items())},
+        "attributes": project_attributes(doc, record),
         "numeric-project-id": project.number,
         "project-id": project.id,
     }

@@ -162,7 +162,7 @@ def network_config_v2(data: JsonObject) -> JsonObject | None:
         section, entry = _device(link, names)
         sections[section][names[link["id"]]] = device[link["id"]] = entry
     for network in _list(data.get("networks")):
-        if isinstance(network, dict) and network.get("link") in device:
+        if isinstance(network, dict) and isinstance(network.get("link"), str) and network["link"] in device:
             _add_network(device[network["link"]], network)
     dns = [s["address"] for s in _list(data.get("services"))
            if isinstance(s, dict) and s.get("type") == "dns" and isinstance(s.get("address"), str)]

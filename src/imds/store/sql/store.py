@@ -19,9 +19,9 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from imds.errors import StoreUnavailable
-from imds.models import AuditEntry, Change, Event, Instance
+from imds.models import AuditEntry, Change, Event, Instance, ProjectAttributes
 from imds.store.interface import StoredInstance
-from imds.store.sql import channel, reads
+from imds.store.sql import channel, projects, reads
 from imds.store.sql.diagnose import describe, is_not_migrated, not_migrated, sqlite_problem
 from imds.store.sql.engine import create_engine, create_sqlite_write_engine, is_sqlite
 from imds.store.sql.group import GroupCommit
@@ -121,6 +121,11 @@ class SqlStore:
         """Change-feed entries after ``seq``, oldest first."""
         async with self._read() as conn:
             return await reads.changes_after(conn, seq, limit)
+
+    async def projects(self, project_ids: Iterable[str] | None = None) -> dict[str, ProjectAttributes]:
+        """The attributes of these projects (every project's with None), by project id."""
+        async with self._read() as conn:
+            return await projects.read(conn, project_ids)
 
     async def ping(self) -> None:
         """Return when the database answers (a read of the feed head)."""

@@ -116,3 +116,15 @@ audit_log = sa.Table(
     sa.Column("applied", sa.Boolean, nullable=False),
     sa.Column("detail", sa.JSON(none_as_null=True), nullable=False),
 )
+
+# GCE project attributes (revision 0006): one row per project, written by PUT /projects/{id}/attributes.
+# ``revision`` counts the project's writes (its instances' GCE ETag covers it). A change reaches the
+# feed as the id ``project:<id>`` (instance ids are UUIDs), so replicas re-read the row.
+project_attributes = sa.Table(
+    "project_attributes",
+    metadata_obj,
+    sa.Column("project_id", _ID, primary_key=True),
+    sa.Column("attributes", sa.JSON(none_as_null=True), nullable=False),
+    sa.Column("revision", sa.BigInteger, nullable=False),
+    sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
+)

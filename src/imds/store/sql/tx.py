@@ -19,10 +19,19 @@ import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
-from imds.models import METADATA, USERDATA, AuditEvent, JsonObject, Network, OsRecord
+from imds.models import (
+    METADATA,
+    USERDATA,
+    AuditEvent,
+    JsonObject,
+    Network,
+    OsRecord,
+    ProjectAttributes,
+    project_feed_id,
+)
 from imds.store.interface import record_kind
-from imds.store.journal import ADDRESSES, FORGET, OS, PASSWORD, PUT, REMOVE, Journal, Op
-from imds.store.sql import statements, tables
+from imds.store.journal import ADDRESSES, FORGET, OS, PASSWORD, PROJECT, PUT, REMOVE, Journal, Op
+from imds.store.sql import projects, statements, tables
 from imds.store.sql.os_rows import os_document, os_record
 from imds.store.sql.rows import chunks, stored_network
 from imds.store.sql.writeconn import WriteConnection
@@ -178,6 +187,17 @@ class SqlTx:
 
     async def remove_os(self, instance_id: str) -> bool:
         return await self._remove(tables.instance_os, instance_id, OS)
+
+    async def put_project(self, project_id: str, attributes: dict[str, str]) -> ProjectAttributes:
+        record = await projects.put(self.conn, project_id, attributes)
+        self.journal.ops.append(Op(PUT, project_feed_id(project_id), PROJECT, record))
+        return record
+
+    async def remove_project(self, project_id: str) -> bool:
+        removed = await projects.remove(self.conn, project_id)
+        if removed:
+            self.journal.ops.append(Op(REMOVE, project_feed_id(project_id), PROJECT))
+        return removed
 
     async def append_audit(self, event: AuditEvent) -> None:
         await self.append_audit_many([event])

@@ -1,6 +1,7 @@
 """``GET /audit``: the audit log of admin writes and deletes (read scope).
 
-Query: ``instance`` (an instance id; default every instance), ``after`` (the cursor: the
+Query: ``instance`` (an instance id, or ``project:<id>`` for a GCE project's attributes;
+default every entry), ``after`` (the cursor: the
 ``next`` of the previous page; default 0) and ``limit`` (1-1000, default 100). Entries are
 oldest first::
 
@@ -17,10 +18,11 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request
 from starlette.responses import Response
 
-from imds.models import METADATA
+from imds.models import METADATA, feed_project, project_feed_id
 from imds.services import Services
 from imds.services.admission.auth import read_scopes
 from imds.services.records.audit import AuditLog
+from imds.services.records.projects import parse_project_id
 from imds.services.records.wire import parse_instance_id
 from imds.services.render.json import encode
 from imds.web.admin.auth import authorize
@@ -35,12 +37,12 @@ def audit_router(services: Services) -> APIRouter:
     @router.get("/audit", summary="Audit log of admin writes and deletes", response_class=Response)
     async def audit(
         request: Request,
-        instance: Annotated[str | None, Query(description="only this instance id")] = None,
+        instance: Annotated[str | None, Query(description="only this instance id (or project:<id>)")] = None,
         after: Annotated[int, Query(description="cursor: the next of the previous page")] = 0,
         limit: Annotated[int, Query(description="entries per page, 1 to 1000")] = 100,
     ) -> Response:
         await authorize(services, request, read_scopes(METADATA))
-        instance_id = None if instance is None else parse_instance_id(instance)
+        instance_id = None if instance is None else _subject_id(instance)
         entries = await log.page(instance_id, after, limit)
         body = {
             "entries": [
@@ -54,3 +56,9 @@ def audit_router(services: Services) -> APIRouter:
         return Response(encode(body), media_type=JSON)
 
     return router
+
+
+def _subject_id(text: str) -> str:
+    """An instance id, or a project's ``project:<id>``, as the log holds them; InvalidInput otherwise."""
+    project = feed_project(text)
+    return parse_instance_id(text) if project is None else project_feed_id(parse_project_id(project))

@@ -134,7 +134,7 @@ class GceFlavor:
             raise InvalidInput.one("alt", "must be json or text")
         recursive = query.get("recursive", ["false"])[-1].lower() == "true"
         entry = await self._locator.entry(call, METADATA, needs_record=True)
-        node = find(entry.render("gce", gce_root), parts)
+        node = find(entry.render_in_project("gce", gce_root), parts)
         if node is None:
             raise NotFound(f"no {'/'.join(parts)!r} under /computeMetadata/v1")
         if node is TOKEN:
