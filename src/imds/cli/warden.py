@@ -3,21 +3,22 @@
 granian accepts in Rust and gives no accept hook; the app only sees complete request heads,
 so a connection that is slow to send its head (or idle between keep-alive requests) holds a
 server slot unseen (docs/server.md, "Slow connections from one source"). The warden does
-not touch the bytes: every ``period`` seconds a thread of the serving process reads the
-kernel's TCP table (``/proc/net/tcp``, ``/proc/net/tcp6``), counts the connections accepted
-on our listeners per remote address, and when an address holds more than ``budget`` it
-shuts down (``shutdown(SHUT_RDWR)``) the excess among the connections this process holds:
-the server sees end-of-file and drops them, the client sees its connection closed.
+not touch the bytes: every ``period`` seconds a thread of the serving process asks the
+kernel (netlink ``sock_diag``, what ``ss`` uses; filtered by state and local port in the
+kernel) for the connections accepted on our listeners, counts them per remote address,
+and when an address holds more than ``budget`` it shuts down (``shutdown(SHUT_RDWR)``) the
+excess among the connections this process holds: the server sees end-of-file and drops
+them, the client sees its connection closed.
 
-- The table is the network namespace's, so with ``--workers N`` every worker counts the
-  connections of all of them and makes the same choice (the ``budget`` lowest socket
-  inodes of a source are kept, roughly its oldest); each shuts the excess it holds. The
-  budget is per source for the whole server, not per worker.
+- The kernel's table is the network namespace's, so with ``--workers N`` every worker
+  counts the connections of all of them and makes the same choice (the ``budget`` lowest
+  socket inodes of a source are kept, roughly its oldest); each shuts the excess it holds.
+  The budget is per source for the whole server, not per worker.
 - Connections not yet accepted have inode 0 and are not counted (they hold no slot).
 - Trusted proxies' networks are exempt: every VM behind one arrives from its address.
-- An fd is pinned with ``dup`` and its inode checked with ``fstat`` before the shutdown, so
-  an fd closed and reused between the scan and the shutdown is never touched.
-- Cheap when no source is over budget: one read of the tables, no fd walk.
+- Our fds are found by ``fstat`` (socket inode); each is pinned with ``dup`` and its inode
+  checked again before the shutdown, so an fd closed and reused meanwhile is never touched.
+- Cheap when no source is over budget: one netlink dump of our listeners' connections.
 """
 
 from __future__ import annotations
@@ -26,21 +27,26 @@ import contextlib
 import ipaddress
 import os
 import socket
-import sys
+import stat
+import struct
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 
 from imds import log
 from imds.models import Network
 
 _log = log.get("serve")
-TABLES = (("/proc/net/tcp", socket.AF_INET), ("/proc/net/tcp6", socket.AF_INET6))
-# TCP states of a connection whose slot the server holds and whose peer has not been told
-# to go: ESTABLISHED and CLOSE_WAIT (the peer closed, the server has not yet).
-HOLDING = frozenset((b"01", b"08"))
 LOG_INTERVAL = 10.0
+NETLINK_SOCK_DIAG, SOCK_DIAG_BY_FAMILY = 4, 20
+NLM_F_REQUEST, NLM_F_DUMP, NLMSG_ERROR, NLMSG_DONE = 0x1, 0x300, 2, 3
+INET_DIAG_REQ_BYTECODE, INET_DIAG_BC_S_EQ = 1, 11
+# TCP states of a connection whose slot the server holds and whose peer has not been told
+# to go: ESTABLISHED (1) and CLOSE_WAIT (8: the peer closed, the server has not yet).
+HOLDING = (1 << 1) | (1 << 8)
+_HEADER = struct.Struct("=IHHII")  # nlmsghdr
+_MSG = struct.Struct("=BBBB2s2s16s16sI8sIIIII")  # inet_diag_msg: family, state, ..., sockid, ..., inode
+Row = tuple[int, bytes, bytes, int]  # (family, local address, remote address, inode)
 
 
 def excess(conns: Iterable[tuple[str, int]], budget: int, exempt: Callable[[str], bool]) -> dict[int, str]:
@@ -67,68 +73,65 @@ def to_shut(over: Mapping[int, str], ours: Mapping[int, int]) -> list[tuple[int,
     return [(ours[inode], inode, source) for inode, source in over.items() if inode in ours]
 
 
-def _hex_address(text: bytes) -> str:
-    """A /proc/net/tcp address (32-bit words in host order, hex) as its printable form."""
-    raw = bytes.fromhex(text.decode())
-    if sys.byteorder == "little":
-        raw = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
-    address = ipaddress.ip_address(raw)
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        address = address.ipv4_mapped
-    return str(address)
+def dump_request(family: int, port: int, seq: int = 1) -> bytes:
+    """A sock_diag dump request: TCP sockets of ``family`` in a HOLDING state with local port ``port``."""
+    # One condition: "source port == port"; yes: jump to the end (accept), no: past it (reject).
+    bytecode = struct.pack("=BBH", INET_DIAG_BC_S_EQ, 8, 12) + struct.pack("=BBH", 0, 0, port)
+    attribute = struct.pack("=HH", 4 + len(bytecode), INET_DIAG_REQ_BYTECODE) + bytecode
+    body = struct.pack("=BBBxI", family, socket.IPPROTO_TCP, 0, HOLDING) + bytes(48) + attribute
+    return _HEADER.pack(_HEADER.size + len(body), SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST | NLM_F_DUMP, seq, 0) + body
 
 
-def _local_hex(family: int, host: str, port: int) -> bytes:
-    """How /proc/net/tcp spells a local ``host:port`` (host ``""`` for a wildcard bind: port only)."""
-    port_hex = b":%04X" % port
-    if not host:
-        return port_hex
-    raw = socket.inet_pton(family, host.split("%", 1)[0])
-    if sys.byteorder == "little":
-        raw = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
-    return raw.hex().upper().encode() + port_hex
+def parse_dump(buffer: bytes) -> tuple[list[Row], bool]:
+    """The rows in one netlink read, and True once the dump's end was in it."""
+    rows: list[Row] = []
+    offset = 0
+    while offset + _HEADER.size <= len(buffer):
+        length, kind, _flags, _seq, _pid = _HEADER.unpack_from(buffer, offset)
+        if kind == NLMSG_DONE:
+            return rows, True
+        if kind == NLMSG_ERROR:
+            errno = -struct.unpack_from("=i", buffer, offset + _HEADER.size)[0]
+            raise OSError(errno, f"sock_diag: {os.strerror(errno)}")
+        family, _state, _t, _r, _sport, _dport, src, dst, _if, _c, _e, _rq, _wq, _uid, inode = _MSG.unpack_from(
+            buffer, offset + _HEADER.size)
+        size = 4 if family == socket.AF_INET else 16
+        rows.append((family, src[:size], dst[:size], inode))
+        offset += max(_HEADER.size, (length + 3) & ~3)
+    return rows, False
 
 
-@dataclass
-class Listeners:
-    """Which table rows are connections accepted on our listening sockets, per address family."""
-
-    exact: dict[int, set[bytes]] = field(default_factory=dict)  # family → {b"0100007F:1F40"}
-    ports: dict[int, set[bytes]] = field(default_factory=dict)  # family → {b":1F40"} (wildcard binds)
-
-    @classmethod
-    def of(cls, sockets: Sequence[socket.socket]) -> Listeners:
-        """From the bound sockets."""
-        found = cls()
-        for sock in sockets:
-            host, port = sock.getsockname()[:2]
-            wildcard = ipaddress.ip_address(host.split("%", 1)[0]).is_unspecified
-            key = _local_hex(sock.family, "" if wildcard else host, port)
-            (found.ports if wildcard else found.exact).setdefault(sock.family, set()).add(key)
-        return found
-
-    def rows(self, family: int, table: bytes) -> Iterable[tuple[bytes, int]]:
-        """(remote address hex, inode) of our accepted connections in one /proc/net/tcp* text."""
-        exact, ports = self.exact.get(family, set()), self.ports.get(family, set())
-        for line in table.split(b"\n")[1:]:
-            fields = line.split()
-            if len(fields) < 10 or fields[3] not in HOLDING or fields[9] == b"0":
-                continue
-            local = fields[1]
-            if local in exact or local[-5:] in ports:
-                yield fields[2].rsplit(b":", 1)[0], int(fields[9])
+def dump(port: int, family: int) -> list[Row]:
+    """Every TCP connection of ``family`` with local port ``port`` in a HOLDING state (any process's)."""
+    with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_SOCK_DIAG) as diag:
+        diag.sendall(dump_request(family, port))
+        found: list[Row] = []
+        while True:
+            rows, done = parse_dump(diag.recv(1 << 17))
+            found += rows
+            if done:
+                return found
 
 
-def our_sockets(wanted: Iterable[int]) -> dict[int, int]:
-    """Inode → fd of this process's sockets whose inode is in ``wanted``."""
-    names = {f"socket:[{inode}]": inode for inode in wanted}
+def fd_table_size() -> int:
+    """How many fds this process's table can hold now (an upper bound on its fd numbers)."""
+    with open("/proc/self/status", "rb") as status:  # noqa: PTH123 - a /proc read in the warden's thread
+        for line in status:
+            if line.startswith(b"FDSize:"):
+                return int(line.split()[1])
+    return 0
+
+
+def our_sockets(wanted: Collection[int]) -> dict[int, int]:
+    """Map inode → fd for this process's sockets whose inode is in ``wanted``."""
     found: dict[int, int] = {}
-    with contextlib.suppress(OSError):
-        for entry in os.listdir("/proc/self/fd"):  # noqa: PTH208 - plain strings: thousands of fds per pass
-            with contextlib.suppress(OSError):
-                inode = names.get(os.readlink(f"/proc/self/fd/{entry}"))  # noqa: PTH115 - as above
-                if inode is not None:
-                    found[inode] = int(entry)
+    for fd in range(fd_table_size()):
+        try:
+            info = os.fstat(fd)
+        except OSError:
+            continue
+        if info.st_ino in wanted and stat.S_ISSOCK(info.st_mode):
+            found[info.st_ino] = fd
     return found
 
 
@@ -139,7 +142,8 @@ def shut(fd: int, inode: int) -> bool:
     except OSError:
         return False
     try:
-        if os.fstat(pinned).st_ino != inode:
+        info = os.fstat(pinned)
+        if info.st_ino != inode or not stat.S_ISSOCK(info.st_mode):
             return False
         with socket.socket(fileno=pinned) as sock:
             pinned = -1  # the socket object closes it
@@ -149,6 +153,27 @@ def shut(fd: int, inode: int) -> bool:
     finally:
         if pinned >= 0:
             os.close(pinned)
+
+
+def listeners(sockets: Sequence[socket.socket]) -> dict[tuple[int, int], set[bytes] | None]:
+    """(family, port) → the local addresses bound (None: a wildcard bind, any address)."""
+    found: dict[tuple[int, int], set[bytes] | None] = {}
+    for sock in sockets:
+        host, port = sock.getsockname()[:2]
+        address = ipaddress.ip_address(host.split("%", 1)[0])
+        key = (int(sock.family), int(port))
+        if address.is_unspecified:
+            found[key] = None
+        elif (bound := found.setdefault(key, set())) is not None:
+            bound.add(address.packed)
+    return found
+
+
+def ours_only(rows: Iterable[Row], bound: set[bytes] | None) -> Iterator[Row]:
+    """The rows accepted on a listener (inode != 0) bound to ``bound`` (None: any local address)."""
+    for row in rows:
+        if row[3] and (bound is None or row[1] in bound):
+            yield row
 
 
 class Warden:
@@ -164,8 +189,7 @@ class Warden:
         on_shut: Callable[[int], None] = lambda _n: None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.listeners = Listeners.of(sockets)
-        self.families = {sock.family for sock in sockets}
+        self.listeners = listeners(sockets)
         self.budget = budget
         self.trusted = tuple(trusted)
         self.period = period
@@ -173,7 +197,7 @@ class Warden:
         self._clock = clock
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._names: dict[tuple[int, bytes], str] = {}
+        self._names: dict[bytes, str] = {}
         self._exempt: dict[str, bool] = {}
         self._logged: dict[str, float] = {}
         self._pending: dict[str, int] = {}
@@ -188,24 +212,22 @@ class Warden:
                 self._exempt.clear()
         return known
 
-    def _name(self, family: int, hex_address: bytes) -> str:
-        name = self._names.get((family, hex_address))
+    def _name(self, packed: bytes) -> str:
+        name = self._names.get(packed)
         if name is None:
             if len(self._names) > 65536:
                 self._names.clear()
-            name = self._names[family, hex_address] = _hex_address(hex_address)
+            address = ipaddress.ip_address(packed)
+            if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+                address = address.ipv4_mapped
+            name = self._names[packed] = str(address)
         return name
 
     def connections(self) -> list[tuple[str, int]]:
         """(source, inode) of every connection accepted on our listeners, by any worker."""
-        conns: list[tuple[str, int]] = []
-        for path, family in TABLES:
-            if family not in self.families:
-                continue
-            with open(path, "rb") as table:  # noqa: PTH123 - a /proc read in the warden's thread
-                text = table.read()
-            conns.extend((self._name(family, remote), inode) for remote, inode in self.listeners.rows(family, text))
-        return conns
+        return [(self._name(remote), inode)
+                for (family, port), bound in self.listeners.items()
+                for _f, _local, remote, inode in ours_only(dump(port, family), bound)]
 
     def scan(self) -> int:
         """One pass: shut the excess this process holds; how many were shut."""

@@ -3,16 +3,29 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import ipaddress
 import os
 import socket
+import struct
 from collections.abc import Iterator
 
 import pytest
 from structlog.testing import capture_logs
 
 from helpers import FakeClock
-from imds.cli.warden import Listeners, Warden, excess, shut, to_shut
+from imds.cli.warden import (
+    NLMSG_DONE,
+    NLMSG_ERROR,
+    Warden,
+    dump,
+    excess,
+    listeners,
+    ours_only,
+    parse_dump,
+    shut,
+    to_shut,
+)
 
 
 def _nobody(_source: str) -> bool:
@@ -50,14 +63,7 @@ def test_only_the_excess_this_process_holds_is_shut():
     assert to_shut(over, {50: 7, 60: 9, 70: 11}) == [(7, 50, "10.0.0.1"), (9, 60, "10.0.0.2")]
 
 
-# -- reading the kernel's table ------------------------------------------------------------
-
-
-def _row(local: str, remote: str, state: str, inode: int) -> str:
-    return f"   0: {local} {remote} {state} 00000000:00000000 00:00000000 00000000     0        0 {inode} 1 0 100 0 0"
-
-
-HEADER = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode"
+# -- reading the kernel's table (netlink sock_diag) ------------------------------------------
 
 
 def _listening(host: str, family: int = socket.AF_INET) -> socket.socket:
@@ -67,46 +73,60 @@ def _listening(host: str, family: int = socket.AF_INET) -> socket.socket:
     return sock
 
 
-def test_the_table_rows_of_our_listeners_are_read_with_their_source():
-    """Rows on our address and port, ESTABLISHED or CLOSE_WAIT, accepted (inode != 0); the rest are not ours."""
-    with _listening("127.0.0.1") as listener:
+def test_the_dump_lists_accepted_connections_on_our_port_with_their_source_and_inode():
+    """Accepted connections (server side, inode of our socket); a queued one has inode 0 and is not ours."""
+    with _listening("127.0.0.1") as listener, _listening("127.0.0.1") as other:
         port = listener.getsockname()[1]
-        ours = f"0100007F:{port:04X}"
-        table = "\n".join([
-            HEADER,
-            _row(ours, "0200007F:9C40", "01", 1001),  # 127.0.0.2, established: counted
-            _row(ours, "0200007F:9C41", "08", 1002),  # close-wait: still holds a slot
-            _row(ours, "0200007F:9C42", "01", 0),  # not accepted yet: no slot
-            _row(ours, "0200007F:9C43", "0A", 1003),  # listening
-            _row(ours, "0200007F:9C44", "06", 1004),  # time-wait
-            _row(f"0100007F:{(port + 1) % 65536:04X}", "0200007F:9C45", "01", 1005),  # another port
-            _row(f"0300007F:{port:04X}", "0200007F:9C46", "01", 1006),  # another local address
-            _row("0A000001:0050", ours, "01", 1007),  # a client of ours, not our server side
-        ]).encode()
-        warden = Warden([listener], 8)
-        rows = list(warden.listeners.rows(socket.AF_INET, table))
-    assert [inode for _remote, inode in rows] == [1001, 1002]
-    assert {warden._name(socket.AF_INET, remote) for remote, _inode in rows} == {"127.0.0.2"}
+        clients = [socket.create_connection(("127.0.0.1", port), source_address=("127.0.0.2", 0)) for _ in range(3)]
+        accepted = [listener.accept()[0] for _ in range(2)]  # the third waits in the backlog
+        elsewhere = socket.create_connection(other.getsockname())
+        try:
+            rows = dump(port, socket.AF_INET)
+            kept = list(ours_only(rows, listeners([listener])[socket.AF_INET, port]))
+            inodes = {os.fstat(sock.fileno()).st_ino for sock in accepted}
+        finally:
+            for sock in [*clients, *accepted, elsewhere]:
+                sock.close()
+    assert len(rows) == 3
+    assert {row[3] for row in kept} == inodes
+    assert {(row[1], row[2]) for row in kept} == {(bytes([127, 0, 0, 1]), bytes([127, 0, 0, 2]))}
 
 
-def test_a_wildcard_listener_matches_its_port_on_any_address():
-    with _listening("0.0.0.0") as listener:  # noqa: S104 - bound for the test, never connected to
-        port = listener.getsockname()[1]
-        listeners = Listeners.of([listener])
-        table = f"{HEADER}\n{_row(f'0A000001:{port:04X}', '0B000001:1234', '01', 77)}".encode()
-        assert [inode for _r, inode in listeners.rows(socket.AF_INET, table)] == [77]
-
-
-def test_ipv6_addresses_are_decoded():
+def test_ipv6_connections_are_listed_and_named():
     with _listening("::1", socket.AF_INET6) as listener:
         port = listener.getsockname()[1]
-        warden = Warden([listener], 8)
-        local = f"00000000000000000000000001000000:{port:04X}"  # ::1, words in host (little-endian) order
-        remote = "B80D0120000000000000000001000000"  # 2001:db8::1
-        table = f"{HEADER}\n{_row(local, remote + ':D431', '01', 99)}".encode()
-        rows = list(warden.listeners.rows(socket.AF_INET6, table))
-    assert rows == [(remote.encode(), 99)]
-    assert warden._name(socket.AF_INET6, remote.encode()) == "2001:db8::1"
+        client = socket.create_connection(("::1", port))
+        server, _ = listener.accept()
+        try:
+            rows = list(ours_only(dump(port, socket.AF_INET6), None))
+            warden = Warden([listener], 8)
+            assert warden.connections() == [("::1", os.fstat(server.fileno()).st_ino)]
+        finally:
+            client.close()
+            server.close()
+    assert [row[2] for row in rows] == [ipaddress.ip_address("::1").packed]
+
+
+def test_a_wildcard_listener_takes_any_local_address_and_a_bound_one_only_its_own():
+    with _listening("0.0.0.0") as wildcard, _listening("127.0.0.1") as bound:  # noqa: S104 - never connected to
+        found = listeners([wildcard, bound])
+        ports = wildcard.getsockname()[1], bound.getsockname()[1]
+    assert found[socket.AF_INET, ports[0]] is None
+    assert found[socket.AF_INET, ports[1]] == {bytes([127, 0, 0, 1])}
+    rows = [(socket.AF_INET, bytes([10, 0, 0, 1]), bytes([10, 0, 0, 2]), 5),
+            (socket.AF_INET, bytes([127, 0, 0, 1]), bytes([10, 0, 0, 2]), 6),
+            (socket.AF_INET, bytes([127, 0, 0, 1]), bytes([10, 0, 0, 2]), 0)]
+    assert [row[3] for row in ours_only(rows, None)] == [5, 6]
+    assert [row[3] for row in ours_only(rows, {bytes([127, 0, 0, 1])})] == [6]
+
+
+def test_a_netlink_error_is_raised_and_the_end_of_the_dump_seen():
+    header = struct.Struct("=IHHII")
+    error = header.pack(36, NLMSG_ERROR, 0, 1, 0) + struct.pack("=i", -errno.EINVAL) + bytes(16)
+    with pytest.raises(OSError, match="sock_diag") as raised:
+        parse_dump(error)
+    assert raised.value.errno == errno.EINVAL
+    assert parse_dump(header.pack(20, NLMSG_DONE, 0, 1, 0) + bytes(4)) == ([], True)
 
 
 def test_trusted_proxy_networks_are_exempt():
