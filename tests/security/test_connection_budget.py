@@ -20,14 +20,24 @@ BUDGET = 8
 SLOW = 100
 ATTACKER, READER, PROXY = "127.0.0.2", "127.0.0.3", "127.0.0.4"
 READER_ID = "5e1f0c1e-1b1d-4d8e-9f00-0000000b0d9e"
-ARGS = ("--db", "memory://", "--max-connections-per-source", str(BUDGET), "--header-timeout", "60",
-        "--trusted-proxy", f"{PROXY}/32", "--rate-limit", "0")
+ARGS = ("--max-connections-per-source", str(BUDGET), "--header-timeout", "60", "--trusted-proxy", f"{PROXY}/32",
+        "--rate-limit", "0")
+SERVERS = {
+    "granian": ("--db", "memory://"),
+    "uvicorn": ("--db", "memory://", "--server", "uvicorn", "--keepalive-timeout", "60"),
+    # Two workers, each holding some of the connections: the budget is for the server as a whole.
+    "granian-2-workers": ("--workers", "2"),
+}
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    """One server with a budget of 8 and a record for the reader's address."""
-    with serving(tmp_path_factory.mktemp("budget"), *ARGS) as running, client_at() as admin:
+@pytest.fixture(scope="module", params=sorted(SERVERS))
+def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """One server per kind with a budget of 8 and a record for the reader's address."""
+    tmp = tmp_path_factory.mktemp("budget")
+    args = list(SERVERS[request.param])
+    if "--db" not in args:
+        args += ["--db", f"sqlite:///{tmp}/imds.db"]
+    with serving(tmp, *ARGS, *args) as running, client_at() as admin:
         body = {"id": READER_ID, "ipAddresses": [READER], "metadata": {"id": READER_ID, "hostname": "reader"}}
         answer = admin.post(f"{running.url}/device-metadata", json=body,
                             headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
