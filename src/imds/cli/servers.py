@@ -7,7 +7,9 @@ uvicorn. Its limits: ``--max-header-bytes`` (read buffer: larger heads get 431/c
 at most 100 header lines (hyper's fixed limit), ``--header-timeout`` (time to send a
 request head, idle keep-alive included) and ``--max-connections`` (connections per
 listener and worker: the rest wait in the kernel backlog). uvicorn stays available with
-``--server uvicorn``; it has no header read timeout (see docs/server.md).
+``--server uvicorn``; it has no header read timeout (see docs/server.md). Whichever runs,
+``connection_budget`` runs the connection warden beside it (``--max-connections-per-source``,
+``imds.cli.warden``): no server offers a per-source connection limit.
 
 ``--workers N`` forks N processes after binding; each runs the whole app (lifespan
 included) on the shared sockets, and the parent forwards SIGINT/SIGTERM and exits 0 once
