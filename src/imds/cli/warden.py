@@ -135,7 +135,7 @@ def our_sockets(wanted: Collection[int]) -> dict[int, int]:
     return found
 
 
-def shut(fd: int, inode: int) -> bool:
+def shut(fd: int, inode: int, family: int = socket.AF_INET) -> bool:
     """Shut the connection on ``fd`` down if it still is socket ``inode``; True if it was."""
     try:
         pinned = os.dup(fd)  # the dup keeps the socket alive even if the server closes fd now
@@ -145,11 +145,13 @@ def shut(fd: int, inode: int) -> bool:
         info = os.fstat(pinned)
         if info.st_ino != inode or not stat.S_ISSOCK(info.st_mode):
             return False
-        with socket.socket(fileno=pinned) as sock:
-            pinned = -1  # the socket object closes it
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
-            return True
+        # Family and type given: no getsockopt calls to find them (this runs thousands of times a second).
+        sock = socket.socket(family, socket.SOCK_STREAM, 0, pinned)
+        pinned = -1  # the socket object closes it
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
+        sock.close()
+        return True
     finally:
         if pinned >= 0:
             os.close(pinned)
@@ -236,7 +238,7 @@ class Warden:
             return 0
         shut_now: dict[str, int] = {}
         for fd, inode, source in to_shut(over, our_sockets(over)):
-            if shut(fd, inode):
+            if shut(fd, inode, socket.AF_INET6 if ":" in source else socket.AF_INET):
                 shut_now[source] = shut_now.get(source, 0) + 1
         total = sum(shut_now.values())
         if total:
