@@ -101,9 +101,15 @@ def raise_fd_limit(connections: int = 0) -> int:
 
 @contextlib.contextmanager
 def connection_budget(app: Any, sockets: list[socket.socket], settings: Settings) -> Iterator[Warden]:
-    """Run the per-source connection warden (``--max-connections-per-source``) while serving."""
+    """Run the per-source connection warden (``--max-connections-per-source``) while serving.
+
+    Only the instance listeners are watched: ``sockets`` are the ``--listen`` ones, then the
+    ``--admin-listen`` ones (``cli/serve.py``), and an admin-only listener's clients are
+    operators, often all behind one TLS front.
+    """
     metrics = getattr(getattr(app, "services", None), "metrics", None)
-    warden = Warden(sockets, settings.http.max_connections_per_source, settings.callers.trusted_proxy,
+    watched = sockets[: len(sockets) - len(settings.http.admin_listen)]
+    warden = Warden(watched, settings.http.max_connections_per_source, settings.callers.trusted_proxy,
                     on_shut=metrics.connections_shut.inc if metrics is not None else lambda _n: None)
     warden.start()
     try:

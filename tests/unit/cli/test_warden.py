@@ -14,6 +14,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from helpers import FakeClock
+from imds.cli.servers import connection_budget
 from imds.cli.warden import (
     NLMSG_DONE,
     NLMSG_ERROR,
@@ -26,6 +27,7 @@ from imds.cli.warden import (
     shut,
     to_shut,
 )
+from imds.config import load
 
 
 def _nobody(_source: str) -> bool:
@@ -220,3 +222,13 @@ def test_no_thread_runs_when_the_budget_is_off(budget):
         warden.start()
         assert warden._thread is None
         warden.stop()
+
+
+def test_the_instance_listeners_are_watched_and_an_admin_only_one_is_not():
+    with _listening("127.0.0.1") as instances, _listening("127.0.0.1") as admin:
+        ports = instances.getsockname()[1], admin.getsockname()[1]
+        settings = load({"admin_listen": (f"127.0.0.1:{ports[1]}",), "max_connections_per_source": 5},
+                        environ={"XDG_DATA_HOME": "/nonexistent-imds-test"})
+        with connection_budget(None, [instances, admin], settings) as warden:
+            assert set(warden.listeners) == {(socket.AF_INET, ports[0])}
+            assert warden.budget == 5
