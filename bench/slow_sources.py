@@ -88,10 +88,11 @@ class Reads:
 async def slow_connection(port: int, source: str, drip: float, until: float, attack: Attack) -> None:
     """Hold one never-finished request open, a byte every ``drip`` s; reopen it when the server closes it."""
     while time.monotonic() < until:
-        try:
-            reader, writer = await asyncio.open_connection("127.0.0.1", port, local_addr=(source, 0))
-        except OSError:
-            await asyncio.sleep(drip)
+        try:  # bounded: a SYN dropped by a full backlog is retried for minutes
+            reader, writer = await asyncio.wait_for(
+                asyncio.open_connection("127.0.0.1", port, local_addr=(source, 0)), max(0.1, until - time.monotonic()))
+        except (OSError, TimeoutError):
+            await asyncio.sleep(min(drip, max(0.0, until - time.monotonic())))
             continue
         attack.opened += 1
         attack.open_now += 1
@@ -156,7 +157,13 @@ async def reader_loop(port: int, rate: float, limit: float, seconds: float) -> R
 
 
 def _attack_main(port: int, args: argparse.Namespace, until: float, results: multiprocessing.Queue[Attack]) -> None:
-    """The slow connections, in their own process: the reader's timings must not include the attacker's loop."""
+    """The slow connections, in their own process: the reader's timings must not include the attacker's loop.
+
+    ``--attacker-nice``: on a small shared machine the attacker's own CPU use (thousands of
+    reconnections a second when the server shuts its connections) competes with the server;
+    a real attacker runs elsewhere.
+    """
+    os.nice(args.attacker_nice)
     attack = Attack()
 
     async def run() -> None:
@@ -196,6 +203,18 @@ async def measure(port: int, args: argparse.Namespace, pid: int) -> dict[str, ob
     }
 
 
+def _bounded(args: argparse.Namespace) -> argparse.Namespace:
+    """The arguments clamped to what this loopback benchmark allows."""
+    args.sources = max(1, min(args.sources, MAX_SOURCES))
+    args.attacker_nice = max(0, min(args.attacker_nice, 19))
+    args.slow = max(0, min(args.slow, MAX_SLOW, MAX_TOTAL // args.sources))
+    args.duration = max(1.0, min(args.duration, MAX_DURATION))
+    args.baseline = max(1.0, min(args.baseline, 30.0))
+    args.rate = max(0.5, min(args.rate, 100.0))
+    args.drip = max(0.1, min(args.drip, 30.0))
+    return args
+
+
 def main() -> int:
     """Start serve, seed one record, measure, stop serve by PID, print the figures."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -203,6 +222,8 @@ def main() -> int:
     parser.add_argument("--sources", type=int, default=1,
                         help=f"slow sources: {ATTACKER}, then 127.0.0.4... "
                              f"(<= {MAX_SOURCES}; sources x slow <= {MAX_TOTAL})")
+    parser.add_argument("--attacker-nice", type=int, default=0,
+                        help="nice increment of the attacker's process (0-19; 10: it yields the CPU to the server)")
     parser.add_argument("--source", type=Path, default=None,
                         help="a src directory to run imds serve from (another checkout: the version before)")
     parser.add_argument("--drip", type=float, default=3.0, help="seconds between the slow header bytes")
@@ -211,14 +232,8 @@ def main() -> int:
     parser.add_argument("--rate", type=float, default=10.0, help=f"reads per second from {READER}")
     parser.add_argument("--timeout", type=float, default=5.0, help="seconds one read may take (then a failure)")
     parser.add_argument("serve_args", nargs="*", help="extra imds serve flags after --, e.g. -- --max-connections 64")
-    args = parser.parse_args()
-    args.sources = max(1, min(args.sources, MAX_SOURCES))
-    args.slow = max(0, min(args.slow, MAX_SLOW, MAX_TOTAL // args.sources))
+    args = _bounded(parser.parse_args())
     total = args.slow * args.sources
-    args.duration = max(1.0, min(args.duration, MAX_DURATION))
-    args.baseline = max(1.0, min(args.baseline, 30.0))
-    args.rate = max(0.5, min(args.rate, 100.0))
-    args.drip = max(0.1, min(args.drip, 30.0))
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft != resource.RLIM_INFINITY and soft < total + 256:
         resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, total + 1024), hard))
@@ -252,7 +267,8 @@ def main() -> int:
     load = " ".join(Path("/proc/loadavg").read_text().split()[:3])
     sources = f"{args.sources} sources ({', '.join(attackers(args.sources))})" if args.sources > 1 else ATTACKER
     where = f" from {args.source}" if args.source else ""
-    print(f"imds serve{where} {' '.join(args.serve_args) or '(defaults)'}; "
+    nice = f", attacker nice {args.attacker_nice}" if args.attacker_nice else ""
+    print(f"imds serve{where} {' '.join(args.serve_args) or '(defaults)'}{nice}; "
           f"{args.slow} slow connections from {sources}, "
           f"a byte every {args.drip:g} s, {args.duration:g} s; reader {args.rate:g}/s from {READER}; load {load}")
     for key, value in result.items():
