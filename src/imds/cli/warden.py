@@ -256,18 +256,21 @@ class Warden:
                 _log.warning("connections.over_budget", source=source, shut=self._pending.pop(source),
                              budget=self.budget, since_seconds=None if last is None else round(now - last, 1))
                 self._logged[source] = now
-        if len(self._logged) > 4096:
+        if len(self._logged) > 4096:  # forget the sources quiet for an interval (and what they had pending)
             self._logged = {s: t for s, t in self._logged.items() if now - t < LOG_INTERVAL}
+            self._pending = {s: n for s, n in self._pending.items() if s in self._logged}
 
     def _run(self) -> None:
         failed = False
         while not self._stop.wait(self.period):
             try:
                 self.scan()
-            except (OSError, ValueError) as exc:  # a missing /proc: say so once, keep serving
-                if not failed:
-                    _log.warning("connections.budget_unavailable", error=str(exc))
+            except Exception as exc:  # noqa: BLE001 - the warden never takes the server down: it says so, once
+                if not failed:  # e.g. a sandbox without AF_NETLINK: no budget, loudly
+                    _log.error("connections.budget_unavailable", error=str(exc) or type(exc).__name__)
                 failed = True
+            else:
+                failed = False
 
     def start(self) -> None:
         """Scan every ``period`` seconds in a daemon thread (nothing if the budget is 0)."""

@@ -13,7 +13,8 @@ from collections.abc import Iterator
 import pytest
 from structlog.testing import capture_logs
 
-from helpers import FakeClock
+from helpers import FakeClock, wait_for
+from imds.cli import warden as warden_module
 from imds.cli.servers import connection_budget
 from imds.cli.warden import (
     NLMSG_DONE,
@@ -232,3 +233,22 @@ def test_the_instance_listeners_are_watched_and_an_admin_only_one_is_not():
         with connection_budget(None, [instances, admin], settings) as warden:
             assert set(warden.listeners) == {(socket.AF_INET, ports[0])}
             assert warden.budget == 5
+
+
+def test_a_failing_scan_is_logged_once_and_the_warden_keeps_trying(monkeypatch):
+    """No netlink (a sandbox without AF_NETLINK): one error line, the server keeps serving, no crash."""
+    calls: list[int] = []
+
+    def no_netlink(_port: int, _family: int) -> list[tuple[int, bytes, bytes, int]]:
+        calls.append(1)
+        raise PermissionError(errno.EAFNOSUPPORT, "Address family not supported by protocol")
+
+    monkeypatch.setattr(warden_module, "dump", no_netlink)
+    with _listening("127.0.0.1") as listener, capture_logs() as logs:
+        warden = Warden([listener], 4, period=0.01)
+        warden.start()
+        try:
+            wait_for(lambda: len(calls) >= 5, what="five failed scans", timeout=10)
+        finally:
+            warden.stop()
+    assert [entry["event"] for entry in logs] == ["connections.budget_unavailable"]
