@@ -38,6 +38,8 @@ from imds.models import Network
 
 _log = log.get("serve")
 LOG_INTERVAL = 10.0
+NICE = 10  # the warden thread's nice value, above the server's
+CHUNK, MAX_PAUSE = 64, 0.01  # shutdowns at once, and the most time between two chunks
 NETLINK_SOCK_DIAG, SOCK_DIAG_BY_FAMILY = 4, 20
 NLM_F_REQUEST, NLM_F_DUMP, NLMSG_ERROR, NLMSG_DONE = 0x1, 0x300, 2, 3
 INET_DIAG_REQ_BYTECODE, INET_DIAG_BC_S_EQ = 1, 11
@@ -237,7 +239,13 @@ class Warden:
         if not over:
             return 0
         shut_now: dict[str, int] = {}
-        for fd, inode, source in to_shut(over, our_sockets(over)):
+        targets = to_shut(over, our_sockets(over))
+        # In chunks spread over the period: a thousand shutdowns at once (and the thousand
+        # reconnections they invite) would arrive as one burst in front of everyone's reads.
+        pause = min(MAX_PAUSE, self.period * CHUNK / len(targets)) if targets else 0.0
+        for index, (fd, inode, source) in enumerate(targets):
+            if index and not index % CHUNK:
+                self._stop.wait(pause)
             if shut(fd, inode, socket.AF_INET6 if ":" in source else socket.AF_INET):
                 shut_now[source] = shut_now.get(source, 0) + 1
         total = sum(shut_now.values())
@@ -261,6 +269,10 @@ class Warden:
             self._pending = {s: n for s, n in self._pending.items() if s in self._logged}
 
     def _run(self) -> None:
+        # Linux threads have their own nice value: under CPU contention the event loop and the
+        # server's threads come first, and a pass of shutdowns waits (the budget has headroom).
+        with contextlib.suppress(OSError):
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), NICE)
         failed = False
         while not self._stop.wait(self.period):
             try:
