@@ -14,6 +14,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from helpers import FakeClock, wait_for
+from imds.cli import servers
 from imds.cli import warden as warden_module
 from imds.cli.servers import connection_budget
 from imds.cli.warden import (
@@ -252,3 +253,12 @@ def test_a_failing_scan_is_logged_once_and_the_warden_keeps_trying(monkeypatch):
         finally:
             warden.stop()
     assert [entry["event"] for entry in logs] == ["connections.budget_unavailable"]
+
+
+def test_an_fd_limit_under_the_connection_limits_is_warned_about(monkeypatch):
+    """The default two listeners x 4096 connections need ~8,448 files: a limit of 1,024 is said at start."""
+    monkeypatch.setattr(servers.resource, "getrlimit", lambda _which: (1024, 1024))
+    with capture_logs() as logs:
+        assert servers.raise_fd_limit(2 * 4096) == 1024
+        assert servers.raise_fd_limit(512) == 1024
+    assert [(entry["event"], entry["needed"]) for entry in logs] == [("fd_limit.low", 2 * 4096 + servers.FD_RESERVE)]
