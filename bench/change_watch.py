@@ -143,7 +143,9 @@ def main() -> int:
         env = {"HOME": home, "PATH": "/usr/bin:/bin", "IMDS_ADMIN_TOKEN": TOKEN}
         server = subprocess.Popen(
             [str(IMDS), "serve", "--listen", f"127.0.0.1:{port}", "--db", "memory://", "--log-level", "warning",
-             "--watch-max-timeout", "600"],
+             "--watch-max-timeout", "600",
+             # ~40 connections per source address here: above the default per-source budget (32).
+             "--max-connections-per-source", "0"],
             env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
         try:

@@ -38,6 +38,7 @@ from benchlib import cpu_seconds, free_port, run_wrk, stop, wait_for
 ROOT = Path(__file__).resolve().parents[1]
 IMDS = Path(sys.executable).with_name("imds")
 BASELINE = "baseline"
+BUDGET_OVER_WRK = 1024  # more than any --connections used here
 PATHS = ("/metadata", "/latest/meta-data/instance-id", "/openstack/latest/meta_data.json")
 
 
@@ -97,6 +98,8 @@ def same_bytes(path: str, got: bytes, expected: bytes) -> bool:
 def start_imds(server: str, port: int, source: Path | None = None) -> subprocess.Popen[bytes]:
     """``imds serve --demo`` on ``server`` with one worker, logging warnings only, rate limit off.
 
+    wrk is one source with ``--connections`` connections: the per-source connection budget
+    is raised above that (not turned off), so its scans run and their cost is measured.
     ``source``: a ``src`` directory to import imds from instead of this checkout (``--baseline``).
     """
     env = {**os.environ, "IMDS_LOG_LEVEL": "warning"}
@@ -106,6 +109,8 @@ def start_imds(server: str, port: int, source: Path | None = None) -> subprocess
         program = [sys.executable, "-m", "imds"]
     command = [*program, "serve", "--demo", "--db", "memory://", "--listen", f"127.0.0.1:{port}",
                "--server", server, "--workers", "1", "--rate-limit", "0", "--max-requests-per-source", "0"]
+    if ((source or ROOT / "src") / "imds" / "cli" / "warden.py").exists():  # a tree with the budget
+        command += ["--max-connections-per-source", str(BUDGET_OVER_WRK)]
     return subprocess.Popen(command, env=env)
 
 

@@ -63,6 +63,10 @@ class Metrics:
         self.userdata_store_errors = Counter(
             "metadata_userdata_store_error", "Userdata writes that failed in the database.", registry=r
         )
+        self.connections_shut = Counter(
+            "imds_connections_shut", "Connections shut down for exceeding --max-connections-per-source.",
+            registry=r,
+        )
         self.watch_waiting = Gauge(
             "imds_watch_waiting", "Change-watch (wait_for_change) requests held now.", registry=r
         )

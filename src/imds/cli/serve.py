@@ -64,12 +64,13 @@ def run(settings: Settings) -> None:
 
         schema.upgrade(settings.store.db)
         logger.info("db.migrated", db=settings.store.db.split(":", 1)[0])
-    servers.raise_fd_limit()
     servers.quiet_server_floods()
     listen = listen_addresses(settings)
     sockets = [bind(host, port, hop_limit=settings.ec2.token_hop_limit) for host, port in listen]
-    # The admin listeners get no token hop limit: an operator may be several hops away.
+    # The admin listeners get no token hop limit: an operator may be several hops away. They
+    # come last: servers.connection_budget watches the instance listeners only.
     sockets += [bind(host, port) for host, port in settings.http.admin_listen]
+    servers.raise_fd_limit(settings.http.max_connections * len(sockets))
     serves = "instances" if settings.http.admin_listen else "instances and admin API"
     for kind, addresses in ((serves, listen), ("admin API", settings.http.admin_listen)):
         for host, port in addresses:

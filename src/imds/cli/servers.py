@@ -7,7 +7,9 @@ uvicorn. Its limits: ``--max-header-bytes`` (read buffer: larger heads get 431/c
 at most 100 header lines (hyper's fixed limit), ``--header-timeout`` (time to send a
 request head, idle keep-alive included) and ``--max-connections`` (connections per
 listener and worker: the rest wait in the kernel backlog). uvicorn stays available with
-``--server uvicorn``; it has no header read timeout (see docs/server.md).
+``--server uvicorn``; it has no header read timeout (see docs/server.md). Whichever runs,
+``connection_budget`` runs the connection warden beside it (``--max-connections-per-source``,
+``imds.cli.warden``): no server offers a per-source connection limit.
 
 ``--workers N`` forks N processes after binding; each runs the whole app (lifespan
 included) on the shared sockets, and the parent forwards SIGINT/SIGTERM and exits 0 once
@@ -24,13 +26,14 @@ import resource
 import signal
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from types import SimpleNamespace
 from typing import Any
 
 import click
 
 from imds import log
+from imds.cli.warden import Warden
 from imds.config import Settings
 
 _log = log.get("serve")
@@ -76,12 +79,43 @@ def quiet_server_floods(interval: float = LOG_INTERVAL) -> None:
         handler.addFilter(throttle)
 
 
-def raise_fd_limit() -> None:
-    """Lift the soft open-files limit to the hard one, so connection limits bind before the fd limit."""
+FD_RESERVE = 256  # files beside the connections: database, logs, keys, upstream clients
+
+
+def raise_fd_limit(connections: int = 0) -> int:
+    """Lift the soft open-files limit to the hard one; warn if it is under ``connections`` plus a reserve.
+
+    The connection limits must bind before the fd limit: at the fd limit granian fails
+    every accept, for everyone. Returns the soft limit now in force.
+    """
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft != hard:
         with contextlib.suppress(ValueError, OSError):
             resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+    if soft != resource.RLIM_INFINITY and soft < connections + FD_RESERVE:
+        _log.warning("fd_limit.low", limit=soft, needed=connections + FD_RESERVE,
+                     hint="raise LimitNOFILE (ulimit -n) or lower --max-connections")
+    return soft
+
+
+@contextlib.contextmanager
+def connection_budget(app: Any, sockets: list[socket.socket], settings: Settings) -> Iterator[Warden]:
+    """Run the per-source connection warden (``--max-connections-per-source``) while serving.
+
+    Only the instance listeners are watched: ``sockets`` are the ``--listen`` ones, then the
+    ``--admin-listen`` ones (``cli/serve.py``), and an admin-only listener's clients are
+    operators, often all behind one TLS front.
+    """
+    metrics = getattr(getattr(app, "services", None), "metrics", None)
+    watched = sockets[: len(sockets) - len(settings.http.admin_listen)]
+    warden = Warden(watched, settings.http.max_connections_per_source, settings.callers.trusted_proxy,
+                    on_shut=metrics.connections_shut.inc if metrics is not None else lambda _n: None)
+    warden.start()
+    try:
+        yield warden
+    finally:
+        warden.stop()
 
 
 def _new_loop() -> asyncio.AbstractEventLoop:
@@ -95,7 +129,7 @@ def _new_loop() -> asyncio.AbstractEventLoop:
 
 def serve_granian(app: Any, sockets: list[socket.socket], settings: Settings) -> None:
     """Serve ``app`` on ``sockets`` with granian until SIGINT/SIGTERM; in-flight requests finish first."""
-    with asyncio.Runner(loop_factory=_new_loop) as runner:
+    with connection_budget(app, sockets, settings), asyncio.Runner(loop_factory=_new_loop) as runner:
         runner.run(_granian_main(app, sockets, settings))
 
 
@@ -190,7 +224,8 @@ def serve_uvicorn(app: Any, sockets: list[socket.socket], settings: Settings) ->
         limit_concurrency=settings.http.max_connections * len(sockets),
         h11_max_incomplete_event_size=settings.http.max_header_bytes,
     )
-    run_uvicorn(config, sockets, "imds")
+    with connection_budget(app, sockets, settings):
+        run_uvicorn(config, sockets, "imds")
 
 
 def run_uvicorn(config: Any, sockets: list[socket.socket], name: str) -> None:

@@ -84,6 +84,7 @@ def check_http(values: Values) -> None:
     values.require(("workers", "max_header_bytes", "max_headers", "header_timeout", "body_timeout",
                    "keepalive_timeout", "max_connections"), _positive, "must be positive")
     values.require(("max_header_bytes",), lambda n: n >= MIN_HEADER_BYTES, f"must be at least {MIN_HEADER_BYTES}")
+    values.require(("max_connections_per_source",), lambda n: n >= 0, "must be 0 (off) or positive")
     shared = sorted(set(values["admin_listen"]) & set(values["listen"]))
     if shared:
         host, port = shared[0]

@@ -148,8 +148,11 @@ OPTIONS: tuple[Option, ...] = (
     _http("body_timeout", "float", 10.0, "Seconds the server waits for each part of a request body."),
     _http("keepalive_timeout", "float", 5.0,
         "Seconds uvicorn keeps an idle keep-alive connection (granian closes it after --header-timeout)."),
-    _http("max_connections", "int", 512,
+    _http("max_connections", "int", 4096,
         "Most open connections per listener and worker; more wait in the kernel's backlog."),
+    _http("max_connections_per_source", "int", 32,
+        "Open connections one caller address may hold, all listeners and workers together; the excess is "
+        "shut down within 0.1 s (0: off; trusted proxies are exempt; docs/server.md)."),
     _callers("rate_limit", "float", 50.0,
         "Instance requests per second per caller address (token bucket; 0: off; over: 429)."),
     _callers("rate_burst", "int", 200,

@@ -32,6 +32,7 @@ class HttpSettings(Group, rows=OPTIONS):
     body_timeout: float
     keepalive_timeout: float
     max_connections: int
+    max_connections_per_source: int
     shutdown_timeout: float
 
 

@@ -47,7 +47,8 @@ def test_server_limit_defaults_are_bounded():
     assert settings.http.max_headers == 100
     assert 0 < settings.http.header_timeout <= 30
     assert 0 < settings.http.body_timeout <= 30
-    assert settings.http.max_connections == 512
+    assert settings.http.max_connections == 4096  # room for 128 sources at their full budget (docs/server.md)
+    assert settings.http.max_connections_per_source == 32
     assert (settings.callers.rate_limit, settings.callers.rate_burst) == (50.0, 200)
 
 
@@ -57,6 +58,7 @@ def test_server_limit_defaults_are_bounded():
     ({"max_header_bytes": 1024}, "--max-header-bytes"),
     ({"header_timeout": 0.0}, "--header-timeout"),
     ({"max_connections": 0}, "--max-connections"),
+    ({"max_connections_per_source": -1}, "--max-connections-per-source"),
     ({"rate_limit": -1.0}, "--rate-limit"),
     ({"rate_burst": 0}, "--rate-burst"),
 ])
