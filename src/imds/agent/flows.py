@@ -2,18 +2,25 @@
 
 The path of a request (haproxy mode)::
 
-    VM ──ARP/NS 169.254.169.254 / fe80::a9fe:a9fe──► br-int answers with the gateway MAC
+    VM ──ARP/NS 169.254.169.254 / fe80::a9fe:a9fe / fd00:ec2::254──► br-int answers with the gateway MAC
     VM ──TCP :80──► br-int table 0, matched on (in_port, VM MAC):
                     learn the way back, rewrite source to the port's Meta IP/MAC and
                     destination to tap-meta, tag the provider VLAN ──patch──► br-meta ─► tap-meta (haproxy)
     haproxy ──ARP/NS for the Meta IP──► br-meta answers with the port's Meta MAC
     haproxy ──reply──► br-meta tags it ──patch──► br-int untags, table 210 (learned per port):
-                    restore the VM's MAC/IP, source 169.254.169.254 (or fe80::a9fe:a9fe) ─► the VM port
+                    restore the VM's MAC/IP, source the address it asked ─► the VM port
 
 The VM's own address is never configured anywhere: the ``learn`` action in the egress flow
 writes the reverse rule from what the packet carried, keyed on the port's Meta address. So
 two VMs with the same IP on different networks each get their own record, and a VM that
 changes its MAC matches no egress rule and gets nothing.
+
+The egress rules match no destination MAC: a guest reaches the metadata address on-link (the
+ARP/NS answer above), through its default router, or via the DHCP port's address (the three
+ways of Neutron's metadata spec), and the packet is taken whichever MAC it was sent to.
+IPv6 has two metadata addresses: ``fe80::a9fe:a9fe`` (OpenStack's, cloud-init 23+) and
+``fd00:ec2::254`` (AWS's, which cloud-init's EC2 datasource asks, also behind a router: it is
+not link-local). The way back answers from the address the request went to.
 
 ``--mode inport`` (Dragonflow's scheme) differs only in the source address: ``128.0.0.0 |
 ofport`` instead of the Meta IP, so ``imds proxy --inport`` maps it back to the OVS port.
@@ -36,6 +43,8 @@ Mode = Literal["haproxy", "inport"]
 
 METADATA_IP = ipaddress.IPv4Address("169.254.169.254")
 METADATA_IP6 = ipaddress.IPv6Address("fe80::a9fe:a9fe")
+METADATA_IP6_EC2 = ipaddress.IPv6Address("fd00:ec2::254")
+METADATA_IPS6 = (METADATA_IP6, METADATA_IP6_EC2)  # every IPv6 address the datapath answers
 METADATA_PORT = 80
 INPORT_BASE = ipaddress.IPv4Address("128.0.0.0")
 
@@ -113,7 +122,8 @@ def _na_stage2(target: ipaddress.IPv6Address, mac: str) -> str:
     )
 
 
-def _learn(port: PortFlows, gateway_mac: str, key: str, *, v6: bool, connection: bool) -> str:
+def _learn(port: PortFlows, gateway_mac: str, key: str, metadata_ip: ipaddress.IPv4Address | ipaddress.IPv6Address,
+           *, connection: bool) -> str:
     """A ``learn`` writing the way back for this port, from the addresses the request carried.
 
     Two are learned per request: one for this connection (keyed on the Meta address and the
@@ -121,8 +131,9 @@ def _learn(port: PortFlows, gateway_mac: str, key: str, *, v6: bool, connection:
     each answer at the right one; and one per port (the address last used), for answers on a
     connection idle longer than the first one lives.
     """
+    v6 = metadata_ip.version == 6
     ip_field = "NXM_NX_IPV6" if v6 else "NXM_OF_IP"
-    metadata = f"{int(METADATA_IP6):#x}" if v6 else f"{int(METADATA_IP):#x}"
+    metadata = f"{int(metadata_ip):#x}"
     if connection:
         key += ",nw_proto=6,NXM_OF_TCP_DST[]=NXM_OF_TCP_SRC[]"
         timeouts = f"priority=110,idle_timeout={CONNECTION_IDLE},fin_idle_timeout={FIN_IDLE}"
@@ -138,9 +149,10 @@ def _learn(port: PortFlows, gateway_mac: str, key: str, *, v6: bool, connection:
     )
 
 
-def _learn_back(port: PortFlows, gateway_mac: str, key: str, *, v6: bool) -> str:
-    """Both learns (per connection, per port) for one egress rule."""
-    return ",".join(_learn(port, gateway_mac, key, v6=v6, connection=c) for c in (True, False))
+def _learn_back(port: PortFlows, gateway_mac: str, key: str,
+                metadata_ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> str:
+    """Both learns (per connection, per port) for one egress rule, answering from ``metadata_ip``."""
+    return ",".join(_learn(port, gateway_mac, key, metadata_ip, connection=c) for c in (True, False))
 
 
 def _port_rules(wiring: Wiring, port: PortFlows) -> list[str]:
@@ -156,22 +168,23 @@ def _port_rules(wiring: Wiring, port: PortFlows) -> list[str]:
     rules = [
         f"{here},arp,arp_op=1,arp_tpa={METADATA_IP},actions={_arp_reply(gw.mac, METADATA_IP)}",
         (f"{here},dl_src={port.mac},tcp,nw_dst={METADATA_IP},tp_dst={METADATA_PORT},actions="
-        f"{_learn_back(port, gw.mac, key4, v6=False)},"
+        f"{_learn_back(port, gw.mac, key4, METADATA_IP)},"
         f"set_field:{port.meta.mac}->eth_src,set_field:{gw.mac}->eth_dst,"
         f"{rewrite},set_field:{gw.ip}->ip_dst,mod_vlan_vid:{wiring.vlan},output:{wiring.int_patch}"),
         f"priority={PRIORITY - 10},in_port={port.ofport},ip,nw_dst={METADATA_IP},actions=drop",
     ]
     if wiring.mode == "haproxy":
         key6 = f"NXM_NX_IPV6_DST[]={port.meta.ip6}"
-        rules += [
-            _na_stage1(here, METADATA_IP6),
-            (f"{here},dl_src={port.mac},tcp6,ipv6_dst={METADATA_IP6},tp_dst={METADATA_PORT},actions="
-            f"{_learn_back(port, gw.mac, key6, v6=True)},"
-            f"set_field:{port.meta.mac}->eth_src,set_field:{gw.mac}->eth_dst,"
-            f"set_field:{port.meta.ip6}->ipv6_src,set_field:{gw.ip6}->ipv6_dst,"
-            f"mod_vlan_vid:{wiring.vlan},output:{wiring.int_patch}"),
-            f"priority={PRIORITY - 10},in_port={port.ofport},ipv6,ipv6_dst={METADATA_IP6},actions=drop",
-        ]
+        for target in METADATA_IPS6:
+            rules += [
+                _na_stage1(here, target),
+                (f"{here},dl_src={port.mac},tcp6,ipv6_dst={target},tp_dst={METADATA_PORT},actions="
+                f"{_learn_back(port, gw.mac, key6, target)},"
+                f"set_field:{port.meta.mac}->eth_src,set_field:{gw.mac}->eth_dst,"
+                f"set_field:{port.meta.ip6}->ipv6_src,set_field:{gw.ip6}->ipv6_dst,"
+                f"mod_vlan_vid:{wiring.vlan},output:{wiring.int_patch}"),
+                f"priority={PRIORITY - 10},in_port={port.ofport},ipv6,ipv6_dst={target},actions=drop",
+            ]
     return rules
 
 
@@ -186,7 +199,7 @@ def integration_flows(wiring: Wiring, ports: Iterable[PortFlows]) -> list[str]:
         f"table={RETURN_TABLE},priority=0,actions=drop",
     ]
     if wiring.mode == "haproxy":
-        rules.append(_na_stage2(METADATA_IP6, wiring.gateway.mac))
+        rules += [_na_stage2(target, wiring.gateway.mac) for target in METADATA_IPS6]
     return rules
 
 

@@ -14,6 +14,8 @@ What the tree gets besides the packages (each met as a pitfall in the first boot
 - ``/etc/hostname`` is ``lab-image``, so a console line naming the expected host proves
   that cloud-init set it;
 - ``/etc/fstab`` mounts ``/dev/vda`` as the root;
+- ``/etc/dhcp/dhclient.conf`` is Debian's with ``timeout 20`` (not 60): an IPv6-only guest
+  has no DHCPv4 server, and cloud-init's two stages and ifupdown each wait that long for one;
 - ``/etc/resolv.conf`` is empty: mmdebstrap copies the build host's in, and a guest with a
   default route then waits 40 s on that unreachable resolver in cloud-init's EC2 crawl
   (``is_resolvable_url``) until DHCP gives it the lab's.
@@ -50,6 +52,16 @@ FILES = {
     "etc/hostname": "lab-image\n",
     "etc/fstab": "/dev/vda / ext4 rw,errors=remount-ro 0 1\n",
     "etc/resolv.conf": "",  # not the build host's resolver (mmdebstrap copies it in)
+    # Debian's dhclient.conf with a 20 s timeout instead of 60: an IPv6-only guest has no DHCPv4 server,
+    # and cloud-init (local and network stage) and ifupdown each wait the whole timeout for one.
+    "etc/dhcp/dhclient.conf": (
+        "option rfc3442-classless-static-routes code 121 = array of unsigned integer 8;\n"
+        "send host-name = gethostname();\n"
+        "request subnet-mask, broadcast-address, time-offset, routers, domain-name, domain-name-servers,\n"
+        "  domain-search, host-name, dhcp6.name-servers, dhcp6.domain-search, dhcp6.fqdn, dhcp6.sntp-servers,\n"
+        "  netbios-name-servers, netbios-scope, interface-mtu, rfc3442-classless-static-routes, ntp-servers;\n"
+        "timeout 20;\n"
+    ),
     "etc/cloud/cloud.cfg.d/90-imds-lab.cfg": (
         "# imds lab: the serial console is the witness; ds-identify takes ci.ds= from the kernel command line\n"
         "datasource:\n  Ec2:\n    strict_id: false\n"

@@ -39,6 +39,27 @@ def test_ipv6_rules_in_haproxy_mode_only():
     assert not any("ipv6" in r or "icmp6" in r for r in inport)
 
 
+def test_aws_ipv6_address_is_answered_and_the_way_back_answers_from_it():
+    """fd00:ec2::254 (cloud-init's EC2 IPv6 address) gets its own NS answer, egress rule and drop.
+
+    Each egress rule learns a way back that restores the address the VM asked, and none matches a
+    destination MAC (a guest may send through its router or the DHCP port, not only on-link).
+    """
+    rules = flows.integration_flows(WIRING, PORTS)
+    ec2 = next(r for r in rules if "in_port=5," in r and "tcp6,ipv6_dst=fd00:ec2::254,tp_dst=80" in r)
+    assert "set_field:fd00:a9fe::2->ipv6_src" in ec2
+    assert f"load:{int(flows.METADATA_IP6_EC2):#x}->NXM_NX_IPV6_SRC[]" in ec2
+    assert f"{int(flows.METADATA_IP6):#x}" not in ec2
+    link_local = next(r for r in rules if "in_port=5," in r and "tcp6,ipv6_dst=fe80::a9fe:a9fe" in r)
+    assert f"load:{int(flows.METADATA_IP6):#x}->NXM_NX_IPV6_SRC[]" in link_local
+    assert any("icmp_type=135,nd_target=fd00:ec2::254" in r for r in rules)
+    assert any(r.startswith("table=211") and "nd_target=fd00:ec2::254" in r for r in rules)
+    assert any("in_port=5,ipv6,ipv6_dst=fd00:ec2::254,actions=drop" in r for r in rules)
+    egress = [r for r in rules if "dl_src=" in r]
+    assert len(egress) == 3 * len(PORTS)
+    assert not any("dl_dst" in r for r in egress)
+
+
 def test_inport_mode_encodes_the_ofport_as_source():
     """In-port mode rewrites the source to 128.0.0.0 | ofport (Dragonflow's scheme)."""
     wiring = flows.Wiring(1, 1, 2, 998, POOL.gateway, mode="inport")
