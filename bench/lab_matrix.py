@@ -1,4 +1,4 @@
-"""Real guests, every flavor: ``imds lab boot`` for each flavor and identification, one table.
+"""Real guests, every flavor: ``imds lab boot`` for each flavor, identification and network, one table.
 
 Each cell is one boot of the lab's Debian guest (cloud-init 22.4) under QEMU through the agent's
 datapath (see docs/lab.md): power-on to the first metadata request, to the hostname on the
@@ -6,8 +6,14 @@ console, and to cloud-init's final banner, with the datasource cloud-init chose.
 about a minute under TCG on 2 cores, so the matrix is a benchmark, not a CI test (CI boots EC2
 once: tests/integration/test_lab_boot.py). Needs root, like the lab.
 
+The network axis: ``ipv4`` (the flavor's own route to 169.254.169.254, or each ``--route``
+given: Neutron's three ways) and ``ipv6`` (``--ipv6-only``). A cell the lab refuses (exit 2:
+OpenStack has no IPv6 metadata address in cloud-init 22.4) is listed as refused, not booted.
+
     .venv/bin/python bench/lab_matrix.py --output bench/results.md
-    .venv/bin/python bench/lab_matrix.py --flavor ec2 --flavor nocloud --identify smbios
+    .venv/bin/python bench/lab_matrix.py --flavor ec2 --flavor nocloud --identify smbios --network ipv6
+    .venv/bin/python bench/lab_matrix.py --flavor openstack --identify cmdline --network ipv4 \
+        --route gateway --route dhcp --route onlink
 """
 
 from __future__ import annotations
@@ -24,16 +30,27 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 FLAVORS = ("ec2", "openstack", "nocloud", "configdrive")
 IDENTIFY = ("cmdline", "smbios")
+NETWORKS = ("ipv4", "ipv6")
+ROUTES = ("onlink", "dhcp", "gateway")
 IMDS = Path(sys.executable).parent / "imds"
 
 
-def _boot(flavor: str, identify: str, work: Path, args: argparse.Namespace) -> dict[str, object]:
-    out = work / f"{flavor}-{identify}"
+def _boot(flavor: str, identify: str, network: tuple[str, str | None], work: Path,
+          args: argparse.Namespace) -> dict[str, object]:
+    family, route = network
+    out = work / "-".join(filter(None, (flavor, identify, family, route)))
     command = [str(IMDS), "lab", "boot", "--flavor", flavor, "--identify", identify, "--hostname", f"lab-{flavor}",
                "--out", str(out), "--image-dir", str(args.image_dir), "--timeout", str(args.timeout),
                "--accel", args.accel]
+    if family == "ipv6":
+        command.append("--ipv6-only")
+    if route:
+        command += ["--route", route]
     started = time.monotonic()
     done = subprocess.run(command, capture_output=True, text=True, check=False, timeout=args.timeout + 300)
+    if done.returncode == 2:
+        reason = done.stderr.strip().splitlines()[-1].removeprefix("Error: ")
+        return {"refused": reason, "route": route or "", "wall": round(time.monotonic() - started, 1)}
     result_file = out / "result.json"
     result = json.loads(result_file.read_text()) if result_file.exists() else {"error": done.stderr[-300:]}
     result["wall"] = round(time.monotonic() - started, 1)
@@ -44,12 +61,16 @@ def _cell(value: object) -> str:
     return "" if value is None else str(value)
 
 
-def _row(flavor: str, identify: str, result: dict[str, object]) -> str:
+def _row(flavor: str, identify: str, family: str, result: dict[str, object]) -> str:
     seconds = result.get("seconds") or {}
     assert isinstance(seconds, dict)  # noqa: S101 - result.json's shape
     requests = result.get("requests") or []
     status = "pass" if result.get("passed") else f"FAIL {result.get('outcome') or result.get('error')}"
-    cells = [flavor, identify, _cell(result.get("accel")), _cell(result.get("datasource")),
+    if result.get("refused"):
+        status = f"refused: {result['refused']}"
+    cells = [flavor, identify, family, _cell(result.get("route")), _cell(result.get("accel")),
+             _cell(result.get("datasource")),
+             _cell(seconds.get("first_metadata_packet")),
              _cell(seconds.get("first_metadata_request")), _cell(seconds.get("hostname")),
              _cell(seconds.get("cloud-init final")), str(len(requests) if isinstance(requests, list) else ""),
              _cell(result.get("wall")), status]
@@ -61,19 +82,27 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--flavor", action="append", choices=FLAVORS, help="repeatable (default: all)")
     parser.add_argument("--identify", action="append", choices=IDENTIFY, help="repeatable (default: both)")
+    parser.add_argument("--network", action="append", choices=NETWORKS, help="repeatable (default: both)")
+    parser.add_argument("--route", action="append", choices=ROUTES,
+                        help="IPv4 cells: boot once per route given (repeatable; default: the flavor's own)")
     parser.add_argument("--image-dir", type=Path, default=ROOT / ".cache" / "lab", help="the lab's image cache")
     parser.add_argument("--work", type=Path, default=ROOT / ".cache" / "lab-matrix", help="run directories")
     parser.add_argument("--timeout", type=float, default=400.0, help="seconds per boot from power-on")
     parser.add_argument("--accel", choices=("auto", "kvm", "tcg"), default="auto")
     parser.add_argument("--output", type=Path, default=None, help="append the table to this Markdown file")
     args = parser.parse_args()
-    header = ("| flavor | identify | accel | datasource | first request s | hostname s | cloud-init final s "
-              "| requests | wall s | result |\n|---|---|---|---|---|---|---|---|---|---|")
+    header = ("| flavor | identify | network | route | accel | datasource | first packet s | first request s "
+              "| hostname s | cloud-init final s | requests | wall s | result |\n"
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     rows = []
     for flavor in args.flavor or FLAVORS:
         for identify in args.identify or IDENTIFY:
-            rows.append(_row(flavor, identify, _boot(flavor, identify, args.work, args)))
-            print(rows[-1], flush=True)
+            for family in args.network or NETWORKS:
+                routes: list[str | None] = [*args.route] if args.route and family == "ipv4" else [None]
+                for route in routes:
+                    result = _boot(flavor, identify, (family, route), args.work, args)
+                    rows.append(_row(flavor, identify, family, result))
+                    print(rows[-1], flush=True)
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
     command = " ".join(["bench/lab_matrix.py", *sys.argv[1:]])
     table = (f"\n## lab matrix: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n\n"

@@ -32,7 +32,7 @@ def _leftovers() -> list[str]:
     links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, check=True).stdout
     found = [line for line in netns.splitlines() if line.startswith("imdslab-")]
     found += [line.split(":")[1].strip() for line in links.splitlines() if line.split(":")[1].strip()[:3] in
-              ("lbi", "lbm", "ltm", "ldh", "lvm")]
+              ("lbi", "lbm", "ltm", "ldh", "lrt", "lvm")]
     ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True, check=True).stdout
     found += [line for line in ps.splitlines() if line.startswith("qemu-system-x86_64 -name imds-lab-")]
     return found

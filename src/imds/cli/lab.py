@@ -12,6 +12,7 @@ import click
 from imds.errors import LabError
 
 CHOICES_FLAVOR = ("ec2", "openstack", "nocloud", "configdrive")
+ROUTES = ("onlink", "dhcp", "gateway")  # imds.lab.flavors.ROUTES (not imported: the lab loads only when it runs)
 
 
 def default_image_dir() -> Path:
@@ -22,6 +23,15 @@ def default_image_dir() -> Path:
 
 def _say(line: str) -> None:
     click.echo(line, err=True)
+
+
+def _options(options: Any, flags: dict[str, Any], chosen: Any, userdata: bytes | None) -> Any:
+    """``imds.lab.boot.Options`` from the command's flags (the class passed in: it loads only when the lab runs)."""
+    return options(
+        flags["flavor"], flags["out"], flags["hostname"], chosen, userdata, flags["marker"], flags["timeout"],
+        flags["accel"], IDENTIFY[flags["identify"]], flags["url"], flags["admin_token"], flags["shared_secret_file"],
+        flags["imdsv2"], flags["ipv6_only"], flags["route"],
+    )
 
 
 @click.group()
@@ -76,27 +86,30 @@ IDENTIFY = {"forced": "cmdline", "cmdline": "cmdline", "smbios": "smbios"}
 @click.option("--identify", type=click.Choice(("forced", "cmdline", "smbios")), default="forced", show_default=True,
               help="How ds-identify learns the datasource: forced on the kernel command line (ci.ds=; "
                    "'cmdline' is the same), or the cloud's SMBIOS fields alone.")
+@click.option("--ipv6-only", is_flag=True, default=False,
+              help="No IPv4 in the guest: router advertisements (SLAAC) and DHCPv6; metadata at [fd00:ec2::254].")
+@click.option("--route", type=click.Choice(ROUTES), default=None, show_default="the flavor's: gateway for ec2, "
+              "else onlink", help="How DHCP gives the way to 169.254.169.254: a default route to the lab's router "
+              "(gateway), option 121 via the DHCP port (dhcp) or on-link (onlink).")
 @click.option("--marker", default="LAB-MARKER", show_default=True, help="The line the userdata prints.")
 @click.option("--imdsv2", type=click.Choice(("required", "optional")), default="required", show_default=True,
               help="The lab's own server: EC2 tokens required or optional.")
 def boot(**flags: Any) -> None:
     """Boot one guest through the datapath; exit 0 when cloud-init applied its hostname and userdata."""
     from imds.lab import image as images  # noqa: PLC0415 - loads only when the lab runs
-    from imds.lab.boot import Options  # noqa: PLC0415
+    from imds.lab.boot import Options, refusal  # noqa: PLC0415
     from imds.lab.boot import boot as run_boot  # noqa: PLC0415
     from imds.lab.run import cleaned_up  # noqa: PLC0415
 
     image_file: Path | None = flags["image_file"]
     userdata: Path | None = flags["userdata"]
     try:
+        reason = refusal(_options(Options, flags, None, None))
+        if reason:  # at once: no image build, no boot
+            raise click.UsageError(reason)
         with cleaned_up():  # SIGTERM during a build unwinds like Ctrl-C
             chosen = images.Image(image_file.resolve()) if image_file else images.build(flags["image_dir"], None, _say)
-        options = Options(
-            flags["flavor"], flags["out"], flags["hostname"], chosen, userdata.read_bytes() if userdata else None,
-            flags["marker"], flags["timeout"], flags["accel"], IDENTIFY[flags["identify"]], flags["url"],
-            flags["admin_token"], flags["shared_secret_file"], flags["imdsv2"],
-        )
-        result = run_boot(options, _say)
+        result = run_boot(_options(Options, flags, chosen, userdata.read_bytes() if userdata else None), _say)
     except LabError as exc:
         raise click.ClickException(exc.message) from exc
     click.echo(json.dumps({k: result.get(k) for k in ("passed", "datasource", "accel", "seconds", "error")}))

@@ -51,6 +51,8 @@ class Options:
     admin_token: str | None = None
     secret_file: Path | None = None  # with --url: the secret that server trusts 127.0.0.1 with
     imdsv2: str = "required"
+    ipv6_only: bool = False  # no IPv4 in the guest: router advertisements and DHCPv6 only
+    route: str | None = None  # onlink, dhcp or gateway (None: the flavor's own)
 
 
 @dataclass
@@ -75,29 +77,54 @@ def _guest(chosen: Flavor, out: Path) -> Guest:
     return Guest(uuid, mac, key)
 
 
-def _metadata(guest: Guest, hostname: str) -> dict[str, Any]:
+def addresses(guest: Guest, *, ipv6_only: bool) -> list[str]:
+    """The guest's addresses, for its record: IPv4 from DHCP; IPv6-only its SLAAC and DHCPv6 addresses."""
+    if ipv6_only:
+        return [datapath.slaac_address(guest.mac), datapath.GUEST_IP6]
+    return [datapath.GUEST_IP]
+
+
+def _metadata(guest: Guest, hostname: str, *, ipv6_only: bool) -> dict[str, Any]:
+    if ipv6_only:
+        network = datapath.NETWORK6
+        listed = [{"address": address, "network": str(network.network_address), "cidr": network.prefixlen,
+                   "address_family": 6, "public": False} for address in addresses(guest, ipv6_only=True)]
+    else:
+        listed = [{"address": datapath.GUEST_IP, "netmask": str(datapath.NETWORK.netmask),
+                   "network": str(datapath.NETWORK.network_address), "cidr": datapath.NETWORK.prefixlen,
+                   "address_family": 4, "public": False}]
     return {
         "id": guest.uuid, "hostname": hostname, "ssh_keys": [guest.key], "plan": "lab.small", "facility": "lab1",
-        "network": {
-            "interfaces": [{"name": "eth0", "mac": guest.mac}],
-            "addresses": [{"address": datapath.GUEST_IP, "netmask": str(datapath.NETWORK.netmask),
-                           "network": str(datapath.NETWORK.network_address), "cidr": datapath.NETWORK.prefixlen,
-                           "address_family": 4, "public": False}],
-        },
+        "network": {"interfaces": [{"name": "eth0", "mac": guest.mac}], "addresses": listed},
     }
+
+
+def refusal(options: Options) -> str | None:
+    """Why this run cannot be made at all (checked before anything starts), else None."""
+    chosen = flavor(options.flavor)
+    if options.ipv6_only and chosen.ipv6_refused:
+        return f"--ipv6-only: flavor {chosen.name} cannot reach metadata without IPv4: {chosen.ipv6_refused}"
+    if options.ipv6_only and options.route not in (None, "gateway"):
+        return f"--ipv6-only: --route {options.route} is IPv4's (IPv6 goes through the advertised router)"
+    return None
 
 
 def boot(options: Options, say: Callable[[str], None]) -> dict[str, Any]:
     """Boot the guest once; the result (also in OUT/result.json). Everything made is undone before returning."""
+    reason = refusal(options)
+    if reason:
+        raise LabError(reason)
     out = options.out
     out.mkdir(parents=True, exist_ok=True)
     chosen = flavor(options.flavor)
+    route = datapath.Route(options.route or chosen.route, ipv6_only=options.ipv6_only)
     result: dict[str, Any] = {"flavor": chosen.name, "identify": options.identify, "hostname": options.hostname,
+                              "ipv6_only": options.ipv6_only, "route": route.name,
                               "expected_datasource": chosen.datasource, "passed": False}
     try:
         with cleaned_up() as cleanup:
             try:
-                _run(cleanup, options, chosen, result, say)
+                _run(cleanup, options, (chosen, route), result, say)
             finally:
                 result["cleanup_failures"] = cleanup.failures  # filled as close() runs; the list is shared
     except LabError as exc:
@@ -115,25 +142,28 @@ def _write(out: Path, result: dict[str, Any]) -> None:
     (out / "result.json").write_text(json.dumps(result, indent=2) + "\n")
 
 
-def _run(cleanup: Cleanup, options: Options, chosen: Flavor, result: dict[str, Any],
+def _run(cleanup: Cleanup, options: Options, way: tuple[Flavor, datapath.Route], result: dict[str, Any],
          say: Callable[[str], None]) -> None:
     out = options.out
+    chosen, route = way
+    v6 = options.ipv6_only
     guest = _guest(chosen, out)
     result["instance_id"] = guest.uuid
     server = _server(cleanup, options)
     result["server"] = server.url
     userdata = default_userdata(options.marker) if options.userdata is None else with_marker(options.userdata,
                                                                                                options.marker)
-    server.push(guest.uuid, [datapath.GUEST_IP], _metadata(guest, options.hostname), userdata)
+    server.push(guest.uuid, addresses(guest, ipv6_only=v6), _metadata(guest, options.hostname, ipv6_only=v6),
+                userdata)
     say(f"lab: record {guest.uuid} ({options.hostname}) pushed to {server.url}")
     names = datapath.Names(secrets.token_hex(2))
     secret = options.secret_file or out / "shared-secret"
     port = datapath.Guest(guest.uuid, guest.mac, names.tap)
-    switch = datapath.Datapath(cleanup, out, names).build(port, server.url, secret, onlink=chosen.onlink)
-    say(f"lab: datapath up (bridge {names.bridge}, tap {names.tap}, agent + haproxy, dnsmasq)")
+    switch = datapath.Datapath(cleanup, out, names).build(port, server.url, secret, route)
+    say(f"lab: datapath up (bridge {names.bridge}, tap {names.tap}, agent + haproxy, dnsmasq; {route.name})")
     cdrom = _config_drive(out, guest, server) if chosen.config_drive else None
-    machine = Machine(options.image, out, names.tap, guest.mac, tuple(chosen.kernel_args(options.identify)),
-                      chosen.smbios_arg(options.identify, guest.uuid), cdrom)
+    machine = Machine(options.image, out, names.tap, guest.mac, tuple(chosen.kernel_args(options.identify, ipv6=v6)),
+                      chosen.smbios_arg(options.identify, guest.uuid, ipv6=v6), cdrom)
     qemu = Qemu(machine)
     cleanup.add("stop qemu", qemu.stop)
     Watch(qemu, options, chosen, server, say, lambda: switch.learned(names.bridge)).run(result)

@@ -6,8 +6,11 @@
   L2 switching at the lowest priority, as Neutron's OVS agent installs; VLAN tags isolate;
 - the guest's tap plugged as Nova/os-vif plugs a port: ``external_ids`` ``iface-id``,
   ``attached-mac``, ``vm-uuid``, ``iface-status=active`` (no tenant), Port ``tag`` 1;
-- dnsmasq in a namespace on the same VLAN handing the guest its address and, with DHCP
-  option 121, an on-link route to 169.254.169.254;
+- dnsmasq in a namespace on the same VLAN (the DHCP port) handing the guest its address and
+  the way to 169.254.169.254 (``Route``: on-link or via the DHCP port by option 121, or a
+  default route to the router, a namespace answering for the gateway address as Neutron's
+  router does); IPv6-only, no DHCPv4 at all but router advertisements (SLAAC on
+  fd00:231::/64, dnsmasq the default router) and DHCPv6;
 - ``imds agent`` (which renders and runs haproxy) serving that port from ``--upstream``.
 
 Every name carries the run's tag, so two runs never collide; each is undone by name or PID.
@@ -36,8 +39,11 @@ VLAN = 1
 NETWORK = ipaddress.IPv4Network("10.231.0.0/24")
 DHCP_SERVER = "10.231.0.1"
 GUEST_IP = "10.231.0.10"
+GATEWAY = "10.231.0.254"  # the router's address (--route gateway)
 NETWORK6 = ipaddress.IPv6Network("fd00:231::/64")
 DHCP_SERVER6 = "fd00:231::1"
+GUEST_IP6 = "fd00:231::10"  # DHCPv6's one address; the guest also has its SLAAC address (slaac_address)
+RA_LIFETIME = 1800  # seconds the guest keeps dnsmasq as its IPv6 default router
 LAB_COOKIE = 0x4C4142  # "LAB": the lab's own rules on br-int (never the agent's cookie)
 READY_TIMEOUT = 60.0
 OTHER_SWITCH_TIMEOUT = 300.0
@@ -50,6 +56,47 @@ def require_tools() -> None:
     if missing:
         msg = f"missing {', '.join(missing)}: apt-get install openvswitch-switch haproxy iproute2 dnsmasq-base"
         raise LabError(msg)
+
+
+def slaac_address(mac: str) -> str:
+    """The address SLAAC gives a NIC with ``mac`` on the lab's IPv6 network (modified EUI-64)."""
+    octets = [int(part, 16) for part in mac.split(":")]
+    octets[0] ^= 0x02
+    eui = bytes([*octets[:3], 0xFF, 0xFE, *octets[3:]])
+    return str(NETWORK6.network_address + int.from_bytes(eui, "big"))
+
+
+@dataclass(frozen=True)
+class Route:
+    """How the guest reaches metadata: ``onlink``, ``dhcp`` (via the DHCP port) or ``gateway``; or IPv6 only."""
+
+    route: str = "onlink"
+    ipv6_only: bool = False
+
+    def dnsmasq_args(self, guest_mac: str) -> list[str]:
+        """The DHCP (and router advertisement) arguments dnsmasq gets for this guest."""
+        if self.ipv6_only:
+            return ["--enable-ra", f"--ra-param=eth0,10,{RA_LIFETIME}",
+                    f"--dhcp-range={GUEST_IP6},{GUEST_IP6},slaac,{NETWORK6.prefixlen},1h"]
+        args = [f"--dhcp-range={GUEST_IP},static,{NETWORK.netmask},1h", f"--dhcp-host={guest_mac},{GUEST_IP}"]
+        if self.route == "onlink":
+            return [*args, "--dhcp-option=121,169.254.169.254/32,0.0.0.0"]
+        if self.route == "dhcp":
+            return [*args, f"--dhcp-option=121,169.254.169.254/32,{DHCP_SERVER}"]
+        if self.route == "gateway":
+            return [*args, f"--dhcp-option=3,{GATEWAY}"]
+        msg = f"unknown route {self.route!r}: one of onlink, dhcp, gateway"
+        raise LabError(msg)
+
+    @property
+    def name(self) -> str:
+        """What result.json calls it: the route, or ``ipv6-router`` (the advertised default router)."""
+        return "ipv6-router" if self.ipv6_only else self.route
+
+    @property
+    def router(self) -> bool:
+        """Whether the lab runs a router answering for the gateway address."""
+        return self.route == "gateway" and not self.ipv6_only
 
 
 @dataclass
@@ -87,6 +134,16 @@ class Names:
     def dhcp_port(self) -> str:
         """The host end of dnsmasq's veth."""
         return f"ldh{self.tag}"
+
+    @property
+    def router_netns(self) -> str:
+        """The router's namespace (--route gateway)."""
+        return f"imdslab-rtr-{self.tag}"
+
+    @property
+    def router_port(self) -> str:
+        """The host end of the router's veth."""
+        return f"lrt{self.tag}"
 
     @property
     def tap(self) -> str:
@@ -178,8 +235,8 @@ class Datapath:
     out: Path
     names: Names
 
-    def build(self, guest: Guest, upstream: str, secret_file: Path, *, onlink: bool = True) -> Switch:
-        """OVS, br-int, dnsmasq's namespace and the guest's tap, plugged; then the agent with its haproxy."""
+    def build(self, guest: Guest, upstream: str, secret_file: Path, route: Route) -> Switch:
+        """OVS, br-int, dnsmasq's namespace (and the router's) and the guest's tap, plugged; then the agent."""
         require_tools()
         names = self.names
         switch = Switch(self.cleanup, self.out, names.tag)
@@ -189,23 +246,27 @@ class Datapath:
         # ovs-ofctl reaches the bridge through its management socket, which ovs-vswitchd may create late.
         wait_until(f"{names.bridge}.mgmt", (switch.root / f"{names.bridge}.mgmt").exists, READY_TIMEOUT)
         switch.ofctl("add-flow", names.bridge, f"cookie={LAB_COOKIE:#x},priority=0,actions=NORMAL")
-        self._dhcp_namespace(switch)
+        self._namespace(switch, names.dhcp_netns, names.dhcp_port, DHCP_SERVER, DHCP_SERVER6)
+        if route.router:
+            self._namespace(switch, names.router_netns, names.router_port, GATEWAY)
         self._guest_tap(switch, guest)
-        self._dnsmasq(guest, onlink=onlink)
+        self._dnsmasq(guest, route)
         self._agent(switch, upstream, secret_file)
         return switch
 
-    def _dhcp_namespace(self, switch: Switch) -> None:
-        ns, port = self.names.dhcp_netns, self.names.dhcp_port
+    def _namespace(self, switch: Switch, ns: str, port: str, address: str, address6: str | None = None) -> None:
+        """A namespace on the VM VLAN through a veth: the DHCP port, or the router (the kernel answers ARP)."""
         self.cleanup.command("ip", "netns", "del", ns)
         sh("ip", "netns", "add", ns)
         self.cleanup.command("ip", "link", "del", port)
         sh("ip", "link", "add", port, "type", "veth", "peer", "name", "eth0", "netns", ns)
+        addresses: list[tuple[str, ...]] = [("ip", "addr", "add", f"{address}/{NETWORK.prefixlen}", "dev", "eth0")]
+        if address6:
+            addresses.append(("ip", "addr", "add", f"{address6}/{NETWORK6.prefixlen}", "dev", "eth0", "nodad"))
         for args in (("sysctl", "-qw", "net.ipv6.conf.all.accept_dad=0"),
                      ("sysctl", "-qw", "net.ipv6.conf.default.accept_dad=0"),
                      ("ip", "link", "set", "lo", "up"),
-                     ("ip", "addr", "add", f"{DHCP_SERVER}/{NETWORK.prefixlen}", "dev", "eth0"),
-                     ("ip", "addr", "add", f"{DHCP_SERVER6}/{NETWORK6.prefixlen}", "dev", "eth0", "nodad"),
+                     *addresses,
                      ("ip", "link", "set", "eth0", "up")):
             sh("ip", "netns", "exec", ns, *args)
         # veth into the userspace datapath: checksums must be complete (offload off), as in the agent tests.
@@ -227,8 +288,8 @@ class Datapath:
                      f"external_ids:iface-id={port_id}", f"external_ids:attached-mac={guest.mac}",
                      f"external_ids:vm-uuid={guest.uuid}", "external_ids:iface-status=active")
 
-    def _dnsmasq(self, guest: Guest, *, onlink: bool) -> None:
-        """DHCP for the guest only: its fixed address, and 169.254.169.254 on-link (option 121) or a router.
+    def _dnsmasq(self, guest: Guest, route: Route) -> None:
+        """DHCP for the guest only: its fixed address and the ``route`` to 169.254.169.254 (or IPv6 only).
 
         It is the guest's DNS server too, with nothing upstream: every lookup is answered at once
         (cloud-init resolves made-up names to detect DNS hijacking before its crawl).
@@ -242,13 +303,7 @@ class Datapath:
                 "--conf-file=/dev/null", "--no-resolv", "--no-hosts", "--interface=eth0", "--bind-interfaces",
                 "--pid-file=",
                 "--user=root", f"--dhcp-leasefile={out / 'dnsmasq.leases'}", "--log-dhcp",
-                f"--log-facility={out / 'dnsmasq.log'}",
-                f"--dhcp-range={GUEST_IP},static,{NETWORK.netmask},1h",
-                f"--dhcp-host={guest.mac},{GUEST_IP}"]
-        if onlink:
-            args.append("--dhcp-option=121,169.254.169.254/32,0.0.0.0")
-        else:
-            args.append(f"--dhcp-option=3,{DHCP_SERVER}")
+                f"--log-facility={out / 'dnsmasq.log'}", *route.dnsmasq_args(guest.mac)]
         process = self.cleanup.process("dnsmasq", spawn(args, out / "dnsmasq.out"))
         if process.poll() is not None:
             raise LabError(f"dnsmasq exited {process.returncode}: {_text(out / 'dnsmasq.out')[-1000:]}")

@@ -6,6 +6,17 @@ that ds-identify and the datasources themselves look for on each cloud, as a hyp
 that cloud does (the same values work in libvirt's ``<sysinfo type='smbios'>``; docs/lab.md).
 NoCloud over the network also needs its seed URL, which the command line or the SMBIOS
 serial carries.
+
+``--ipv6-only`` (no IPv4 in the guest at all): what cloud-init 22.4 can do, read in its source.
+EC2's datasource lists ``http://[fd00:ec2::254]`` after 169.254.169.254 (and its local stage
+brings the link up for IPv6 when DHCPv4 gets no lease); NoCloud takes any seed URL, so the
+seed names ``[fd00:ec2::254]``; a config drive needs no network. The OpenStack datasource
+knows only ``http://169.254.169.254`` and its local stage runs DHCPv4 alone
+(``fe80::a9fe:a9fe`` came in 23.x): the lab refuses it.
+
+``--route`` is how DHCP tells the guest the way to 169.254.169.254, the three of Neutron's
+metadata spec: ``gateway`` (a default route; the lab's router answers for the gateway address),
+``dhcp`` (option 121 via the DHCP port's address), ``onlink`` (option 121, on-link).
 """
 
 from __future__ import annotations
@@ -15,8 +26,10 @@ from dataclasses import dataclass
 from imds.errors import LabError
 
 METADATA_URL = "http://169.254.169.254"
-NOCLOUD_SEED = f"ds=nocloud-net;s={METADATA_URL}/nocloud/"
+METADATA_URL6 = "http://[fd00:ec2::254]"  # AWS's IPv6 address: cloud-init's EC2 datasource asks it
+NOCLOUD_SEED = "ds=nocloud-net;s={metadata}/nocloud/"
 NOCLOUD_SEED_SMBIOS = f"serial={NOCLOUD_SEED}"
+ROUTES = ("onlink", "dhcp", "gateway")
 
 
 @dataclass(frozen=True)
@@ -31,22 +44,28 @@ class Flavor:
     config_drive: bool = False  # attach an ISO 9660 config-2 drive
     uuid_prefix: str = ""  # instance ids start so (AWS's start with "ec2", which cloud-init checks)
     platform: bool = False  # give the SMBIOS fields even with --identify cmdline (the datasource needs them)
-    onlink: bool = True  # DHCP: 169.254.169.254 on-link (option 121), as Neutron; else a router, as AWS
+    route: str = "onlink"  # the default --route: 169.254.169.254 on-link (option 121), as Neutron's DHCP
+    ipv6_refused: str | None = None  # why cloud-init 22.4 cannot read this flavor's metadata over IPv6 alone
 
-    def kernel_args(self, identify: str) -> list[str]:
+    def kernel_args(self, identify: str, *, ipv6: bool = False) -> list[str]:
         """Kernel arguments that make ds-identify pick this flavor's datasource."""
         if identify != "cmdline":
             return []
-        return [f"ci.ds={self.ds}", *self.cmdline]
+        return [f"ci.ds={self.ds}", *(_at(arg, ipv6=ipv6) for arg in self.cmdline)]
 
-    def smbios_arg(self, identify: str, uuid: str) -> str | None:
+    def smbios_arg(self, identify: str, uuid: str, *, ipv6: bool = False) -> str | None:
         """QEMU's ``-smbios type=1,...`` value (None when identifying by command line)."""
         if identify != "smbios" and not self.platform:
             return f"type=1,uuid={uuid}"
-        fields = [field.replace("{uuid}", uuid) for field in self.smbios]
+        fields = [_at(field, ipv6=ipv6).replace("{uuid}", uuid) for field in self.smbios]
         if not any(field.startswith("uuid=") for field in fields):
             fields.append(f"uuid={uuid}")
         return "type=1," + ",".join(field.replace(",", ",,") for field in fields)
+
+
+def _at(text: str, *, ipv6: bool) -> str:
+    """``text`` with ``{metadata}`` replaced by the metadata URL the guest can reach."""
+    return text.replace("{metadata}", METADATA_URL6 if ipv6 else METADATA_URL)
 
 
 FLAVORS = {
@@ -54,14 +73,16 @@ FLAVORS = {
     # 22.4 asks for an IMDSv2 token only on a platform it identified as AWS, so these are always given.
     # DHCP gives a router, as AWS does: with no vpc-id in the metadata cloud-init takes the instance for
     # EC2-Classic and crawls again in its network stage, with DHCP on the configured NIC, which fails
-    # re-adding an option-121 route that exists.
+    # re-adding an option-121 route that exists (so --route onlink and dhcp fail for EC2 in 22.4).
     "ec2": Flavor("ec2", "Ec2", "DataSourceEc2", smbios=(
         "manufacturer=Amazon EC2", "product=t3.micro", "serial={uuid}",
-    ), uuid_prefix="ec2", platform=True, onlink=False),
+    ), uuid_prefix="ec2", platform=True, route="gateway"),
     # cloud-init's OpenStack datasource reads nothing unless DMI says OpenStack (detect_openstack).
     "openstack": Flavor("openstack", "OpenStack", "DataSourceOpenStack", smbios=(
         "manufacturer=OpenStack Foundation", "product=OpenStack Nova",
-    ), platform=True),
+    ), platform=True, ipv6_refused=(
+        "cloud-init 22.4's OpenStack datasource asks only http://169.254.169.254 (IPv4) and its local stage "
+        "runs DHCPv4 alone; fe80::a9fe:a9fe came in cloud-init 23.x")),
     "nocloud": Flavor("nocloud", "NoCloud", "DataSourceNoCloud", smbios=(NOCLOUD_SEED_SMBIOS,),
                       cmdline=(NOCLOUD_SEED,)),
     "configdrive": Flavor("configdrive", "ConfigDrive", "DataSourceConfigDrive", smbios=(

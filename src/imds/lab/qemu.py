@@ -102,14 +102,21 @@ class Qemu:
             raise LabError(f"{QEMU} is missing: apt-get install qemu-system-x86 qemu-utils (scripts/test does)")
         self.stop()
         machine = self.machine
-        for stale in (machine.overlay, machine.serial, self.stderr):
+        for stale in (machine.serial, self.stderr):
             stale.unlink(missing_ok=True)
-        sh("qemu-img", "create", "-q", "-f", "qcow2", "-F", machine.image.format, "-b",
-           str(machine.image.disk.resolve()), str(machine.overlay))
+        self.overlay()
         self.accel = accel
         self.started = time.monotonic()
         (machine.out / "qemu.cmd").write_text(" ".join(machine.command(accel)) + "\n")
         self.process = spawn(machine.command(accel), machine.out / "qemu.stdout", stderr=self.stderr)
+
+    def overlay(self) -> Path:
+        """A fresh qcow2 overlay backed by the image (raw or any format ``qemu-img`` names): QEMU writes only it."""
+        machine = self.machine
+        machine.overlay.unlink(missing_ok=True)
+        sh("qemu-img", "create", "-q", "-f", "qcow2", "-F", machine.image.format, "-b",
+           str(machine.image.disk.resolve()), str(machine.overlay))
+        return machine.overlay
 
     def errors(self) -> str:
         """What QEMU wrote to stderr so far."""
