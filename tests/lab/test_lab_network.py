@@ -1,0 +1,87 @@
+"""The lab's guest network, pure parts: IPv6-only and the three routes to 169.254.169.254.
+
+The real boots are in bench/lab_matrix.py; these pin what each one is told: dnsmasq's DHCP and
+router advertisements per route, the guest's IPv6 addresses in its record, the seed URL a
+NoCloud guest gets without IPv4, and which flavors the lab refuses without IPv4 (and why).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from imds.errors import LabError
+from imds.lab import datapath
+from imds.lab.boot import Guest, Options, addresses, boot, refusal
+from imds.lab.flavors import FLAVORS, ROUTES, flavor
+from imds.lab.image import Image
+
+MAC = "52:54:00:39:35:6e"
+
+
+def test_slaac_address_is_the_modified_eui64_of_the_mac():
+    """The address the guest's kernel forms from the lab's /64 (checked against a real guest's console)."""
+    assert datapath.slaac_address(MAC) == "fd00:231::5054:ff:fe39:356e"
+    assert datapath.slaac_address("02:00:00:00:00:01") == "fd00:231::ff:fe00:1"
+
+
+def test_each_route_is_what_dhcp_hands_out():
+    """Routes onlink and dhcp are option 121 (on-link, via the DHCP port); gateway only a default route."""
+    base = [f"--dhcp-range={datapath.GUEST_IP},static,255.255.255.0,1h", f"--dhcp-host={MAC},{datapath.GUEST_IP}"]
+    assert datapath.Route("onlink").dnsmasq_args(MAC) == [*base, "--dhcp-option=121,169.254.169.254/32,0.0.0.0"]
+    assert datapath.Route("dhcp").dnsmasq_args(MAC) == [
+        *base, f"--dhcp-option=121,169.254.169.254/32,{datapath.DHCP_SERVER}"]
+    assert datapath.Route("gateway").dnsmasq_args(MAC) == [*base, f"--dhcp-option=3,{datapath.GATEWAY}"]
+    assert datapath.GATEWAY != datapath.DHCP_SERVER  # the router is its own namespace, not the DHCP port
+    assert [datapath.Route(r).router for r in ROUTES] == [False, False, True]
+    with pytest.raises(LabError, match="unknown route 'nat'"):
+        datapath.Route("nat").dnsmasq_args(MAC)
+
+
+def test_ipv6_only_has_no_dhcpv4_but_router_advertisements_and_dhcpv6():
+    """No IPv4 range at all; RA with a router lifetime (the guest's default route) and one DHCPv6 address."""
+    route = datapath.Route("gateway", ipv6_only=True)
+    args = route.dnsmasq_args(MAC)
+    assert "--enable-ra" in args
+    assert f"--ra-param=eth0,10,{datapath.RA_LIFETIME}" in args
+    assert f"--dhcp-range={datapath.GUEST_IP6},{datapath.GUEST_IP6},slaac,64,1h" in args
+    assert not any(datapath.GUEST_IP in arg or "dhcp-option" in arg for arg in args)
+    assert not route.router
+    assert route.name == "ipv6-router"
+
+
+def test_ipv6_only_record_carries_the_guests_ipv6_addresses():
+    """The record names the SLAAC and DHCPv6 addresses and no IPv4."""
+    guest = Guest("ec2c1a5e-0000-4000-8000-000000000001", MAC, "ssh-ed25519 AAAA lab")
+    assert addresses(guest, ipv6_only=True) == ["fd00:231::5054:ff:fe39:356e", datapath.GUEST_IP6]
+    assert addresses(guest, ipv6_only=False) == [datapath.GUEST_IP]
+
+
+def test_nocloud_seed_names_the_ipv6_metadata_address_without_ipv4():
+    """NoCloud's seed URL (command line and SMBIOS serial) is AWS's IPv6 address when there is no IPv4."""
+    nocloud = flavor("nocloud")
+    assert nocloud.kernel_args("cmdline", ipv6=True) == ["ci.ds=NoCloud",
+                                                         "ds=nocloud-net;s=http://[fd00:ec2::254]/nocloud/"]
+    assert nocloud.smbios_arg("smbios", "u", ipv6=True) == (
+        "type=1,serial=ds=nocloud-net;s=http://[fd00:ec2::254]/nocloud/,uuid=u")
+    assert flavor("ec2").kernel_args("cmdline", ipv6=True) == ["ci.ds=Ec2"]
+
+
+def _options(tmp_path: Path, name: str, **extra: object) -> Options:
+    return Options(name, tmp_path / "run", "lab-guest", Image(tmp_path / "disk"), **extra)  # type: ignore[arg-type]
+
+
+def test_flavors_without_ipv6_metadata_are_refused_before_anything_runs(tmp_path):
+    """OpenStack (cloud-init 22.4 has no IPv6 metadata address for it) is refused naming the flavor and why."""
+    refused = {name for name in FLAVORS if refusal(_options(tmp_path, name, ipv6_only=True))}
+    assert refused == {"openstack"}
+    reason = refusal(_options(tmp_path, "openstack", ipv6_only=True))
+    assert reason is not None
+    assert "flavor openstack" in reason
+    assert "169.254.169.254" in reason
+    assert refusal(_options(tmp_path, "openstack")) is None
+    assert refusal(_options(tmp_path, "ec2", ipv6_only=True, route="dhcp")) is not None
+    with pytest.raises(LabError, match="flavor openstack"):
+        boot(_options(tmp_path, "openstack", ipv6_only=True), print)
+    assert not (tmp_path / "run").exists()  # nothing was made: no run directory, no result
