@@ -71,9 +71,9 @@ def _at(text: str, *, ipv6: bool) -> str:
 FLAVORS = {
     # AWS: the serial and the uuid start with "ec2" and are equal (cloud-init's identify_aws). cloud-init
     # 22.4 asks for an IMDSv2 token only on a platform it identified as AWS, so these are always given.
-    # DHCP gives a router, as AWS does: with no vpc-id in the metadata cloud-init takes the instance for
-    # EC2-Classic and crawls again in its network stage, with DHCP on the configured NIC, which fails
-    # re-adding an option-121 route that exists (so --route onlink and dhcp fail for EC2 in 22.4).
+    # DHCP gives a router by default, as AWS does (and as it had to while imds's metadata had no vpc-id:
+    # cloud-init then took the instance for EC2-Classic and crawled again in its network stage, with
+    # DHCP on the configured NIC, which failed re-adding an option-121 route that existed).
     "ec2": Flavor("ec2", "Ec2", "DataSourceEc2", smbios=(
         "manufacturer=Amazon EC2", "product=t3.micro", "serial={uuid}",
     ), uuid_prefix="ec2", platform=True, route="gateway"),
