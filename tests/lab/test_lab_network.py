@@ -85,3 +85,33 @@ def test_flavors_without_ipv6_metadata_are_refused_before_anything_runs(tmp_path
     with pytest.raises(LabError, match="flavor openstack"):
         boot(_options(tmp_path, "openstack", ipv6_only=True), print)
     assert not (tmp_path / "run").exists()  # nothing was made: no run directory, no result
+
+
+class _Running:
+    """A dnsmasq that is running, as far as the step can tell (never stopped: the cleanup is not closed)."""
+
+    returncode = None
+    pid = 0
+
+    def poll(self) -> None:
+        return None
+
+
+def test_dnsmasq_starts_without_the_last_runs_leases(tmp_path, monkeypatch):
+    """A second run into the same directory (a new MAC) must not find the fixed address leased to the first."""
+    leases = tmp_path / "dnsmasq.leases"
+    leases.write_text("1764221433 52:54:00:75:57:b9 10.231.0.10 lab-image 01:52:54:00:75:57:b9\n")
+    started: list[list[str]] = []
+
+    def spawn(args: list[str], _log: Path) -> _Running:
+        started.append(args)
+        assert not leases.exists()
+        return _Running()
+
+    monkeypatch.setattr(datapath, "spawn", spawn)
+    cleanup = datapath.Cleanup()
+    path = datapath.Datapath(cleanup, tmp_path, datapath.Names("t001"))
+    path._dnsmasq(datapath.Guest("u", MAC, "lvmt001"), datapath.Route("onlink"))
+    assert started
+    assert f"--dhcp-leasefile={leases}" in started[0]
+    assert f"--dhcp-host={MAC},{datapath.GUEST_IP}" in started[0]

@@ -299,6 +299,9 @@ class Datapath:
         EC2 guests get the router).
         """
         out = self.out.resolve()
+        # A run again into the same directory has a new MAC: a lease left for the last one would make
+        # dnsmasq refuse the fixed address ("leased to ...") and the guest would get none.
+        (out / "dnsmasq.leases").unlink(missing_ok=True)
         args = ["ip", "netns", "exec", self.names.dhcp_netns, "dnsmasq", "--keep-in-foreground",
                 "--conf-file=/dev/null", "--no-resolv", "--no-hosts", "--interface=eth0", "--bind-interfaces",
                 "--pid-file=",
