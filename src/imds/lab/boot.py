@@ -6,6 +6,9 @@ reached the console and the console names the hostname from the record (the mark
 ``LAB-MARKER host=NAME``, or getty's ``NAME login:``). result.json says which datasource was
 chosen, the accelerator, the seconds from power-on to the first metadata request and to
 cloud-init's final stage, and the requests the guest made; it is written on every exit path.
+With ``--ganeti-install`` the guest also installs an OS image onto a second disk through the
+Ganeti paths, and passes only if that worked too (``imds.lab.ganeti``; result.json's
+``ganeti_install``).
 """
 
 from __future__ import annotations
@@ -26,12 +29,13 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from imds.errors import LabError
 from imds.lab import datapath
 from imds.lab.console import Console
-from imds.lab.flavors import Flavor, flavor
+from imds.lab.flavors import METADATA_URL, METADATA_URL6, Flavor, flavor
+from imds.lab.ganeti import CONSOLE, SCRIPT, Install, Installing, guest_script, guest_zipapp
 from imds.lab.image import Image
 from imds.lab.qemu import Machine, Qemu, accelerators
 from imds.lab.run import Cleanup, cleaned_up, sh, write_private
 from imds.lab.server import Server, own_server, remote_server
-from imds.lab.userdata import MARKER, default_userdata, with_marker
+from imds.lab.userdata import MARKER, lab_userdata
 
 
 @dataclass
@@ -53,6 +57,7 @@ class Options:
     imdsv2: str = "required"
     ipv6_only: bool = False  # no IPv4 in the guest: router advertisements and DHCPv6 only
     route: str | None = None  # onlink, dhcp or gateway (None: the flavor's own)
+    ganeti_install: bool = False  # the guest installs an OS image onto a second disk through the Ganeti paths
 
 
 @dataclass
@@ -106,6 +111,10 @@ def refusal(options: Options) -> str | None:
         return f"--ipv6-only: flavor {chosen.name} cannot reach metadata without IPv4: {chosen.ipv6_refused}"
     if options.ipv6_only and options.route not in (None, "gateway"):
         return f"--ipv6-only: --route {options.route} is IPv4's (IPv6 goes through the advertised router)"
+    if options.ganeti_install and chosen.config_drive:
+        return "--ganeti-install: a config drive guest has no metadata network to install through"
+    if options.ganeti_install and options.url:
+        return "--ganeti-install serves the image from the run directory through the lab's own imds serve: drop --url"
     return None
 
 
@@ -149,13 +158,17 @@ def _run(cleanup: Cleanup, options: Options, way: tuple[Flavor, datapath.Route],
     v6 = options.ipv6_only
     guest = _guest(chosen, out)
     result["instance_id"] = guest.uuid
-    server = _server(cleanup, options)
+    install = Install(out) if options.ganeti_install else None
+    scripts = []
+    if install is not None:
+        install.build_image(guest.uuid)
+        scripts.append((SCRIPT, guest_script(guest_zipapp(), METADATA_URL6 if v6 else METADATA_URL)))
+    server = _server(cleanup, options, install.serve_args() if install else [])
     result["server"] = server.url
-    userdata = default_userdata(options.marker) if options.userdata is None else with_marker(options.userdata,
-                                                                                               options.marker)
     server.push(guest.uuid, addresses(guest, ipv6_only=v6), _metadata(guest, options.hostname, ipv6_only=v6),
-                userdata)
+                lab_userdata(options.userdata, options.marker, scripts))
     say(f"lab: record {guest.uuid} ({options.hostname}) pushed to {server.url}")
+    installing = Installing(install, server, guest.uuid) if install else None
     names = datapath.Names(secrets.token_hex(2))
     secret = options.secret_file or out / "shared-secret"
     port = datapath.Guest(guest.uuid, guest.mac, names.tap)
@@ -163,13 +176,14 @@ def _run(cleanup: Cleanup, options: Options, way: tuple[Flavor, datapath.Route],
     say(f"lab: datapath up (bridge {names.bridge}, tap {names.tap}, agent + haproxy, dnsmasq; {route.name})")
     cdrom = _config_drive(out, guest, server) if chosen.config_drive else None
     machine = Machine(options.image, out, names.tap, guest.mac, tuple(chosen.kernel_args(options.identify, ipv6=v6)),
-                      chosen.smbios_arg(options.identify, guest.uuid, ipv6=v6), cdrom)
+                      chosen.smbios_arg(options.identify, guest.uuid, ipv6=v6), cdrom,
+                      install.disk if install else None)
     qemu = Qemu(machine)
     cleanup.add("stop qemu", qemu.stop)
-    Watch(qemu, options, chosen, server, say, lambda: switch.learned(names.bridge)).run(result)
+    Watch(qemu, options, chosen, server, say, lambda: switch.learned(names.bridge), installing).run(result)
 
 
-def _server(cleanup: Cleanup, options: Options) -> Server:
+def _server(cleanup: Cleanup, options: Options, extra: list[str]) -> Server:
     if options.url:
         if options.secret_file is None:
             msg = "--url needs --shared-secret-file: the secret that server trusts 127.0.0.1/32 with"
@@ -177,7 +191,7 @@ def _server(cleanup: Cleanup, options: Options) -> Server:
         return remote_server(options.url, options.admin_token)
     secret = options.out / "shared-secret"
     write_private(secret, secrets.token_hex(32).encode())
-    return own_server(cleanup, options.out, secret, options.imdsv2)
+    return own_server(cleanup, options.out, secret, options.imdsv2, extra)
 
 
 def _config_drive(out: Path, guest: Guest, server: Server) -> Path:
@@ -202,16 +216,24 @@ class Watch:
     server: Server
     say: Callable[[str], None]
     learned: Callable[[], bool]  # whether the datapath has seen the guest's first metadata packet
+    installing: Installing | None = None  # --ganeti-install: prepared before each power-on, judged at the end
     first_packet: float | None = None
+
+    def _console(self) -> Console:
+        options = self.options
+        return Console(self.qemu.machine.serial, options.marker, options.hostname,
+                       install=CONSOLE if self.installing else None)
 
     def run(self, result: dict[str, Any]) -> None:
         """Boot, watch, and fill ``result``."""
         qemu, options = self.qemu, self.options
-        console = Console(qemu.machine.serial, options.marker, options.hostname)
+        console = self._console()
         power_on = time.time()
         outcome = "no accelerator could run the guest"
         for accel in accelerators(options.accel):
-            console = Console(qemu.machine.serial, options.marker, options.hostname)
+            console = self._console()
+            if self.installing:
+                self.installing.prepare()
             power_on = time.time()
             self.first_packet = None
             qemu.start(accel)
@@ -225,6 +247,9 @@ class Watch:
             qemu.stop()
         qemu.stop()
         self._record(result, console, power_on, outcome)
+        if self.installing:  # QEMU has stopped: the second disk is read as it was left
+            result["ganeti_install"] = found = self.installing.verdict(console.install_exit)
+            result["passed"] = result["passed"] and found["passed"]
         self.say(f"lab: {'PASS' if result['passed'] else 'FAIL'} ({outcome}); result {options.out / 'result.json'}")
 
     def _until_done(self, console: Console, deadline: float) -> str:

@@ -7,7 +7,8 @@ cloud-init writes its stage banners to the console::
 
 so the console says which datasource it chose and when its final stage ended (guest uptime).
 The lab's userdata prints a marker line naming the hostname the guest then has
-(``LAB-MARKER host=NAME``), and getty's prompt (``NAME login:``) names it too. ``Console.poll``
+(``LAB-MARKER host=NAME``), and getty's prompt (``NAME login:``) names it too; with
+``--ganeti-install`` the guest also prints ``LAB-GANETI exit=N`` when its install ended. ``Console.poll``
 reads what is new and notes the host's clock when each milestone first appears.
 """
 
@@ -41,6 +42,8 @@ class Console:
     final_uptime: float | None = None
     login_host: str | None = None
     marker_line: str | None = None
+    install: str | None = None  # with --ganeti-install: the start of the guest's "LAB-GANETI exit=N" line
+    install_exit: int | None = None
 
     def poll(self) -> None:
         """Read what the guest wrote since the last poll and note new milestones."""
@@ -75,6 +78,11 @@ class Console:
             self._note("marker", now)
             if f"host={self.hostname}" in line.split():
                 self._note("hostname", now)
+        if self.install and self.install in line and "echo" not in line:
+            found = re.search(rf"{re.escape(self.install)} exit=(\d+)", line)
+            if found and self.install_exit is None:
+                self.install_exit = int(found.group(1))
+                self._note("ganeti install", now)
         if login := _LOGIN.match(line):
             self.login_host = login.group(1)
             self._note("login", now)
@@ -86,8 +94,9 @@ class Console:
         return self.datasource is not None and self.datasource.startswith(datasource)
 
     def done(self, datasource: str) -> bool:
-        """Everything a passing boot shows: the datasource, the marker and the hostname."""
-        return self.finished_with(datasource) and "marker" in self.seen and "hostname" in self.seen
+        """Everything a passing boot shows: the datasource, the marker, the hostname (and the install's end)."""
+        shown = self.finished_with(datasource) and "marker" in self.seen and "hostname" in self.seen
+        return shown and (self.install is None or "ganeti install" in self.seen)
 
     def text(self) -> str:
         """The whole log so far (for messages)."""

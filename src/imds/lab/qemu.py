@@ -52,6 +52,7 @@ class Machine:
     kernel_args: tuple[str, ...] = ()
     smbios: str | None = None
     cdrom: Path | None = None  # a config drive (attached as a read-only virtio disk)
+    second_disk: Path | None = None  # a raw disk right after the root one (/dev/vdb): --ganeti-install's target
     memory_mb: int = 1024
     cpus: int = 2
 
@@ -71,6 +72,7 @@ class Machine:
                 "-accel", accel, "-m", str(self.memory_mb), "-smp", str(self.cpus),
                 "-serial", f"file:{self.serial}",
                 "-drive", f"file={self.overlay},if=virtio,format=qcow2",
+                *(("-drive", f"file={self.second_disk},if=virtio,format=raw") if self.second_disk else ()),
                 "-netdev", f"tap,id=net0,ifname={self.tap},script=no,downscript=no,vnet_hdr=off",
                 "-device", f"virtio-net-pci,netdev=net0,mac={self.mac}"]
         if accel == "kvm":

@@ -15,6 +15,7 @@ import secrets
 import socket
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -57,6 +58,18 @@ class Server:
         if answer.status_code != 200 or not answer.json().get("applied"):
             raise LabError(f"POST {self.url}{path} answered {answer.status_code}: {answer.text[:500]}")
 
+    def get(self, path: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
+        """An admin read's JSON object; LabError unless it answered 200."""
+        try:
+            with self._client() as client:
+                answer = client.get(path, params=params)
+        except httpx.HTTPError as exc:
+            raise LabError(f"GET {self.url}{path}: {exc}") from exc
+        if answer.status_code != 200:
+            raise LabError(f"GET {self.url}{path} answered {answer.status_code}: {answer.text[:500]}")
+        found: dict[str, Any] = answer.json()
+        return found
+
     def push(self, uuid: str, addresses: list[str], metadata: dict[str, Any], userdata: bytes) -> None:
         """The guest's record: metadata, then userdata."""
         self.post("/device-metadata", {"id": uuid, "ipAddresses": addresses, "metadata": metadata})
@@ -80,8 +93,8 @@ class Server:
         return found
 
 
-def own_server(cleanup: Cleanup, out: Path, secret_file: Path, imdsv2: str) -> Server:
-    """Start ``imds serve`` for this run (stopped by PID at cleanup); wait until it is ready."""
+def own_server(cleanup: Cleanup, out: Path, secret_file: Path, imdsv2: str, extra: Sequence[str] = ()) -> Server:
+    """Start ``imds serve`` (with the ``extra`` arguments) for this run, stopped by PID at cleanup; wait until ready."""
     imds = Path(sys.executable).parent / "imds"
     port = free_port()
     token = secrets.token_urlsafe(24)
@@ -92,7 +105,7 @@ def own_server(cleanup: Cleanup, out: Path, secret_file: Path, imdsv2: str) -> S
     log.unlink(missing_ok=True)
     args = [str(imds) if imds.exists() else "imds", "serve", "--listen", f"127.0.0.1:{port}",
             "--db", f"sqlite:///{(out / 'imds.sqlite').resolve()}", "--trusted-proxy", "127.0.0.1/32",
-            "--proxy-shared-secret-file", str(secret_file), "--log-instance-reads", "--imdsv2", imdsv2]
+            "--proxy-shared-secret-file", str(secret_file), "--log-instance-reads", "--imdsv2", imdsv2, *extra]
     process = cleanup.process("imds serve", spawn(args, log, env=env))
     server = Server(f"http://127.0.0.1:{port}", token, log)
     deadline = time.monotonic() + START_TIMEOUT

@@ -7,12 +7,14 @@ and the hostname to the console once cloud-init's ``scripts-user`` has run the o
 scripts (cloud-init runs them sorted by file name; the lab's is named to come last). So a
 passing boot proves cloud-init processed the operator's userdata, whatever it is: cloud-config,
 a script, a boothook, an ``#include``, or a multipart of its own (nested as it is). Gzip-
-compressed userdata is decompressed first, as cloud-init itself would.
+compressed userdata is decompressed first, as cloud-init itself would. The lab's own parts
+(``--ganeti-install``'s script) go between the operator's userdata and the marker script.
 """
 
 from __future__ import annotations
 
 import gzip
+from collections.abc import Sequence
 from email import message_from_bytes, policy
 from email.message import Message
 from email.mime.multipart import MIMEMultipart
@@ -56,14 +58,34 @@ def content_type(text: str) -> str:
 
 def with_marker(userdata: bytes, marker: str = MARKER) -> bytes:
     """``userdata`` as the first part of a multipart whose second part prints ``marker`` to the console."""
-    if userdata.startswith(GZIP_MAGIC):
+    return lab_userdata(userdata, marker)
+
+
+def lab_userdata(userdata: bytes | None, marker: str = MARKER, scripts: Sequence[tuple[str, str]] = ()) -> bytes:
+    """What the guest gets: the operator's userdata (or the default) and the lab's ``scripts`` (name, text).
+
+    Without operator userdata and scripts: the default cloud-config alone. Otherwise a multipart:
+    the operator's userdata (or the default cloud-config, which prints the marker itself), each
+    of ``scripts`` as a shell-script part under its name, and, after the operator's userdata,
+    the marker script, whose name sorts last.
+    """
+    if userdata is None and not scripts:
+        return default_userdata(marker)
+    if userdata is not None and userdata.startswith(GZIP_MAGIC):
         userdata = gzip.decompress(userdata)
     outer = MIMEMultipart()
-    outer.attach(_part(userdata))
-    lab = MIMEText(marker_script(marker), "x-shellscript", "utf-8")
-    lab.add_header("Content-Disposition", "attachment", filename=MARKER_SCRIPT)
-    outer.attach(lab)
+    outer.attach(_part(default_userdata(marker) if userdata is None else userdata))
+    for name, text in scripts:
+        outer.attach(_script(name, text))
+    if userdata is not None:
+        outer.attach(_script(MARKER_SCRIPT, marker_script(marker)))
     return outer.as_bytes()
+
+
+def _script(name: str, text: str) -> Message:
+    part = MIMEText(text, "x-shellscript", "utf-8")
+    part.add_header("Content-Disposition", "attachment", filename=name)
+    return part
 
 
 def _part(userdata: bytes) -> Message:
