@@ -9,11 +9,15 @@ once: tests/integration/test_lab_boot.py). Needs root, like the lab.
 The network axis: ``ipv4`` (the flavor's own route to 169.254.169.254, or each ``--route``
 given: Neutron's three ways) and ``ipv6`` (``--ipv6-only``). A cell the lab refuses (exit 2:
 OpenStack has no IPv6 metadata address in cloud-init 22.4) is listed as refused, not booted.
+``--ganeti-install`` boots every cell with it: the guest also installs an OS image onto a second
+disk through the Ganeti paths (``install s``: power-on to the console's ``LAB-GANETI exit=0``;
+a config drive guest is refused).
 
     .venv/bin/python bench/lab_matrix.py --output bench/results.md
     .venv/bin/python bench/lab_matrix.py --flavor ec2 --flavor nocloud --identify smbios --network ipv6
     .venv/bin/python bench/lab_matrix.py --flavor openstack --identify cmdline --network ipv4 \
         --route gateway --route dhcp --route onlink
+    .venv/bin/python bench/lab_matrix.py --flavor ec2 --identify cmdline --network ipv4 --ganeti-install
 """
 
 from __future__ import annotations
@@ -46,6 +50,8 @@ def _boot(flavor: str, identify: str, network: tuple[str, str | None], work: Pat
         command.append("--ipv6-only")
     if route:
         command += ["--route", route]
+    if args.ganeti_install:
+        command.append("--ganeti-install")
     started = time.monotonic()
     done = subprocess.run(command, capture_output=True, text=True, check=False, timeout=args.timeout + 300)
     if done.returncode == 2:
@@ -66,13 +72,17 @@ def _row(flavor: str, identify: str, family: str, result: dict[str, object]) -> 
     assert isinstance(seconds, dict)  # noqa: S101 - result.json's shape
     requests = result.get("requests") or []
     status = "pass" if result.get("passed") else f"FAIL {result.get('outcome') or result.get('error')}"
+    install = result.get("ganeti_install")
+    if isinstance(install, dict) and install.get("problems"):
+        status = f"FAIL install: {'; '.join(install['problems'])}"
     if result.get("refused"):
         status = f"refused: {result['refused']}"
     cells = [flavor, identify, family, _cell(result.get("route")), _cell(result.get("accel")),
              _cell(result.get("datasource")),
              _cell(seconds.get("first_metadata_packet")),
              _cell(seconds.get("first_metadata_request")), _cell(seconds.get("hostname")),
-             _cell(seconds.get("cloud-init final")), str(len(requests) if isinstance(requests, list) else ""),
+             _cell(seconds.get("cloud-init final")), _cell(seconds.get("ganeti install")),
+             str(len(requests) if isinstance(requests, list) else ""),
              _cell(result.get("wall")), status]
     return "| " + " | ".join(cells) + " |"
 
@@ -89,11 +99,13 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=ROOT / ".cache" / "lab-matrix", help="run directories")
     parser.add_argument("--timeout", type=float, default=400.0, help="seconds per boot from power-on")
     parser.add_argument("--accel", choices=("auto", "kvm", "tcg"), default="auto")
+    parser.add_argument("--ganeti-install", action="store_true",
+                        help="every guest also installs an OS image onto a second disk through the Ganeti paths")
     parser.add_argument("--output", type=Path, default=None, help="append the table to this Markdown file")
     args = parser.parse_args()
     header = ("| flavor | identify | network | route | accel | datasource | first packet s | first request s "
-              "| hostname s | cloud-init final s | requests | wall s | result |\n"
-              "|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+              "| hostname s | cloud-init final s | install s | requests | wall s | result |\n"
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     rows = []
     for flavor in args.flavor or FLAVORS:
         for identify in args.identify or IDENTIFY:
@@ -108,7 +120,8 @@ def main() -> None:
     table = (f"\n## lab matrix: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n\n"
              f"{os.cpu_count()} cores, {platform.python_version()}, load average {load} after. Command: "
              f"`{command}`. Seconds from QEMU power-on; `hostname` is the console first naming the record's "
-             f"hostname; `requests` the instance reads imds serve logged.\n\n{header}\n" + "\n".join(rows) + "\n")
+             f"hostname; `install` the console's `LAB-GANETI exit=0` (with `--ganeti-install`); `requests` the "
+             f"instance reads imds serve logged.\n\n{header}\n" + "\n".join(rows) + "\n")
     print(table)
     if args.output:
         with args.output.open("a") as sink:
