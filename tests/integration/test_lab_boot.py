@@ -7,6 +7,10 @@ a Nova port, dnsmasq gives it an address and the on-link route to 169.254.169.25
 cloud-init's EC2 datasource reads its record through ``imds agent``'s haproxy from the lab's
 own ``imds serve``. The serial console is the witness: the hostname from the record and the
 userdata's marker must appear on it. Afterwards nothing the run made may be left.
+
+The same boot also installs through the Ganeti paths (``--ganeti-install``, a few seconds more):
+the guest writes the lab's ext4 image onto its second disk with the guest tool's zipapp, the
+events and the OS record's mode come back, and the disk file holds the instance id afterwards.
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from imds.lab.run import tool_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -44,7 +50,7 @@ def test_ec2_guest_applies_hostname_and_userdata_through_the_agent(tmp_path: Pat
     out = tmp_path / "run"
     done = subprocess.run(
         [str(IMDS), "lab", "boot", "--flavor", "ec2", "--hostname", HOSTNAME, "--out", str(out),
-         "--image-dir", str(CACHE), "--timeout", "420"],
+         "--image-dir", str(CACHE), "--timeout", "420", "--ganeti-install"],
         capture_output=True, text=True, timeout=840, check=False, cwd=REPO,
     )
     serial = (out / "serial.log").read_text(errors="replace") if (out / "serial.log").exists() else ""
@@ -74,3 +80,20 @@ def test_ec2_guest_applies_hostname_and_userdata_through_the_agent(tmp_path: Pat
     assert abs(seconds["first_metadata_packet"] - seconds["first_metadata_request"]) < 5
     assert result["cleanup_failures"] == []
     assert _leftovers() == before
+
+    # --ganeti-install: the zipapp ran in the guest, imds ended the install, the second disk holds the image.
+    assert "LAB-GANETI exit=0" in serial
+    install = result["ganeti_install"]
+    assert install["passed"] is True, install
+    assert install["exit"] == 0
+    assert [s for s in install["events"] if s != "image"] == ["started", "succeeded", "mode"]
+    assert "image" in install["events"]
+    assert install["mode"] == "run"
+    assert install["disk_marker"] == f"{result['instance_id']}\n"
+    disk = subprocess.run(["debugfs", "-R", "cat /imds-lab-installed", str(out / "disk2.raw")],
+                          capture_output=True, text=True, check=True, env=tool_env()).stdout
+    assert disk == f"{result['instance_id']}\n"
+    assert seconds["marker"] <= seconds["ganeti install"] <= seconds["cloud-init final"]
+    ganeti_paths = [p for p in paths if p.startswith("/ganeti/")]
+    assert "/ganeti/latest/os/parameters.json" in ganeti_paths
+    assert ganeti_paths.count("/ganeti/latest/write") >= 3  # started, image, succeeded
