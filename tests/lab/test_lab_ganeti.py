@@ -38,6 +38,7 @@ from imds.lab.qemu import Machine
 from imds.lab.server import Server as LabServer
 from imds.lab.userdata import MARKER_SCRIPT, default_userdata, lab_userdata, marker_script
 from imds.services.ganeti.wire import parse_os_write
+from imds.services.render.network import network_data
 from serve_process import ADMIN_TOKEN, serving
 
 ID = "ec2c1a5e-8f2b-4a57-9a65-1d2a3b4c5d6e"
@@ -258,3 +259,19 @@ def verdict_of(installing: Installing, console: Path) -> dict[str, Any]:
     reader = Console(console, "LAB-MARKER", "lab-guest", install=CONSOLE)
     reader.poll()
     return installing.verdict(reader.install_exit)
+
+
+def test_an_installing_guest_keeps_its_dhcp_route_to_metadata():
+    """With --ganeti-install (IPv4) network_data.json says DHCP, so cloud-init's network config keeps option 121.
+
+    Static (the derived form) drops the route to 169.254.169.254 once cloud-init applies it, and
+    an OpenStack guest's install then finds the network unreachable (seen in a real boot).
+    """
+    guest = lab_boot.Guest("u-1", "52:54:00:00:00:01", "ssh-ed25519 AAAA imds-lab")
+    document = lab_boot._metadata(guest, "lab-guest", ipv6_only=False, dhcp=True)
+    assert network_data(document) == {
+        "links": [{"id": "eth0", "name": "eth0", "type": "phy", "ethernet_mac_address": "52:54:00:00:00:01"}],
+        "networks": [{"id": "network0", "type": "ipv4_dhcp", "link": "eth0"}], "services": []}
+    plain = lab_boot._metadata(guest, "lab-guest", ipv6_only=False)
+    assert "network_data" not in plain
+    assert [n["type"] for n in network_data(plain)["networks"]] == ["ipv4"]  # without it: as before

@@ -89,7 +89,7 @@ def addresses(guest: Guest, *, ipv6_only: bool) -> list[str]:
     return [datapath.GUEST_IP]
 
 
-def _metadata(guest: Guest, hostname: str, *, ipv6_only: bool) -> dict[str, Any]:
+def _metadata(guest: Guest, hostname: str, *, ipv6_only: bool, dhcp: bool = False) -> dict[str, Any]:
     if ipv6_only:
         network = datapath.NETWORK6
         listed = [{"address": address, "network": str(network.network_address), "cidr": network.prefixlen,
@@ -98,10 +98,15 @@ def _metadata(guest: Guest, hostname: str, *, ipv6_only: bool) -> dict[str, Any]
         listed = [{"address": datapath.GUEST_IP, "netmask": str(datapath.NETWORK.netmask),
                    "network": str(datapath.NETWORK.network_address), "cidr": datapath.NETWORK.prefixlen,
                    "address_family": 4, "public": False}]
-    return {
+    document: dict[str, Any] = {
         "id": guest.uuid, "hostname": hostname, "ssh_keys": [guest.key], "plan": "lab.small", "facility": "lab1",
         "network": {"interfaces": [{"name": "eth0", "mac": guest.mac}], "addresses": listed},
     }
+    if dhcp:  # network_data.json says DHCP (as Nova's does for a subnet with DHCP): the option-121 route stays
+        document["network_data"] = {
+            "links": [{"id": "eth0", "name": "eth0", "type": "phy", "ethernet_mac_address": guest.mac}],
+            "networks": [{"id": "network0", "type": "ipv4_dhcp", "link": "eth0"}], "services": []}
+    return document
 
 
 def refusal(options: Options) -> str | None:
@@ -165,7 +170,8 @@ def _run(cleanup: Cleanup, options: Options, way: tuple[Flavor, datapath.Route],
         scripts.append((SCRIPT, guest_script(guest_zipapp(), METADATA_URL6 if v6 else METADATA_URL)))
     server = _server(cleanup, options, install.serve_args() if install else [])
     result["server"] = server.url
-    server.push(guest.uuid, addresses(guest, ipv6_only=v6), _metadata(guest, options.hostname, ipv6_only=v6),
+    server.push(guest.uuid, addresses(guest, ipv6_only=v6), _metadata(guest, options.hostname, ipv6_only=v6,
+                                                                 dhcp=options.ganeti_install and not v6),
                 lab_userdata(options.userdata, options.marker, scripts))
     say(f"lab: record {guest.uuid} ({options.hostname}) pushed to {server.url}")
     installing = Installing(install, server, guest.uuid) if install else None
