@@ -10,11 +10,7 @@ removed by name; the server is stopped by PID.
 
 from __future__ import annotations
 
-import secrets
-import shlex
-import subprocess
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,51 +18,17 @@ import httpx
 import pytest
 
 from factories import new_id
+from netns_guest import Guest, netns_guest, run
 from serve_process import Server, serving
 
 EXAMPLES = Path(__file__).parents[2] / "examples" / "ganeti-os"
 
 
-def run(*argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run(list(argv), capture_output=True, text=True, timeout=30, check=False)
-    if check:
-        assert done.returncode == 0, f"{shlex.join(argv)}: {done.stderr}"
-    return done
-
-
-@dataclass(frozen=True)
-class Guest:
-    """A netns "instance": its name, its address and the root side's address."""
-
-    netns: str
-    address: str
-    host: str
-
-    def run(self, *argv: str) -> subprocess.CompletedProcess[str]:
-        return run("ip", "netns", "exec", self.netns, *argv, check=False)
-
-
 @pytest.fixture
 def guest() -> Iterator[Guest]:
     """A netns with one veth end (no loopback use inside); the other end in the root namespace."""
-    suffix = secrets.token_hex(3)
-    netns, outside, inside = f"gnt{suffix}", f"gnr{suffix}", f"gnp{suffix}"
-    base = secrets.randbelow(64) * 4
-    third = secrets.randbelow(256)
-    host, address = f"198.18.{third}.{base + 1}", f"198.18.{third}.{base + 2}"
-    run("ip", "netns", "add", netns)
-    try:
-        run("ip", "link", "add", outside, "type", "veth", "peer", "name", inside)
-        run("ip", "link", "set", inside, "netns", netns)
-        run("ip", "addr", "add", f"{host}/30", "dev", outside)
-        run("ip", "link", "set", outside, "up")
-        run("ip", "netns", "exec", netns, "ip", "addr", "add", f"{address}/30", "dev", inside)
-        run("ip", "netns", "exec", netns, "ip", "link", "set", inside, "up")
-        yield Guest(netns, address, host)
-    finally:
-        run("ip", "link", "del", outside, check=False)
-        run("ip", "netns", "del", netns, check=False)
-    assert netns not in run("ip", "netns", "list").stdout
+    with netns_guest("gt", 18) as made:
+        yield made
 
 
 def admin_of(server: Server) -> httpx.Client:

@@ -19,8 +19,6 @@ import contextlib
 import gzip
 import io
 import os
-import secrets
-import shlex
 import shutil
 import subprocess
 import tarfile
@@ -28,7 +26,6 @@ import tempfile
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +35,7 @@ import pytest
 from fake_upstream import FakeUpstream, running_upstream
 from ganeti_metad import SOCKET, node_root, push, require_ganeti
 from guest_zipapp import build_documented_zipapp
+from netns_guest import Guest, netns_guest, run
 from serve_process import Server, serving
 
 SYSTEM_PYTHON = "/usr/bin/python3"
@@ -57,13 +55,6 @@ rmdir "$mnt"
 PARAMETERS = ("os-image", "os-package", "greeting", "exit-status", "root-device")
 
 
-def run(*argv: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, check=False)
-    if check:
-        assert done.returncode == 0, f"{shlex.join(argv)}: {done.stderr}"
-    return done
-
-
 @pytest.fixture(autouse=True)
 def as_root() -> None:
     """Loop devices, mounts and network namespaces need root and their tools: fail, never skip."""
@@ -75,34 +66,10 @@ def as_root() -> None:
     require_ganeti()
 
 
-@dataclass(frozen=True)
-class Guest:
-    """A netns "instance": its name, its address, and the root namespace's address on the veth pair."""
-
-    netns: str
-    address: str
-    host: str
-
-
 @pytest.fixture
 def guest() -> Iterator[Guest]:
-    suffix = secrets.token_hex(3)
-    netns, outside, inside = f"gni{suffix}", f"gno{suffix}", f"gnv{suffix}"
-    base, third = secrets.randbelow(64) * 4, secrets.randbelow(256)
-    host, address = f"198.19.{third}.{base + 1}", f"198.19.{third}.{base + 2}"
-    run("ip", "netns", "add", netns)
-    try:
-        run("ip", "link", "add", outside, "type", "veth", "peer", "name", inside)
-        run("ip", "link", "set", inside, "netns", netns)
-        run("ip", "addr", "add", f"{host}/30", "dev", outside)
-        run("ip", "link", "set", outside, "up")
-        run("ip", "netns", "exec", netns, "ip", "addr", "add", f"{address}/30", "dev", inside)
-        run("ip", "netns", "exec", netns, "ip", "link", "set", inside, "up")
-        yield Guest(netns, address, host)
-    finally:
-        run("ip", "link", "del", outside, check=False)
-        run("ip", "netns", "del", netns, check=False)
-    assert netns not in run("ip", "netns", "list").stdout
+    with netns_guest("gn", 19) as made:
+        yield made
 
 
 @pytest.fixture
