@@ -58,7 +58,8 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
         metavar="URL",
         help="fetch URL/openstack/latest/meta_data.json (default: %(default)s; the default source)",
     )
-    udev.add_argument("--timeout", type=_positive, default=5.0, metavar="SECONDS", help="HTTP timeout (default: 5)")
+    udev.add_argument("--timeout", type=ganeti.positive_seconds, default=5.0, metavar="SECONDS",
+                      help="HTTP timeout (default: 5)")
     udev.add_argument("--sysfs-root", type=Path, default=Path("/sys"), metavar="DIR", help="default: /sys")
     udev.add_argument(
         "--dev-root", type=Path, default=Path("/dev"), metavar="DIR", help="disk/by-id, disk/by-label (default: /dev)"
@@ -72,16 +73,6 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     udev.add_argument("--udevadm", default="udevadm", metavar="PATH", help="the udevadm program (default: from PATH)")
     ganeti.add_parser(commands)
     return parser
-
-
-def _positive(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
-    return value
 
 
 def main(argv: Sequence[str] | None = None, *, prog: str | None = None) -> int:

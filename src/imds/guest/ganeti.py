@@ -61,20 +61,21 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     where.add_argument("--root-device", metavar="DEV",
                        help="the device holding the root filesystem, mounted for os-package (default: the first "
                        "--disk; e.g. /dev/vda1 after a partitioned image)")
-    install.add_argument("--timeout", type=_positive, default=30.0, metavar="SECONDS",
+    install.add_argument("--timeout", type=positive_seconds, default=30.0, metavar="SECONDS",
                          help="HTTP timeout per request (default: 30)")
     install.add_argument("--progress-bytes", type=_positive_int, default=PROGRESS_BYTES, metavar="N",
                          help="an image progress event at most every N bytes and every 10%% (default: 64 MiB)")
     install.add_argument("--dry-run", action="store_true", help="read and print the plan; write and post nothing")
 
 
-def _positive(text: str) -> float:
+def positive_seconds(text: str) -> float:
+    """The ``--timeout`` type: a positive number of seconds."""
     try:
         value = float(text)
     except ValueError:
         value = 0.0
     if not value > 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number")
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
     return value
 
 
