@@ -241,6 +241,23 @@ class Entry:
             return cast("T", rendered[key])
         return self._keep(key, build(self.instance, self._project()))
 
+    def cached(self, key: str) -> object | None:
+        """The rendering ``key`` if this version holds it now (marked recent), else None; builds nothing."""
+        rendered = self._rendered
+        if rendered is None:
+            return None
+        value = rendered.get(key)
+        if value is not None:
+            self._cache.touch(self)
+        return value
+
+    def keep(self, key: str, value: object, size: int) -> None:
+        """Hold ``value`` as rendering ``key`` of this version, charged ``size`` bytes (``render`` estimates)."""
+        if self._rendered is None:
+            self._rendered = {}
+        self._rendered[key] = value
+        self._cache.charge(self, size + len(key))
+
     def _keep(self, key: str, value: T) -> T:
         if self._rendered is None:
             self._rendered = {}

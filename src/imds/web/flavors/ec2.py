@@ -100,4 +100,4 @@ class Ec2Flavor:
             raise NotFound(f"no {subpath!r} under /{version}")
         if kind in _COUNTED:
             self._locator.served(record)
-        return Reply(200, body(node), headers=headers)
+        return Reply(200, body(node), headers=headers, fixed=token is None)  # a token's answer says its TTL

@@ -69,10 +69,10 @@ class OpenStackFlavor:
         if isinstance(node, SeededJson):
             return Reply(200, node.with_seed(self._seeds.take()), JSON)
         if rest.endswith(".json"):
-            return Reply(200, body(node), JSON)
+            return Reply(200, body(node), JSON, fixed=True)
         if kind == USERDATA:
-            return Reply(200, body(node), entry.render("openstack/user_data:type", userdata_type))
-        return Reply(200, body(node))
+            return Reply(200, body(node), entry.render("openstack/user_data:type", userdata_type), fixed=True)
+        return Reply(200, body(node), fixed=True)
 
     async def _post_password(self, call: InstanceCall) -> Reply:
         instance = (await self._locator.entry(call)).instance
