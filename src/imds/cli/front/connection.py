@@ -55,12 +55,19 @@ Hot = tuple[Scope, Handler, bool]  # an instance read: its scope, its handler, k
 Item = Hot | RequestResponseCycle | bytes
 
 
+_DETACHED = httptools.HttpRequestParser(object())  # what a closed connection holds instead of its parser
+
+
 class _Stop(Exception):
     """Raised in a parser callback to stop parsing: the connection was refused and is closing."""
 
 
 class Connection(asyncio.Protocol):
     """One HTTP/1.1 connection (see the module docstring)."""
+
+    __slots__ = ("_release", "active", "client", "closing", "deadline", "early", "exchange", "flow", "head_bytes",
+                 "head_size", "headers", "idle_since", "in_head", "parser", "parsing", "queue", "recalls",
+                 "says_connection", "server", "shared", "transport", "url")
 
     def __init__(self, shared: Shared, release: Callable[[], None], client: tuple[str, int],
                  server: tuple[str, int]) -> None:
@@ -88,8 +95,8 @@ class Connection(asyncio.Protocol):
         self.closing = False  # refused or stopping: read nothing more
         self.deadline = 0.0  # loop time the head (or the idle wait) must end by; 0: an answer is under way
         self.idle_since = 0.0
-        fast = shared.fast
-        self.recalls = fast is not None and fast.instance_listener(server)  # may answer from the read memo
+        self.recalls = shared.instance_listener(server)  # may answer from the read memo
+        self.early = b""  # bytes the listener read before the connection was made
 
     # -- asyncio.Protocol ------------------------------------------------------------------
 
@@ -101,6 +108,9 @@ class Connection(asyncio.Protocol):
         self.shared.connections.add(self)
         self.idle_since = self.shared.loop.time()
         self.deadline = self.idle_since + self.shared.header_timeout  # the first head, from the accept
+        early, self.early = self.early, b""
+        if early:  # read when accepted (imds.cli.front.listener)
+            self.data_received(early)
 
     def connection_lost(self, exc: Exception | None) -> None:  # noqa: ARG002 - the reason changes nothing
         self.closing = True
@@ -115,6 +125,7 @@ class Connection(asyncio.Protocol):
         if self.flow is not None:
             self.flow.resume_writing()  # a writer waiting on drain sees the loss
         self.shared.closed(self)
+        self.parser = _DETACHED  # the parser holds our callbacks: without this cycle, refcounting frees us now
         release, self._release = self._release, None
         if release is not None:
             release()

@@ -14,7 +14,7 @@ first waits; ``imds.web.instance.InstanceFront.serve`` says how it keeps to that
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine, Generator
+from collections.abc import Callable, Coroutine, Generator
 from typing import Any
 
 
@@ -61,3 +61,27 @@ class _Resumed:
                     step = coro.send(sent)
                 except StopIteration:
                     return
+
+
+def drive(coro: Coroutine[Any, Any, Any], loop: asyncio.AbstractEventLoop,
+          failed: Callable[[BaseException], None]) -> None:
+    """Run ``coro`` now and resume it from the done callbacks of the futures it awaits: no task at all.
+
+    For short event-loop coroutines that only await futures (the loop's own
+    ``connect_accepted_socket``: one per connection); ``failed`` gets what it raises.
+    """
+
+    def step(_done: object = None) -> None:
+        try:
+            future = coro.send(None)
+        except StopIteration:
+            return
+        except BaseException as exc:  # noqa: BLE001 - handed to ``failed``, which owns the outcome
+            failed(exc)
+            return
+        if future is None:  # a bare yield (sleep(0)): go on after one loop turn
+            loop.call_soon(step)
+        else:
+            future.add_done_callback(step)
+
+    step()

@@ -67,6 +67,7 @@ class Shared:
         self.stopping = False
         self.drained = asyncio.Event()  # set when stopping and the last connection has closed
         self.now = loop.time()  # the loop's clock at the last tick: what idle deadlines count from
+        self._listeners: dict[tuple[str, int], bool] = {}  # local address -> instance_listener (a few)
         self.redate()
 
     def redate(self) -> None:
@@ -74,6 +75,13 @@ class Shared:
         value = formatdate(usegmt=True).encode()
         self.date.line = b"date: " + value + b"\r\n"
         self.default_headers = [(b"date", value)]
+
+    def instance_listener(self, server: tuple[str, int]) -> bool:
+        """Whether connections accepted on local address ``server`` carry instance requests (remembered)."""
+        known = self._listeners.get(server)
+        if known is None:
+            known = self._listeners[server] = self.fast is not None and self.fast.instance_listener(server)
+        return known
 
     def keep(self, task: asyncio.Task[None]) -> None:
         """Hold a reference to ``task`` until it is done (so it is neither collected nor forgotten at stop)."""
