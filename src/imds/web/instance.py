@@ -244,19 +244,33 @@ class InstanceFront:
         started = time.perf_counter()
         host = client[0] if client else None
         found = memo.recall(host, path)
-        if found is None:
-            return None
+        return found if found is not None and self._counted(memo, found, host, path, started) else None
+
+    def again(self, client: Any, path: str, found: Remembered) -> bool:
+        """The very read ``remembered`` answered with ``found``, asked again: whether ``found`` still answers it.
+
+        For a server that recognises a request by its bytes: the memo must still hold
+        ``found`` for this caller and path (else the caller, the instance or its rendering
+        moved); the bookkeeping is done as for ``remembered``.
+        """
+        started = time.perf_counter()
+        host = client[0] if client else None
+        memo = self._memo
+        return memo is not None and memo.recall(host, path) is found and self._counted(memo, found, host, path, started)
+
+    def _counted(self, memo: ReadMemo, found: Remembered, host: str | None, path: str, started: float) -> bool:
+        """``serve``'s bookkeeping for a remembered answer; False (nothing counted) when a limit refuses it."""
         if self._limiter is not None or self._in_flight.limit:
             key = self._key_of(host, parse_host(host) if self._behind_proxies and host else None)
             if self._in_flight.limit and self._in_flight.held(key) >= self._in_flight.limit:
-                return None
+                return False
             if self._limiter is not None and self._limiter.retry_after(key):
-                return None
+                return False
         memo.replay(found)
         self._tally.add(found.status, time.perf_counter() - started)
         if self._log_reads:
             _log.info("instance.read", path=path, peer=host, status=found.status)
-        return found
+        return True
 
     async def _answer(
         self, call: InstanceCall, send: Send, handler: Handler, receive: Receive, key: str | None

@@ -12,6 +12,7 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
+import httpx
 import pytest
 
 from helpers import ADMIN_TOKEN, make_settings, wait_for_async
@@ -174,3 +175,54 @@ async def test_a_malformed_request_after_good_ones_is_refused_in_its_turn(shared
     assert [a[0] for a in answers] == [200, 200, 400]
     assert json.loads(answers[2][2])["errors"][0]["field"] == "request"
     assert transport.closed
+
+
+class _Feeds:
+    """Wraps a parser: counts the chunks fed to it."""
+
+    def __init__(self, parser: Any) -> None:
+        self.parser, self.fed = parser, 0
+
+    def feed_data(self, data: bytes) -> None:
+        self.fed += 1
+        self.parser.feed_data(data)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.parser, name)
+
+
+async def test_the_same_bytes_again_are_answered_without_parsing_and_counted(shared):
+    """A read remembered, then the same bytes alone again: answered unparsed, counted, fresh after a write."""
+    connection, transport = _connect(shared)
+    feeds = connection.parser = _Feeds(connection.parser)  # type: ignore[assignment]
+    request = _get("/latest/meta-data/hostname", "User-Agent: poller")
+    reads = shared.fast.serve.__self__.services.metrics.tally.reads  # type: ignore[union-attr]
+    before = reads[("metadata", True)]
+    for _ in range(4):
+        connection.data_received(request)
+    assert [a[2] for a in transport.answers()] == [b"metadata-example-01"] * 4
+    assert feeds.fed == 2  # the first went the whole way, the second was remembered, the rest came again
+    assert reads[("metadata", True)] - before == 4
+    front = shared.fast.serve.__self__  # type: ignore[union-attr]
+    body = json.dumps({"id": DEMO_ID, "ipAddresses": ["127.0.0.1", "::1"],
+                       "metadata": {"id": DEMO_ID, "hostname": "polled"}}).encode()
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=front, client=("192.0.2.250", 1)),
+                                 base_url="http://imds", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}) as admin:
+        assert (await admin.post("/device-metadata", content=body,
+                                 headers={"Content-Type": "application/json"})).status_code == 200
+    connection.data_received(request)
+    assert transport.answers()[-1][2] == b"polled"
+    assert feeds.fed == 3  # the memo no longer had that answer: parsed again
+
+
+async def test_the_same_bytes_again_still_meet_the_rate_limit(shared):
+    """Past the caller's burst, the same bytes again get the 429 the whole way gives."""
+    settings = make_settings(rate_limit=1.0, rate_burst=3, max_requests_per_source=0)
+    app = build_served_app(settings)
+    async with app.app.services.running():
+        await load_demo(app.app.services.records)
+        limited = Shared(app, settings, asyncio.get_running_loop())
+        connection, transport = _connect(limited)
+        for _ in range(5):
+            connection.data_received(_get("/metadata"))
+        assert [a[0] for a in transport.answers()] == [200, 200, 200, 429, 429]

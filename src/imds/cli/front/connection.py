@@ -1,26 +1,23 @@
 """One client connection of imds's own front: httptools parses; instance reads are answered in place.
 
 The shape is uvicorn's ``HttpToolsProtocol`` (``uvicorn/protocols/http/httptools_impl.py``):
-the parser's callbacks collect a request, one request is answered at a time, pipelined
-ones wait in order (reading paused meanwhile), flow control pauses the writer
-(``FlowControl``), and a request for the ASGI app runs as uvicorn's own
-``RequestResponseCycle`` task, body streamed to it as it arrives. What differs:
+callbacks collect a request, one request is answered at a time, pipelined ones wait in
+order (reading paused), ``FlowControl`` pauses the writer, and a request for the ASGI app
+runs as uvicorn's own ``RequestResponseCycle`` task, its body streamed as it arrives. But:
 
 - **Instance reads skip ASGI.** A GET or HEAD that ``InstanceFront.route`` gives an
-  instance handler, and that the request limits would let through untouched
-  (``Bounded.untouched``: no body, not too many header lines), runs
-  ``InstanceFront.serve`` (the coroutine the ASGI entry point runs) eagerly, in the parser
-  callback, with an ``Exchange`` as send and receive: answered from the catalog, it never
-  waits, so its bytes are written before the callback returns. If it does wait (a change
-  watch, an upstream lookup, a streamed reply) it goes on in a task, and later requests on
-  the connection wait for it, as they would for an ASGI request.
-- **Limits uvicorn lacks.** The request line and headers are bounded by
-  ``--max-header-bytes`` (431, as they arrive: an endless header is cut off, never
-  buffered); a head must be complete within ``--header-timeout`` of the connection's
-  accept or of the previous answer, and an idle keep-alive connection is closed after
-  ``--keepalive-timeout`` (the server's tick checks the deadlines, see ``expired``).
-- **HTTP/1.0 keep-alive** is honoured on the fast path (``Connection: keep-alive`` asked,
-  answered); the ASGI path closes HTTP/1.0 connections after each answer, as uvicorn does.
+  instance handler and the request limits pass untouched (``Bounded.untouched``) runs
+  ``InstanceFront.serve`` eagerly in the parser callback, an ``Exchange`` as send and
+  receive: a read that never waits is written before the callback returns; one that waits
+  (a watch, a lookup, a stream) goes on in a task, later requests waiting their turn.
+  A read the memo has (``InstanceFront.remembered``) is answered from it at once, and the
+  same bytes asked again alone on the connection are answered without parsing (``_again``).
+- **Limits uvicorn lacks.** The head is bounded by ``--max-header-bytes`` as it arrives
+  (431: an endless header is cut off, never buffered); it must be complete within
+  ``--header-timeout`` of the accept or of the previous answer, and an idle connection is
+  closed after ``--keepalive-timeout`` (the server's tick checks deadlines: ``expired``).
+- **HTTP/1.0 keep-alive** is honoured on the fast path; the ASGI path closes HTTP/1.0
+  connections after each answer, as uvicorn does.
 
 A malformed request gets a JSON 400 (status from ``imds.web.errors``) and the connection
 closes after the answers before it.
@@ -29,7 +26,6 @@ closes after the answers before it.
 from __future__ import annotations
 
 import asyncio
-import urllib.parse
 from collections import deque
 from collections.abc import Callable
 from typing import cast
@@ -40,21 +36,18 @@ from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
 from imds.cli.front import eager
 from imds.cli.front.exchange import Exchange
+from imds.cli.front.request import asgi_cycle, scope_of
 from imds.cli.front.shared import Shared
 from imds.cli.front.wire import Last, recalled, refusal
 from imds.errors import HeadTooLarge, ImdsError, InvalidInput
+from imds.web.memo import Remembered
 from imds.web.routing import Handler, Scope
 
 READS = {b"GET": "GET", b"HEAD": "HEAD"}  # the methods of the reads answered without ASGI
-ASGI = {"version": "3.0", "spec_version": "2.3"}
 Hot = tuple[Scope, Handler, bool]  # an instance read: its scope, its handler, keep-alive
-
-
 # What waits its turn: an instance read to run, an ASGI request, or a whole answer ready to write
 # (bytes: a remembered read; Last: the same, or a refusal, then the connection closes).
 Item = Hot | RequestResponseCycle | bytes
-
-
 _DETACHED = httptools.HttpRequestParser(object())  # what a closed connection holds instead of its parser
 
 
@@ -66,8 +59,8 @@ class Connection(asyncio.Protocol):
     """One HTTP/1.1 connection (see the module docstring)."""
 
     __slots__ = ("_release", "active", "client", "closing", "deadline", "early", "exchange", "flow", "head_bytes",
-                 "head_size", "headers", "idle_since", "in_head", "parser", "parsing", "queue", "recalls",
-                 "says_connection", "server", "shared", "transport", "url")
+                 "head_size", "headers", "idle_since", "in_head", "messages", "parser", "parsing", "queue", "recalled",
+                 "recalls", "repeat", "says_connection", "server", "shared", "transport", "url")
 
     def __init__(self, shared: Shared, release: Callable[[], None], client: tuple[str, int],
                  server: tuple[str, int]) -> None:
@@ -97,6 +90,9 @@ class Connection(asyncio.Protocol):
         self.idle_since = 0.0
         self.recalls = shared.instance_listener(server)  # may answer from the read memo
         self.early = b""  # bytes the listener read before the connection was made
+        self.messages = 0  # requests completed in the chunk being parsed
+        self.recalled: tuple[Remembered, str, bool] | None = None  # the last request answered from the memo
+        self.repeat: tuple[bytes, Remembered, str, bool] | None = None  # its bytes, when they came alone
 
     # -- asyncio.Protocol ------------------------------------------------------------------
 
@@ -133,8 +129,13 @@ class Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.closing:
             return
+        repeat = self.repeat
+        if repeat is not None and data == repeat[0] and self._again(repeat):
+            return
         if self.parsing is None:  # between requests or in a head: this counts against the head limit
             self.head_bytes += len(data)
+        self.messages = 0
+        self.recalled = None
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserCallbackError as exc:
@@ -150,6 +151,8 @@ class Connection(asyncio.Protocol):
             return
         if self.in_head and self.head_bytes > self.shared.max_header_bytes:
             self._refuse(HeadTooLarge(self.shared.max_header_bytes))
+        elif self.recalled is not None and self.messages == 1 and not self.in_head:
+            self.repeat = (data, *self.recalled)  # one whole request, answered from the memo: see _again
 
     def eof_received(self) -> None:  # the transport closes once what is written has gone
         return
@@ -201,14 +204,23 @@ class Connection(asyncio.Protocol):
         if read and self.recalls and self.active is None and not self.queue \
                 and self._recalled(method, keep_alive=keep_alive):
             return
-        scope = self._scope(method)
+        try:
+            scope = scope_of(method, self.url, parser.get_http_version(), self.headers, client=self.client,
+                             server=self.server)
+        except InvalidInput as exc:
+            self._refuse(exc)
+            raise _Stop from None
         if read:
             assert fast is not None  # noqa: S101 - read says so
             handler = fast.route(scope)
             if handler is not None:
                 self.parsing = (scope, handler, keep_alive)
                 return
-        self.parsing = cycle = self._cycle(scope, keep_alive=keep_alive)
+        assert self.transport is not None  # noqa: S101 - connected
+        assert self.flow is not None  # noqa: S101 - connected
+        self.parsing = cycle = asgi_cycle(scope, self.transport, self.flow, shared.logger, shared.default_headers,
+                                          keep_alive=keep_alive and not parser.should_upgrade(),
+                                          on_response=self._cycle_answered)
         self._enqueue(cycle)
 
     def on_body(self, body: bytes) -> None:
@@ -220,6 +232,7 @@ class Connection(asyncio.Protocol):
             cycle.message_event.set()
 
     def on_message_complete(self) -> None:
+        self.messages += 1
         parsing, self.parsing = self.parsing, None
         if isinstance(parsing, (tuple, bytes)):
             self._enqueue(parsing)
@@ -263,8 +276,30 @@ class Connection(asyncio.Protocol):
             return False
         # HTTP/1.0 keeps a connection only when asked to (Connection: keep-alive): the version matters then only.
         http10 = keep_alive and self.says_connection and self.parser.get_http_version() == "1.0"
-        self.parsing = recalled(found, self.shared.date.line, head_only=method == b"HEAD", keep_alive=keep_alive,
+        head_only = method == b"HEAD"
+        self.parsing = recalled(found, self.shared.date.line, head_only=head_only, keep_alive=keep_alive,
                                 http10=http10)
+        if keep_alive and not http10:
+            self.recalled = (found, url.decode("ascii"), head_only)
+        return True
+
+    def _again(self, repeat: tuple[bytes, Remembered, str, bool]) -> bool:
+        """The same bytes as a request answered from the memo, alone in their chunk: answer them so again.
+
+        A poller (an agent asking every second, a load generator) sends the same request
+        on its connection each time. If nothing is under way, the server is not stopping and
+        the memo still gives the same answer for this caller and path (``InstanceFront.again``,
+        which does the bookkeeping), the answer is written without parsing: the parser is
+        between requests before and after a whole request, so skipping one changes nothing.
+        """
+        fast = self.shared.fast
+        if self.active is not None or self.queue or self.in_head or self.shared.stopping or fast is None:
+            return False
+        _, found, path, head_only = repeat
+        if not fast.again(self.client, path, found):
+            self.repeat = None
+            return False
+        self._enqueue(recalled(found, self.shared.date.line, head_only=head_only, keep_alive=True, http10=False))
         return True
 
     def _answer(self, hot: Hot) -> None:
@@ -303,22 +338,6 @@ class Connection(asyncio.Protocol):
         self.active = None
         if exchange is not None and not exchange.complete and not exchange.lost:
             self._abort()  # the front returned without a whole answer (a bug): never leave the client waiting
-
-    def _cycle(self, scope: Scope, *, keep_alive: bool) -> RequestResponseCycle:
-        """The request cycle of uvicorn for a request the ASGI app answers (admin API, writes, the token PUT...)."""
-        assert self.transport is not None  # noqa: S101 - connected
-        assert self.flow is not None  # noqa: S101 - connected
-        scope["asgi"] = ASGI
-        scope["state"] = {}
-        expect = any(name == b"expect" and value.lower() == b"100-continue" for name, value in self.headers)
-        return RequestResponseCycle(
-            scope=scope,  # type: ignore[arg-type] # uvicorn's TypedDict: the same keys
-            transport=self.transport, flow=self.flow, logger=self.shared.logger, access_logger=self.shared.logger,
-            access_log=False, default_headers=self.shared.default_headers, message_event=asyncio.Event(),
-            expect_100_continue=expect,
-            keep_alive=keep_alive and scope["http_version"] != "1.0" and not self.parser.should_upgrade(),
-            on_response=self._cycle_answered,
-        )
 
     def _cycle_answered(self) -> None:
         """The cycle wrote its whole answer: the next request's turn (after this loop turn)."""
@@ -377,27 +396,3 @@ class Connection(asyncio.Protocol):
             active.keep_alive = False
         elif self.exchange is not None:
             self.exchange.keep_alive = False
-
-    def _scope(self, method: bytes) -> Scope:
-        """The request's ASGI scope (what uvicorn's parser makes of the same request)."""
-        url = self.url
-        if url[:1] == b"/" and b"?" not in url and b"%" not in url:
-            raw, query = url, b""
-        else:
-            try:
-                parsed = httptools.parse_url(url)
-            except httptools.HttpParserInvalidURLError:
-                self._refuse(InvalidInput.one("request", "the request target is not a valid URL"))
-                raise _Stop from None
-            raw, query = parsed.path, parsed.query or b""
-        try:
-            path = raw.decode("ascii")
-        except UnicodeDecodeError:
-            self._refuse(InvalidInput.one("request", "the request target must be ASCII (percent-encode the rest)"))
-            raise _Stop from None
-        if "%" in path:
-            path = urllib.parse.unquote(path)
-        return {"type": "http", "http_version": self.parser.get_http_version(), "scheme": "http",
-                "method": method.decode("ascii"), "path": path, "raw_path": raw,
-                "query_string": query, "root_path": "", "headers": self.headers, "client": self.client,
-                "server": self.server}

@@ -29,14 +29,16 @@ class FastPath:
     ``untouched(headers)``: the request limits would hand it on as it is (``Bounded``);
     ``route(scope)``: the instance handler, or None for the admin app; ``serve``: the
     coroutine the ASGI entry point runs for it (``InstanceFront.serve``); ``remembered``:
-    a repeated read answered whole (``imds.web.memo``), bookkeeping done; and
-    ``instance_listener(server)``: whether a local address takes instance requests.
+    a repeated read answered whole (``imds.web.memo``), bookkeeping done; ``again``: the
+    same read by its bytes, still answered so; and ``instance_listener(server)``: whether a
+    local address takes instance requests.
     """
 
     untouched: Callable[[list[tuple[bytes, bytes]]], bool]
     route: Callable[[Scope], Handler | None]
     serve: Serve
     remembered: Callable[[tuple[str, int], str, str, list[tuple[bytes, bytes]]], Remembered | None]
+    again: Callable[[tuple[str, int], str, Remembered], bool]
     instance_listener: Callable[[tuple[str, int]], bool]
 
     @classmethod
@@ -44,7 +46,7 @@ class FastPath:
         """The fast path of ``imds serve``'s app (``Bounded`` around ``InstanceFront``); None for any other."""
         if isinstance(app, Bounded) and isinstance(app.app, InstanceFront):
             front = app.app
-            return cls(app.untouched, front.route, front.serve, front.remembered, front.instance_listener)
+            return cls(app.untouched, front.route, front.serve, front.remembered, front.again, front.instance_listener)
         return None
 
 
