@@ -299,7 +299,10 @@ class Connection(asyncio.Protocol):
         if not fast.again(self.client, path, found):
             self.repeat = None
             return False
-        self._enqueue(recalled(found, self.shared.date.line, head_only=head_only, keep_alive=True, http10=False))
+        transport = self.transport
+        if transport is not None:  # nothing is ahead of it: written at once, as _enqueue would
+            transport.write(recalled(found, self.shared.date.line, head_only=head_only, keep_alive=True, http10=False))
+            self._idle()
         return True
 
     def _answer(self, hot: Hot) -> None:
