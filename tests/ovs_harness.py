@@ -30,6 +30,7 @@ from pathlib import Path
 
 import pytest
 
+import haproxy_user
 from helpers import wait_for
 
 STOP_TIMEOUT = 10.0
@@ -38,11 +39,12 @@ TOOLS = ("ovsdb-server", "ovs-vswitchd", "ovs-vsctl", "ovs-ofctl", "ovsdb-tool",
 
 
 def require_tools() -> None:
-    """Fail (never skip) when a program these tests drive is missing."""
+    """Fail (never skip) when a program these tests drive is missing; make the agent's haproxy user."""
     search = os.environ.get("PATH", "") + ":/usr/sbin:/sbin"
     missing = [tool for tool in TOOLS if shutil.which(tool, path=search) is None]
     if missing:
         pytest.fail(f"missing {', '.join(missing)}: scripts/test installs openvswitch-switch, haproxy, ethtool")
+    haproxy_user.ensure()
 
 
 def run_tag() -> str:

@@ -78,18 +78,20 @@ def test_each_backend_drops_every_forwarding_header_the_vm_sent():
         assert "    http-request del-header x-forwarded- -m beg\n" in backend
 
 
-def test_a_token_put_carrying_a_forwarding_header_is_refused_in_the_frontend():
-    """Before any backend: PUT to serve's token path (decoded) with any listed header name → serve's 403."""
+def test_a_token_put_carrying_a_forwarding_header_is_refused_in_the_vms_backend():
+    """First in each VM's backend: PUT to serve's token path (decoded) with any listed header name → serve's 403."""
     text = render(FRONT, [VM_A], UPSTREAM)
-    frontend = text.split("frontend metadata\n", 1)[1].split("\n\n", 1)[0]
+    backend = text.split("backend vm0\n", 1)[1].split("\n\n", 1)[0]
+    refuse = next(line for line in backend.splitlines() if "http-request return status 403" in line)
+    assert refuse.startswith('    http-request return status 403 content-type "text/plain; charset=utf-8" '
+                             'string "403 - Forbidden" if METH_PUT ')
     # \z, not $: a path ending in a (decoded) newline is not the token path, as on serve.
-    assert f"    acl token_path path,url_dec -m reg '^{TOKEN_PATH_PATTERN}\\z'\n" in frontend
-    names = frontend.split("acl forwarding req.hdr_names -m reg -i (^|,)(", 1)[1].split(")(,|$)\n", 1)[0]
+    assert f"{{ path,url_dec -m reg '^{TOKEN_PATH_PATTERN}\\z' }}" in refuse
+    names = refuse.split("{ req.hdr_names -m reg -i (^|,)(", 1)[1].split(")(,|$) }", 1)[0]
     assert names.split("|") == [*FORWARDING_HEADERS, "x-forwarded-[^,]*"]
-    refuse = ('    http-request return status 403 content-type "text/plain; charset=utf-8" string "403 - Forbidden"'
-              " if METH_PUT token_path forwarding\n")
-    assert refuse in frontend
-    assert frontend.index(refuse) < frontend.index("use_backend vm0")
+    # Before the VM's forwarding headers are dropped, after the vars the request log names it by.
+    assert backend.index("set-var(txn.imds_id)") < backend.index(refuse) < backend.index("del-header x-forwarded-for")
+    assert "http-request return status 403" not in text.split("frontend metadata\n", 1)[1].split("\n\n", 1)[0]
 
 
 def test_rendering_is_deterministic_and_secret_free(haproxy, tmp_path):
