@@ -17,7 +17,12 @@ The VM is plugged as the demo instance and haproxy signs that id; ``imds serve``
 first). Prints requests/s and latency percentiles with the via/direct ratios and writes them
 to ``bench/results-datapath.md``. Run on demand (never in CI), as root::
 
-    .venv/bin/python bench/datapath_ovs.py --duration 10 --connections 8
+    .venv/bin/python bench/datapath_ovs.py --duration 10 --connections 8 [--label TEXT] [--tls]
+
+``--tls``: both host paths reach serve through a TLS front that requires client certificates
+(``tests/tls_front.py``: the shipped ``deploy/tls/haproxy.cfg``), each with the private CA and
+a client certificate (the direct path stays plain: it is the reference). ``--label`` names the
+run in the results (e.g. which tree: ``PYTHONPATH=/tmp/base/src`` measures another one).
 
 Every process is stopped by PID and every namespace/bridge removed; only loopback and the
 VM namespace are targeted.
@@ -42,6 +47,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
 from ovs_harness import AgentProcess, Vm, ovs_daemons, sh, vms, wait_for  # noqa: E402 - after the path above
+from tls_front import Pki, tls_front  # noqa: E402
 
 IMDS = Path(sys.executable).with_name("imds")
 RESULTS = ROOT / "bench" / "results-datapath.md"
@@ -53,6 +59,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
     parser.add_argument("--duration", type=int, default=10)
     parser.add_argument("--connections", type=int, default=8)
+    parser.add_argument("--label", default="", help="Said in the results' heading (e.g. before/after, a commit).")
+    parser.add_argument("--tls", action="store_true", help="The host paths reach serve through a mutual-TLS front.")
     args = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="imds-bench-"))
@@ -67,30 +75,30 @@ def main() -> None:
     )
     direct_url = f"http://127.0.0.1:{port}/metadata"
     try:
-        wait_for("imds serve", lambda: _ok(direct_url))
+        wait_for(lambda: _ok(direct_url), what="imds serve", timeout=60)
         direct_body = urllib.request.urlopen(direct_url, timeout=5).read()
-        with ovs_daemons(work) as ovs:
+        with _upstream(work, port, tls=args.tls) as (upstream, tls_flags), ovs_daemons(work) as ovs:
             t = ovs.tag
             bridge, meta_bridge, tap, netns = f"bi{t}", f"bm{t}", f"tm{t}", f"imdsmeta{t}"
             ovs.add_bridge(bridge)
             agent = AgentProcess(ovs, [
                 "--ovsdb", f"unix:{ovs.db_sock}", "--integration-bridge", bridge, "--metadata-bridge", meta_bridge,
-                "--meta-port", tap, "--meta-netns", netns, "--upstream", f"http://127.0.0.1:{port}",
+                "--meta-port", tap, "--meta-netns", netns, "--upstream", upstream, *tls_flags,
                 "--shared-secret-file", str(secret), "--state-dir", str(work / "state"),
             ], work / "agent.log")
             vm = Vm(ovs, bridge, f"vbench{t}", DEMO_ID, "02:00:00:00:be:01", "10.9.0.5/24")
             try:
                 with vms(vm):
                     agent.start()
-                    wait_for("the VM served", lambda: vm.get("http://169.254.169.254/metadata", timeout=3)[0] == 200,
-                             timeout=60)
+                    wait_for(lambda: vm.get("http://169.254.169.254/metadata", timeout=3)[0] == 200,
+                             what="the VM served", timeout=60, explain=agent.output)
                     status, body = vm.get("http://169.254.169.254/metadata")
                     if (status, body.encode()) != (200, direct_body):
                         sys.exit("the two paths answer different bytes; not comparable")
                     results = {
                         "direct (host → imds serve)": run_wrk(direct_url, args.duration, args.connections),
                     }
-                    with _proxy(work, port, secret) as proxy_url:
+                    with _proxy(work, upstream, secret, tls_flags) as proxy_url:
                         results["via imds proxy --map (loopback)"] = run_wrk(proxy_url, args.duration,
                                                                              args.connections)
                     results["via OVS flows + haproxy (VM → 169.254.169.254)"] = run_wrk(
@@ -117,19 +125,31 @@ def _ok(url: str) -> bool:
 
 
 @contextmanager
-def _proxy(work: Path, upstream_port: int, secret: Path) -> Iterator[str]:
+def _upstream(work: Path, port: int, *, tls: bool) -> Iterator[tuple[str, list[str]]]:
+    """(the URL the host paths use for serve, their TLS flags): serve itself, or a mutual-TLS front before it."""
+    if not tls:
+        yield f"http://127.0.0.1:{port}", []
+        return
+    pki = Pki(work / "pki", "bench")
+    client = pki.issue("bench-host")
+    with tls_front(work, pki.issue("localhost", server=True), pki.ca, f"http://127.0.0.1:{port}") as front:
+        yield front, ["--upstream-ca-file", str(pki.ca), "--upstream-cert-file", str(client.pem)]
+
+
+@contextmanager
+def _proxy(work: Path, upstream: str, secret: Path, tls_flags: list[str]) -> Iterator[str]:
     """``imds proxy --map`` on 127.0.0.2 mapping the caller 127.0.0.1 to the demo instance."""
     mapping = work / "map"
     mapping.write_text(f"127.0.0.1 {DEMO_ID}\n")
     port = free_port()
     process = subprocess.Popen(
-        [str(IMDS), "proxy", "--listen", f"127.0.0.2:{port}", "--upstream", f"http://127.0.0.1:{upstream_port}",
+        [str(IMDS), "proxy", "--listen", f"127.0.0.2:{port}", "--upstream", upstream, *tls_flags,
          "--shared-secret-file", str(secret), "--map", str(mapping)],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
     url = f"http://127.0.0.2:{port}/metadata"
     try:
-        wait_for("imds proxy", lambda: _ok(url))
+        wait_for(lambda: _ok(url), what="imds proxy", timeout=60)
         yield url
     finally:
         process.terminate()
@@ -138,8 +158,10 @@ def _proxy(work: Path, upstream_port: int, secret: Path) -> Iterator[str]:
 
 def _report(results: dict[str, dict[str, float]], args: argparse.Namespace) -> None:
     when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    label = f" ({args.label})" if args.label else ""
+    tls = ", host paths over mutual TLS" if args.tls else ""
     lines = [
-        f"## {when}: GET /metadata, wrk -t1 -c{args.connections} -d{args.duration}s",
+        f"## {when}{label}: GET /metadata, wrk -t1 -c{args.connections} -d{args.duration}s{tls}",
         "",
         "| path | req/s | p50 ms | p99 ms | non-2xx |",
         "|---|---|---|---|---|",
