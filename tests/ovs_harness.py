@@ -35,6 +35,7 @@ from helpers import wait_for
 
 STOP_TIMEOUT = 10.0
 READY_TIMEOUT = 60.0  # generous: a loaded 2-core CI machine restarts OVS slowly
+OTHER_SWITCH_TIMEOUT = 240.0  # a lab boot holds the host's ovs-netdev for minutes; within pytest's 300 s per test
 TOOLS = ("ovsdb-server", "ovs-vswitchd", "ovs-vsctl", "ovs-ofctl", "ovsdb-tool", "haproxy", "ethtool", "ip", "curl")
 
 
@@ -204,6 +205,11 @@ def ovs_daemons(root: Path, *, own_netns: bool = False) -> Iterator[Ovs]:
         if netns:
             sh("ip", "netns", "add", netns)
             netns_exec(netns, "ip", "link", "set", "lo", "up")
+        else:
+            # The userspace datapath of every ovs-vswitchd in one namespace is one tap, "ovs-netdev":
+            # while another switch holds it (a lab boot, another run) this one gets no port numbers.
+            wait_for(lambda: not Path("/sys/class/net/ovs-netdev").exists(), timeout=OTHER_SWITCH_TIMEOUT,
+                     what="the host's other userspace Open vSwitch to stop (it holds the ovs-netdev tap)")
         ovs.start_db()
         ovs.start_switch()
         yield ovs
