@@ -11,7 +11,7 @@ import ipaddress
 from dataclasses import dataclass
 from pathlib import Path
 
-from imds.config.hostside import host_side_rows
+from imds.config.hostside import HostSide, host_side_rows
 from imds.config.option import Group, Option, Rows, addresses
 
 _agent = Rows("agent", "IMDS_AGENT_")
@@ -57,20 +57,13 @@ AGENT_MODES = ("haproxy", "inport")
 
 
 @dataclass(frozen=True, repr=False)
-class AgentSettings(Group, rows=AGENT_OPTIONS):
+class AgentSettings(Group, HostSide, rows=AGENT_OPTIONS):
     """Validated configuration of ``imds agent`` (the ``agent`` group). Build it with ``load_agent``."""
 
     ovsdb: str
     integration_bridge: str
     metadata_bridge: str
     upstream: str
-    shared_secret_file: Path | None
-    host_key_file: Path | None
-    host_name: str | None
-    upstream_ca_file: Path | None
-    upstream_cert_file: Path | None
-    upstream_key_file: Path | None
-    upstream_insecure: bool
     provider_cidr: str
     provider_cidr6: str
     provider_base_mac: str

@@ -12,11 +12,27 @@ rows (each under its own prefix, ``IMDS_PROXY_*`` / ``IMDS_AGENT_*``) and the sa
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from pathlib import Path
+
 from imds.config.option import Option, Rows
 from imds.config.resolve import Values
 from imds.errors import ConfigError
 
 TLS_FILES = ("upstream_ca_file", "upstream_cert_file", "upstream_key_file")
+
+
+@dataclass(frozen=True, repr=False)
+class HostSide:
+    """The fields of ``host_side_rows``, shared by ``ProxySettings`` and ``AgentSettings`` (their groups' repr)."""
+
+    shared_secret_file: Path | None
+    host_key_file: Path | None
+    host_name: str | None
+    upstream_ca_file: Path | None
+    upstream_cert_file: Path | None
+    upstream_key_file: Path | None
+    upstream_insecure: bool
 
 
 def host_side_rows(rows: Rows) -> tuple[Option, ...]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from imds.config.hostside import host_side_rows
+from imds.config.hostside import HostSide, host_side_rows
 from imds.config.option import Group, Option, Rows, listen
 
 _proxy = Rows("proxy", "IMDS_PROXY_")
@@ -44,18 +44,11 @@ PROXY_OPTIONS: tuple[Option, ...] = (
 
 
 @dataclass(frozen=True, repr=False)
-class ProxySettings(Group, rows=PROXY_OPTIONS):
+class ProxySettings(Group, HostSide, rows=PROXY_OPTIONS):
     """Validated configuration of ``imds proxy`` (the ``proxy`` group). Build it with ``load_proxy``."""
 
     listen: tuple[tuple[str, int], ...]
     upstream: str
-    shared_secret_file: Path | None
-    host_key_file: Path | None
-    host_name: str | None
-    upstream_ca_file: Path | None
-    upstream_cert_file: Path | None
-    upstream_key_file: Path | None
-    upstream_insecure: bool
     map: Path | None
     map_poll_interval: float
     inport: bool
