@@ -24,7 +24,7 @@ from typing import Any
 
 import structlog
 
-SEND_BUFFER = 4 << 20  # bytes queued for the agent before haproxy drops lines (a burst of ~6,000 requests)
+SEND_BUFFER = 4 << 20  # bytes queued for the agent before haproxy drops lines (a few thousand)
 SO_SNDBUFFORCE = 32  # Linux's <asm-generic/socket.h>; Python's socket module does not name it
 _NUMBERS = ("status", "bytes", "request_ms", "connect_ms", "response_ms", "total_ms")
 _TEXT_MAX = 512
