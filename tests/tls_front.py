@@ -108,8 +108,13 @@ def _front_config(directory: Path, server: Issued, clients_ca: Path, port: int, 
 
 
 @contextmanager
-def tls_front(directory: Path, server: Issued, clients_ca: Path, upstream: str) -> Iterator[str]:
-    """A haproxy terminating TLS (client certificate required) in front of ``upstream``; yields its https URL."""
+def tls_front(
+    directory: Path, server: Issued, clients_ca: Path, upstream: str, *, netns: str | None = None
+) -> Iterator[str]:
+    """A haproxy terminating TLS (client certificate required) in front of ``upstream``; yields its https URL.
+
+    ``netns``: run it in that network namespace (on its loopback) instead of the host's.
+    """
     haproxy = shutil.which("haproxy", path="/usr/sbin:/usr/bin:/sbin")
     if haproxy is None:
         pytest.fail("haproxy is not installed (scripts/test installs it)")
@@ -118,15 +123,20 @@ def tls_front(directory: Path, server: Issued, clients_ca: Path, upstream: str) 
     checked = subprocess.run([haproxy, "-c", "-f", str(config)], capture_output=True, text=True, timeout=60,
                              check=False)
     assert checked.returncode == 0, checked.stdout + checked.stderr
+    where = ["ip", "netns", "exec", netns] if netns else []
     with (directory / f"tls-front-{port}.log").open("wb") as log:
-        process = subprocess.Popen([haproxy, "-db", "-f", str(config)], stdout=log, stderr=subprocess.STDOUT)
+        process = subprocess.Popen([*where, haproxy, "-db", "-f", str(config)], stdout=log, stderr=subprocess.STDOUT)
     try:
-        wait_for(lambda: _listening(port), what="the TLS front", timeout=20, ignoring=(OSError,))
+        wait_for(lambda: _listening(port, netns), what="the TLS front", timeout=20, ignoring=(OSError,))
         yield f"https://{NAME}:{port}"
     finally:
         stop_process(process)
 
 
-def _listening(port: int) -> bool:
+def _listening(port: int, netns: str | None) -> bool:
+    if netns:
+        ss = subprocess.run(["ip", "netns", "exec", netns, "ss", "-Hltn"], capture_output=True, text=True,
+                            timeout=30, check=False)
+        return f":{port} " in ss.stdout
     with socket.create_connection(("127.0.0.1", port), timeout=2):
         return True
