@@ -21,6 +21,7 @@ import pytest
 
 import haproxy_user
 from helpers import wait_for
+from imds import log
 from imds.agent.haproxy import Backend, Frontend, Process, render
 from imds.agent.haproxyctl import Haproxy
 from imds.agent.haproxyproc import process_of, upstream_of
@@ -131,19 +132,19 @@ def test_proxy_refuses_tls_files_with_a_plain_http_upstream(stack):
 
 
 class _Lines:
-    """A logger keeping what the request log re-emits."""
+    """Where the request log writes (a ``PrintLogger`` stand-in): its lines, parsed."""
 
     def __init__(self) -> None:
-        self.events: list[tuple[str, dict[str, Any]]] = []
+        self.lines: list[dict[str, Any]] = []
         self.lock = threading.Lock()
 
-    def info(self, event: str, **fields: Any) -> None:
+    def msg(self, message: str) -> None:
         with self.lock:
-            self.events.append((event, fields))
+            self.lines.append(json.loads(message))
 
     def requests(self) -> list[dict[str, Any]]:
         with self.lock:
-            return [fields for event, fields in self.events if event == "haproxy.request"]
+            return [line for line in self.lines if line["event"] == "haproxy.request"]
 
 
 def _agent_read(stack: Stack, name: str, *tls: str) -> tuple[int, str, dict[str, Any]]:
@@ -154,7 +155,7 @@ def _agent_read(stack: Stack, name: str, *tls: str) -> tuple[int, str, dict[str,
                                "IMDS_AGENT_STATE_DIR": str(state), "IMDS_AGENT_HAPROXY_USER": haproxy_user.ensure(),
                                **dict(zip(tls[::2], tls[1::2], strict=True))})
     lines = _Lines()
-    requests = RequestLog(lines)  # type: ignore[arg-type]
+    requests = RequestLog(log.get("agent"), out=lines)
     process: Process = process_of(settings, requests.haproxy_end)
     haproxy = Haproxy("haproxy", state, SECRET, log_fd=requests.haproxy_end)
     port = free_port()

@@ -83,7 +83,7 @@ class Agent:
         self.haproxy: Haproxy | None = None
         self.requests: RequestLog | None = None
         if not inport:
-            self.requests = RequestLog(self.log)
+            self.requests = RequestLog(self.log, enabled=settings.log_level in ("debug", "info"))
             self.process = process_of(settings, self.requests.haproxy_end)
             self.haproxy = Haproxy(settings.haproxy_bin, Path(settings.state_dir), key.secret,
                                    log_fd=self.requests.haproxy_end)
