@@ -37,6 +37,27 @@ def archive(*members: tuple[str, str, str], compress: bool = True) -> bytes:
     return gzip.compress(raw.getvalue(), mtime=0) if compress else raw.getvalue()
 
 
+def path_max_escape() -> bytes:
+    """CVE-2025-4517's construction: links to long directories, a link past PATH_MAX, ``escape`` through it."""
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        path, component = "", "d" * 247
+        for step in "abcdefghijklmnop":
+            directory = tarfile.TarInfo(f"{path}{component}")
+            directory.type = tarfile.DIRTYPE
+            tar.addfile(directory)
+            link = tarfile.TarInfo(f"{path}{step}")
+            link.type, link.linkname = tarfile.SYMTYPE, component
+            tar.addfile(link)
+            path = f"{path}{component}/"
+        for name, target in (("a/b/c/d/e/f/g/h/i/j/k/l/m/n/o/p/" + "l" * 254, "/".join([".."] * 16)),
+                             ("escape", "a/b/c/d/e/f/g/h/i/j/k/l/m/n/o/p/" + "l" * 254 + "/../tmp")):
+            link = tarfile.TarInfo(name)
+            link.type, link.linkname = tarfile.SYMTYPE, target
+            tar.addfile(link)
+    return gzip.compress(raw.getvalue(), mtime=0)
+
+
 GOOD = archive(("dir", "etc", ""), ("file", "etc/motd", "hello"), ("sym", "etc/link", "motd"),
                ("sym", "etc/up", "../etc/motd"), ("hard", "etc/again", "etc/motd"))
 
@@ -80,7 +101,10 @@ async def test_a_good_package_is_streamed_with_credentials_from_memory(upstream)
     (archive(("sym", "etc/out", "../../root")), "symbolic link 'etc/out' points outside the archive"),
     (archive(("hard", "etc/h", "../outside")), "hard link 'etc/h' points outside the archive"),
     (archive(("hard", "etc/h", "/etc/passwd")), "hard link 'etc/h' points outside the archive"),
-    (archive(("fifo", "pipe", "")), "member 'pipe' is a device or FIFO"),
+    (archive(("fifo", "pipe", "")), "member 'pipe' is a device, FIFO or other special file"),
+    (path_max_escape(), "symbolic link 'escape' points outside the archive"),
+    (archive(("sym", "l", "d/../etc/passwd"), ("sym", "d", "sub/.."), ("dir", "sub", "")),
+     "symbolic link 'l' points outside the archive once unpacked"),
     (archive(("file", "plain", "x"), compress=False), "not a gzip-compressed tar archive"),
     (b"not an archive at all", "not a gzip-compressed tar archive"),
     (GOOD[: len(GOOD) // 2], "not a gzip-compressed tar archive"),

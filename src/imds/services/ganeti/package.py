@@ -2,26 +2,24 @@
 
 The whole archive is read into memory (at most ``--os-package-max-bytes``) and checked
 before the first byte goes to the instance, so a refused archive is a 502 whose body
-says why rather than a truncated 200. Refused: anything that is not a gzip-compressed
-tar, a member with an absolute path or a ``..`` component, a symbolic or hard link whose
-target leaves the tree, and device or FIFO members. ``imds.upstream.package`` downloads it
-(no redirects: the credentials must not travel to another origin).
+says why rather than a truncated 200. The check is ``imds.tarball``'s, the one the guest
+tool unpacks with: unpacked in imagination against an empty root, every member must stay
+inside it (links followed as the kernel would, chains included), and devices, FIFOs and
+other special files are refused, as is anything that is not a gzip-compressed tar. It
+runs in a worker thread (a large archive takes a while to decompress).
+``imds.upstream.package`` downloads it (no redirects: the credentials must not travel to
+another origin).
 """
 
 from __future__ import annotations
 
-import io
-import posixpath
-import tarfile
-import zlib
-
+import anyio
 import httpx
 
+from imds import tarball
 from imds.errors import UpstreamError
 from imds.services.ganeti.memory import PackageAuth
 from imds.upstream.package import PackageDownloader
-
-_SHOWN = 100  # characters of a member name shown in a refusal
 
 
 class PackageFetcher:
@@ -34,46 +32,18 @@ class PackageFetcher:
         """The checked archive; UpstreamError (502) saying why when it cannot be served."""
         credentials = (auth.username.reveal(), auth.password.reveal()) if auth is not None else None
         data = await self._downloader.get(url, credentials)
-        problem = archive_problem(data)
-        if problem is not None:
-            msg = f"package refused: {problem}"
-            raise UpstreamError(msg)
+        await checked(data, "package")
         return data
 
 
+async def checked(data: bytes, what: str) -> None:
+    """UpstreamError ``<what> refused: <why>`` unless ``data`` is a tar.gz ``imds.tarball`` would unpack."""
+    problem = await anyio.to_thread.run_sync(tarball.check, data)
+    if problem is not None:
+        msg = f"{what} refused: {problem}"
+        raise UpstreamError(msg)
+
+
 def archive_problem(data: bytes) -> str | None:
-    """Why this tar.gz must not be served, or None when every member stays inside the tree."""
-    try:
-        with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as archive:
-            for member in archive:
-                problem = _member_problem(member)
-                if problem is not None:
-                    return problem
-    except (tarfile.TarError, EOFError, zlib.error, OSError):
-        return "not a gzip-compressed tar archive (or a truncated one)"
-    return None
-
-
-def _escapes(path: str) -> bool:
-    """Whether a path, taken relative to the archive root, is absolute or climbs out of it."""
-    if path.startswith("/") or posixpath.isabs(path):
-        return True
-    normal = posixpath.normpath(path)
-    return normal == ".." or normal.startswith("../")
-
-
-def _member_problem(member: tarfile.TarInfo) -> str | None:
-    shown = repr(member.name[:_SHOWN])
-    if member.name.startswith("/"):
-        return f"member {shown} has an absolute path"
-    if ".." in member.name.split("/"):
-        return f"member {shown} has a '..' component"
-    if member.issym():
-        target = posixpath.join(posixpath.dirname(member.name), member.linkname)
-        if member.linkname.startswith("/") or _escapes(target):
-            return f"symbolic link {shown} points outside the archive ({member.linkname[:_SHOWN]!r})"
-    if member.islnk() and _escapes(member.linkname):
-        return f"hard link {shown} points outside the archive ({member.linkname[:_SHOWN]!r})"
-    if member.ischr() or member.isblk() or member.isfifo():
-        return f"member {shown} is a device or FIFO"
-    return None
+    """Why this tar.gz must not be served, or None (``imds.tarball.check``)."""
+    return tarball.check(data)
