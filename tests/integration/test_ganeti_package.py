@@ -13,7 +13,7 @@ import pytest
 from factories import next_ipv4
 from fake_upstream import FakeUpstream, running_upstream
 from ganeti_data import os_body, put_os
-from helpers import admin_client, client_from, make_settings, push_record, running_app
+from helpers import LOOPBACK_FETCHES, admin_client, client_from, make_settings, push_record, running_app
 from serve_process import free_port
 
 pytestmark = pytest.mark.anyio
@@ -76,7 +76,8 @@ async def serve_package(upstream: FakeUpstream, data: Any, *, status: int = 200,
     if auth:
         package.update(username="pkg-user", password="pkg-pass:with:colons")
     ip = next_ipv4()
-    async with running_app(make_settings(os_package_max_bytes=max_bytes)) as app, admin_client(app) as admin:
+    settings = make_settings(os_package_max_bytes=max_bytes, fetch_allow=LOOPBACK_FETCHES)
+    async with running_app(settings) as app, admin_client(app) as admin:
         instance_id = await push_record(admin, [ip])
         await put_os(admin, os_body(instance_id, package=package))
         async with client_from(app, ip) as guest:
@@ -127,7 +128,7 @@ async def test_size_cap_and_upstream_failures(upstream):
     status, body = await serve_package(upstream, b"", status=302)
     assert (status, body) == (502, b"502 - Bad Gateway: package refused: the package URL answered 302")
     ip = next_ipv4()
-    async with running_app() as app, admin_client(app) as admin:
+    async with running_app(make_settings(fetch_allow=LOOPBACK_FETCHES)) as app, admin_client(app) as admin:
         instance_id = await push_record(admin, [ip])
         closed = f"http://127.0.0.1:{free_port()}/p.tgz"
         await put_os(admin, os_body(instance_id, package={"url": closed}))

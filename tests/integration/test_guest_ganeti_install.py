@@ -35,6 +35,7 @@ import pytest
 from fake_upstream import FakeUpstream, running_upstream
 from ganeti_metad import SOCKET, node_root, push, require_ganeti
 from guest_zipapp import build_documented_zipapp
+from helpers import LOOPBACK_FETCH_ARGS
 from netns_guest import Guest, netns_guest, run
 from serve_process import Server, serving
 
@@ -144,7 +145,7 @@ def installing(base: Path, guest: Guest, parameters: dict[str, str], package_url
     """`imds serve`; Ganeti's client pushes the instance; the admin API switches its OS record to ``install``."""
     root = node_root(base / "node")
     args = ("--db", f"sqlite:///{base / 'imds.db'}", "--os-definitions-dir", str(os_definitions(base)),
-            "--ganeti-metad-socket", str(root / SOCKET))
+            "--ganeti-metad-socket", str(root / SOCKET), *LOOPBACK_FETCH_ARGS)
     with serving(base, *args, host=guest.host) as server:
         instance_id = str(uuid.uuid4())
         spec = {

@@ -117,6 +117,10 @@ OPTIONS: tuple[Option, ...] = (
     _ganeti("os_image_max_bytes", "int", 16 << 30,
         "Largest OS image streamed for /ganeti/.../os/image, in bytes (never held whole); an image found larger "
         "mid-stream is cut by aborting the connection, never ended as a short 200."),
+    _ganeti("fetch_allow", "list", (),
+        "Network (CIDR) that a URL from a record (os-image, package.url) may reach although not public: loopback, "
+        "private, link-local… (repeatable; env: comma-separated; default: none, public addresses only; the metadata "
+        "addresses and this server's own listeners never).", parse=networks),
     _ganeti("ganeti_metad_socket", "path", None,
         "Unix socket taking ganeti-metad's place: Ganeti's node daemon pushes instances here (Luxi, mode 0600)."),
     # The instance<->host channel and change watch (README: "The instance↔host channel").

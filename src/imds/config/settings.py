@@ -160,6 +160,7 @@ class GanetiSettings(Group, rows=OPTIONS):
     os_package_timeout: float
     ganeti_os_image_dir: tuple[Path, ...]
     os_image_max_bytes: int
+    fetch_allow: tuple[Network, ...]
     ganeti_metad_socket: Path | None
 
 

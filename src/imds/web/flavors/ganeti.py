@@ -19,10 +19,11 @@ from imds.errors import ImdsError, NotFound, UpstreamError
 from imds.models import Instance
 from imds.services import Services
 from imds.services.ganeti.definitions import OsDefinition
-from imds.services.ganeti.image import IMAGE_PARAMETER, ImageSource
+from imds.services.ganeti.image import ImageSource
 from imds.services.ganeti.memory import PackageAuth
 from imds.services.ganeti.package import PackageFetcher
 from imds.services.ganeti.records import OsRecords, active
+from imds.services.ganeti.urls import IMAGE_PARAMETER
 from imds.web.errors import status_for
 from imds.web.replies import plain
 from imds.web.routing import (
@@ -54,10 +55,10 @@ class GanetiFlavor:
         self._locator = locator
         settings = services.settings
         self._fetcher = PackageFetcher(
-            services.http, max_bytes=settings.ganeti.os_package_max_bytes, timeout=settings.ganeti.os_package_timeout
+            services.fetch, max_bytes=settings.ganeti.os_package_max_bytes, timeout=settings.ganeti.os_package_timeout
         )
         self._images = ImageSource(
-            services.http, directories=settings.ganeti.ganeti_os_image_dir,
+            services.fetch, directories=settings.ganeti.ganeti_os_image_dir,
             max_bytes=settings.ganeti.os_image_max_bytes, timeout=settings.ganeti.os_package_timeout,
         )
         # The channel's handlers for "read" and "write" (``imds.web.flavors.channel``), given
