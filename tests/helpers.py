@@ -49,6 +49,8 @@ def make_settings(**overrides: Any) -> Settings:
     # In-process crawls send hundreds of requests from one address in well under a second;
     # the rate limit has its own tests (tests/security/test_http_abuse.py, services/test_ratelimit.py).
     values["rate_limit"] = 0.0
+    # No OS definitions from this machine's Ganeti search path (tests/unit/services/test_os_search_path.py has its own)
+    values["ganeti_os_search_path"] = ()
     values.update(overrides)
     return Settings.of(**values)
 

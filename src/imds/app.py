@@ -148,7 +148,7 @@ def build_services(
     records = Records(store, catalog, metrics, trusted=settings.callers.trusted_proxy)
     os_records = OsRecords(
         store, catalog, cipher=PrivateCipher.from_file(settings.ganeti.private_key_file),
-        definitions=OsDefinitions.load(settings.ganeti.os_definitions_dir),
+        definitions=OsDefinitions.load(settings.ganeti.os_definitions_dir, settings.ganeti.ganeti_os_search_path),
     )
     catalog.on_os_gone = _os_gone(os_records)  # no secret outlives its record (issue 11)
     return Services(

@@ -9,9 +9,12 @@ answers every request, serves another image right after, and stops on SIGTERM.
 from __future__ import annotations
 
 import contextlib
+import gzip
+import io
 import os
 import socket
 import stat
+import tarfile
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -29,6 +32,7 @@ pytestmark = pytest.mark.anyio
 PATH = "/ganeti/latest/os/image"
 IMAGE = b"a regular image\n" * 4096
 REQUESTS = 64
+FIELDS = {"package": "os-package", "os-install-package": "os-install-package"}  # leaf → parameter
 
 
 def with_image(instance_id: str, value: str) -> dict[str, Any]:
@@ -123,3 +127,77 @@ def test_a_fifo_asked_for_many_times_holds_nothing_and_sigterm_stops_the_server(
     assert answers == [(403, "403 - Forbidden: os-image: the node path is a FIFO, not a regular file")] * REQUESTS
     assert (good.status_code, good.content) == (200, IMAGE)
     assert code == 0
+
+
+def package_bytes(*members: tuple[str, bytes]) -> bytes:
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w") as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return gzip.compress(raw.getvalue(), mtime=0)
+
+
+def definitions(base: Path) -> Path:
+    """``base/os/tiny``: Ganeti's layout, declaring os-package and os-install-package."""
+    tiny = base / "os" / "tiny"
+    tiny.mkdir(parents=True)
+    for script in ("create", "export", "import", "rename"):
+        (tiny / script).write_text("#!/bin/sh\n")
+    (tiny / "ganeti_api_version").write_text("20\n")
+    (tiny / "parameters.list").write_text("os-package the package\nos-install-package the definition\n")
+    return tiny.parent
+
+
+async def node_package_answers(settings: Any, parameters: dict[str, str]) -> dict[str, tuple[int, bytes, str]]:
+    """(status, body, content type) of os/package and os/os-install-package with these public parameters."""
+    ip = next_ipv4()
+    async with running_app(settings) as app, admin_client(app) as admin:
+        instance_id = await push_record(admin, [ip])
+        body = os_body(instance_id, os_type="tiny")
+        body["parameters"] = {name: {"value": value, "visibility": "public"} for name, value in parameters.items()}
+        body["install_parameters"] = {}
+        await put_os(admin, body)
+        async with client_from(app, ip) as guest:
+            answers = {leaf: await guest.get(f"/ganeti/latest/os/{leaf}") for leaf in ("package", "os-install-package")}
+    return {leaf: (a.status_code, a.content, a.headers.get("content-type", "")) for leaf, a in answers.items()}
+
+
+async def test_node_packages_are_served_from_allowed_directories_only(tmp_path: Path, images: Path):
+    """os-package / os-install-package node paths: the file (metad's content type) when allowed, a status why not."""
+    good = package_bytes(("etc/motd", b"hi\n"))
+    (images / "site.tar.gz").write_bytes(good)
+    (images / "install.tgz").write_bytes(package_bytes(("os/create", b"#!/bin/sh\n"), ("environment", b"A=1\n")))
+    (images / "evil.tar.gz").write_bytes(package_bytes(("../escape", b"x")))
+    elsewhere = tmp_path / "elsewhere.tar.gz"
+    elsewhere.write_bytes(good)
+    allowed = make_settings(ganeti_os_package_dir=(images,), os_definitions_dir=definitions(tmp_path),
+                            os_package_max_bytes=4096)
+    answers = await node_package_answers(allowed, {"os-package": str(images / "site.tar.gz"),
+                                                   "os-install-package": str(images / "install.tgz")})
+    assert answers["package"] == (200, good, "application/x-tgz")
+    assert answers["os-install-package"][:2] == (200, (images / "install.tgz").read_bytes())
+    cases = [(str(images / "evil.tar.gz"), 502, "{} refused: member '../escape' has a '..' component"),
+             (str(elsewhere), 403, "{} names a node path outside every --ganeti-os-package-dir"),
+             (str(images / "pipe.img"), 403, "{}: the node path is a FIFO, not a regular file"),
+             (str(images / "good.img"), 502, "{} refused: larger than 4096 bytes (--os-package-max-bytes)")]
+    for value, status, why in cases:
+        answers = await node_package_answers(allowed, {"os-package": value, "os-install-package": value})
+        for leaf, field in FIELDS.items():
+            code, text, _ = answers[leaf]
+            assert (code, text.decode().split(": ", 1)[-1]) == (status, why.format(field)), leaf
+
+
+async def test_without_a_package_directory(tmp_path: Path, images: Path):
+    """No --ganeti-os-package-dir: os-package says so (403); os-install-package is the loaded definition's archive."""
+    (images / "site.tar.gz").write_bytes(package_bytes(("etc/motd", b"hi\n")))
+    settings = make_settings(os_definitions_dir=definitions(tmp_path))
+    answers = await node_package_answers(settings, {"os-package": str(images / "site.tar.gz"),
+                                                    "os-install-package": str(images / "site.tar.gz")})
+    refusal = b"403 - Forbidden: os-package names a node path, and no --ganeti-os-package-dir allows node paths"
+    assert answers["package"][:2] == (403, refusal)
+    status, archive, kind = answers["os-install-package"]
+    assert (status, kind) == (200, "application/gzip")
+    with tarfile.open(fileobj=io.BytesIO(archive), mode="r:gz") as tar:
+        assert "tiny/create" in tar.getnames()

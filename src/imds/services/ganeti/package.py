@@ -8,10 +8,14 @@ inside it (links followed as the kernel would, chains included), and devices, FI
 other special files are refused, as is anything that is not a gzip-compressed tar. It
 runs in a worker thread (a large archive takes a while to decompress).
 ``imds.upstream.package`` downloads it (no redirects: the credentials must not travel to
-another origin).
+another origin). ``NodePackages`` serves the node files Ganeti names in the ``os-package``
+and ``os-install-package`` parameters, as ganeti-metad does, under the same limits and check.
 """
 
 from __future__ import annotations
+
+import os
+from pathlib import Path
 
 import anyio
 import httpx
@@ -19,7 +23,10 @@ import httpx
 from imds import tarball
 from imds.errors import UpstreamError
 from imds.services.ganeti.memory import PackageAuth
+from imds.services.ganeti.nodefiles import open_node_file
 from imds.upstream.package import PackageDownloader
+
+PACKAGE_DIR_FLAG = "--ganeti-os-package-dir"
 
 
 class PackageFetcher:
@@ -33,6 +40,33 @@ class PackageFetcher:
         credentials = (auth.username.reveal(), auth.password.reveal()) if auth is not None else None
         data = await self._downloader.get(url, credentials)
         await checked(data, "package")
+        return data
+
+
+class NodePackages:
+    """``os-package`` and ``os-install-package`` node paths: the node's files, as ganeti-metad serves them, safely.
+
+    The same rules as an ``os-image`` node path (``imds.services.ganeti.nodefiles``: under a
+    ``--ganeti-os-package-dir``, a regular file, each call with a deadline), then the same
+    limits and check as a fetched package: at most ``--os-package-max-bytes``, held in memory,
+    and served only when ``imds.tarball`` accepts it.
+    """
+
+    def __init__(self, directories: tuple[Path, ...], *, max_bytes: int, timeout: float) -> None:
+        self.directories = tuple(Path(os.path.realpath(d)) for d in directories)
+        self._max = max_bytes
+        self._timeout = timeout
+
+    async def read(self, value: str, field: str) -> bytes:
+        """The checked archive the node path ``value`` (the parameter ``field``) names; an ImdsError saying why not."""
+        node = await open_node_file(value, self.directories, field=field, flag=PACKAGE_DIR_FLAG,
+                                    seconds=self._timeout)
+        try:
+            data = await node.read_all(self._max, f"{field} refused: larger than {self._max} bytes "
+                                                  "(--os-package-max-bytes)")
+        finally:
+            await node.close()
+        await checked(data, field)
         return data
 
 
