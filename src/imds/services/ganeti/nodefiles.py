@@ -41,9 +41,13 @@ _REASONS = {errno.ENOENT: "no such file", errno.ELOOP: "a symbolic link loop", e
             errno.ENOTDIR: "a path component is not a directory", errno.ENAMETOOLONG: "the path is too long"}
 
 
+class _Descriptor(int):
+    """A descriptor ``_open`` made: closed by ``_settle`` when its caller gave up before it came."""
+
+
 def _settle(future: asyncio.Future[Any], result: object, error: BaseException | None) -> None:
     if future.cancelled():
-        if isinstance(result, int):  # a descriptor opened after its caller gave up
+        if isinstance(result, _Descriptor):  # opened after its caller gave up
             os.close(result)
         return
     if error is not None:
@@ -94,7 +98,7 @@ def _kind(mode: int) -> str:
     return next((kind for test, kind in _KINDS if test(mode)), "not a regular file")
 
 
-def _open(value: str, directories: tuple[Path, ...], field: str, flag: str) -> int:
+def _open(value: str, directories: tuple[Path, ...], field: str, flag: str) -> _Descriptor:
     """The descriptor of the regular file ``value`` names inside ``directories`` (see the module's rules)."""
     if not any(Path(os.path.realpath(value)).is_relative_to(d) for d in directories):
         raise Refused(f"{field} names a node path outside every {flag}")
@@ -113,7 +117,7 @@ def _open(value: str, directories: tuple[Path, ...], field: str, flag: str) -> i
         os.close(descriptor)
         raise Refused(f"{field}: the node path is {_kind(mode)}, not a regular file")
     fcntl.fcntl(descriptor, fcntl.F_SETFL, fcntl.fcntl(descriptor, fcntl.F_GETFL) & ~os.O_NONBLOCK)
-    return descriptor
+    return _Descriptor(descriptor)
 
 
 class NodeFile:
