@@ -124,6 +124,7 @@ def run_tour(walk: Walk, server: Server) -> tuple[str, str, str]:
         assert ran.returncode == 0, f"{block}\n{ran.stdout[-3000:]}\n{ran.stderr[-3000:]}"
         if "imds explain" in block:
             explained = ran.stdout
+            assert ran.stderr == "", ran.stderr  # the answer only: no log line (httpx's request line was one)
         else:
             output += ran.stdout
         if waiting is not None:  # this block is the write that ends the wait
