@@ -55,3 +55,14 @@ def test_no_walk_listens_on_the_port_setup_command_1_holds():
             assert not [bind for bind in binds if bind.rsplit(":", 1)[-1] == "8000"], (path.name, line)
             if re.search(r"\bimds serve\b", line) and line.endswith("&"):
                 assert re.search(r"--listen[= ]", line), (path.name, line)
+
+
+def test_readme_names_the_system_users_and_groups_command_2_creates():
+    """scripts/ganeti.sh adds system users and groups to the machine: the README names each one it creates."""
+    script = (ROOT / "scripts" / "ganeti.sh").read_text()
+    loops = dict(re.findall(r"for (group|user) in ([^;]+); do", script))
+    assert set(loops) == {"group", "user"}, "scripts/ganeti.sh no longer reads as the README describes it"
+    setup = README.read_text().split("## Setup", 1)[1].split("\n## ", 1)[0]
+    for kind, names in loops.items():
+        for name in names.split():
+            assert f"`{name}`" in setup, (kind, name)
