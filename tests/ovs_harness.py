@@ -327,13 +327,15 @@ class AgentProcess:
     def start(self) -> None:
         """Start (or start again) with the same arguments; output appended to ``log``.
 
-        It runs where the switch runs (``Ovs.netns``): that namespace is its host.
+        It runs where the switch runs (``Ovs.netns``): that namespace is its host. It enters it
+        with ``nsenter --net`` (not ``ip netns exec``, which also gives it a mount namespace of
+        its own), so a ``--meta-netns`` it creates is one the test sees too.
         """
         imds = Path(sys.executable).parent / "imds"
         # No OVS_* variables either: the agent must find everything from --ovsdb, as on a host
         # where OVS runs from its own directory.
         env = {k: v for k, v in os.environ.items() if not k.startswith(("IMDS_", "OVS_"))}
-        where = ["ip", "netns", "exec", self.ovs.netns] if self.ovs.netns else []
+        where = ["nsenter", f"--net=/run/netns/{self.ovs.netns}"] if self.ovs.netns else []
         with self.log.open("ab") as sink:
             self.process = subprocess.Popen(
                 [*where, str(imds), "agent", *self.args], env=env, stdin=subprocess.DEVNULL, stdout=sink,
@@ -404,7 +406,7 @@ class H(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     def do_GET(self):
         headers = {k.lower(): v for k, v in self.headers.items()}
-        body = json.dumps({"peer": self.client_address[0], "headers": headers}).encode()
+        body = json.dumps({"peer": self.client_address[0], "path": self.path, "headers": headers}).encode()
         self.send_response(200)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
@@ -417,7 +419,7 @@ http.server.ThreadingHTTPServer((sys.argv[1], int(sys.argv[2])), H).serve_foreve
 
 @contextmanager
 def peer_echo(netns: str, host: str, port: int) -> Iterator[None]:
-    """Inside ``netns``, an HTTP server on host:port answering {"peer": address, "headers": {...}}; stopped by PID."""
+    """Inside ``netns``, an HTTP server on host:port answering {"peer", "path", "headers"}; stopped by PID."""
     process = subprocess.Popen(
         ["ip", "netns", "exec", netns, sys.executable, "-c", _PEER_ECHO, host, str(port)],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,

@@ -3,7 +3,9 @@
 One OVS, one integration bridge, one agent and three VMs are shared by the module (set-up
 is the slow part); the tests run in file order, the disruptive ones (restarts, unplugging)
 last. The upstream here echoes the headers haproxy forwarded, so each test sees exactly which
-identity the datapath asserted for the asking VM.
+identity the datapath asserted for the asking VM. The switch, the agent and the upstream run
+in a network namespace of their own (the test's "host"), so no other userspace switch on the
+machine (a lab boot, another run) can get in their way.
 """
 
 from __future__ import annotations
@@ -25,12 +27,13 @@ import pytest
 
 from helpers import wait_for
 from imds.signing import sign_stamped
-from ovs_harness import READY_TIMEOUT, AgentProcess, Ovs, Vm, echo_upstream, netns_exec, ovs_daemons, vms
+from ovs_harness import READY_TIMEOUT, AgentProcess, Ovs, Vm, netns_exec, ovs_daemons, peer_echo, vms
 
 SECRET = b"agent-test-shared-secret"
 METADATA = "http://169.254.169.254/metadata"
 METADATA6 = "http://[fe80::a9fe:a9fe%eth0]/metadata"
 PER_SOURCE = 4  # --max-connections-per-source for this module's agent
+UPSTREAM_PORT = 8775  # the echoing upstream, on the host namespace's loopback
 UUID_A = "a0000000-0000-4000-8000-00000000000a"
 UUID_B = "b0000000-0000-4000-8000-00000000000b"
 UUID_C = "c0000000-0000-4000-8000-00000000000c"
@@ -71,7 +74,8 @@ class Host:
 @pytest.fixture(scope="module")
 def host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Host]:
     root = tmp_path_factory.mktemp("ovs")
-    with ovs_daemons(root) as ovs, echo_upstream() as upstream:
+    with ovs_daemons(root, own_netns=True) as ovs, peer_echo(str(ovs.netns), "127.0.0.1", UPSTREAM_PORT):
+        upstream = f"http://127.0.0.1:{UPSTREAM_PORT}"
         t = ovs.tag
         bridge, meta_bridge, tap, netns = f"bi{t}", f"bm{t}", f"tm{t}", f"imdsmeta{t}"
         state = root / "state"
