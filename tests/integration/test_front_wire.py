@@ -103,6 +103,37 @@ def test_a_head_arriving_byte_by_byte_is_answered(server):
             assert _is_demo_metadata(reader.answer())
 
 
+def test_an_imdsv2_stream_cut_in_small_segments_is_answered_in_order(server):
+    """Token PUT, then reads with the token, a forged token and a write, sent 5 bytes a segment: each answered right."""
+    instance_id, guest = new_id(), "127.0.0.43"
+    with connect(_port(server)) as admin:
+        body = json.dumps(metadata_body(instance_id, ips=[guest], hostname="cut")).encode()
+        admin.sendall(request("POST", "/device-metadata", AUTH, "Content-Type: application/json", body=body))
+        assert Reader(admin).answer().status == 200
+    changed = json.dumps(metadata_body(instance_id, ips=[guest], hostname="cut-again")).encode()
+    with connect(_port(server), source=guest) as sock:
+        reader = Reader(sock)
+        sock.sendall(request("PUT", "/latest/api/token", "X-aws-ec2-metadata-token-ttl-seconds: 60"))
+        token = reader.answer()
+        assert token.status == 200
+        with_token = f"X-aws-ec2-metadata-token: {token.body.decode()}"
+        stream = (request("GET", "/latest/meta-data/hostname", with_token)
+                  + request("GET", "/latest/meta-data/instance-id", "X-aws-ec2-metadata-token: forged.token")
+                  + request("POST", "/device-metadata", AUTH, "Content-Type: application/json", body=changed)
+                  + request("HEAD", "/latest/meta-data/hostname", with_token)
+                  + request("GET", "/latest/meta-data/hostname", with_token))
+        for start in range(0, len(stream), 5):
+            sock.sendall(stream[start:start + 5])
+        assert reader.answer().body == b"cut"
+        forged = reader.answer()
+        assert forged.status == 401
+        assert instance_id.encode() not in forged.body
+        assert json.loads(reader.answer().body)["applied"] is True
+        head = reader.answer(head=True)
+        assert (head.status, head.header("content-length"), head.body) == (200, str(len(b"cut-again")), b"")
+        assert reader.answer().body == b"cut-again"
+
+
 @pytest.mark.parametrize("path", ["/metadata", "/healthz"], ids=["instance-read", "asgi"])
 def test_http10_closes_by_default(server, path):
     """HTTP/1.0 without keep-alive: the answer says ``connection: close`` and the server closes."""
