@@ -211,20 +211,22 @@ class NamespacedServer(Server):
 def imds_as_metad(cluster: Cluster, *args: str) -> Iterator[NamespacedServer]:
     """``imds serve`` on /run/ganeti/socket/ganeti-metad, instances on 169.254.169.254:80, admin on the node's IP.
 
-    Its PID as the cluster's PID namespace sees it goes into /run/ganeti/ganeti-metad.pid. OS
-    definitions come from /srv/ganeti/os (``cluster.os_dir``). Stopped by PID afterwards.
+    Its PID as the cluster's PID namespace sees it goes into /run/ganeti/ganeti-metad.pid. No OS
+    flag: imds reads the definitions from Ganeti's search path as a node does, /srv/ganeti/os
+    (``cluster.os_dir``) first; put them there before it starts. Stopped by PID afterwards.
     """
     data = cluster.base / "imds"
     data.mkdir()
     admin = f"{cluster.node.address}:{ADMIN_PORT}"
     serve = [str(IMDS), "serve", "--listen", f"{METADATA_IP}:80", "--admin-listen", admin, "--ganeti-metad-socket",
-             "/run/ganeti/socket/ganeti-metad", "--os-definitions-dir", "/srv/ganeti/os",
-             "--db", f"sqlite:///{data / 'imds.db'}", "--rate-limit", "0", *args]
+             "/run/ganeti/socket/ganeti-metad", "--db", f"sqlite:///{data / 'imds.db'}", "--rate-limit", "0", *args]
     script = 'echo $$ > /run/ganeti/ganeti-metad.pid && exec "$@"'
     command = ["nsenter", "-t", str(cluster.init), "-m", "-u", "-n", "-p", "--", "sh", "-c", script, "sh", *serve]
     log = cluster.base / "imds.log"
+    env = clean_env(data, IMDS_ADMIN_TOKEN=ADMIN_TOKEN)
+    del env["IMDS_GANETI_OS_SEARCH_PATH"]  # the default, as on a node: the cluster's own /srv is mounted here
     with log.open("wb") as sink:
-        process = subprocess.Popen(command, cwd="/", env=clean_env(data, IMDS_ADMIN_TOKEN=ADMIN_TOKEN),
+        process = subprocess.Popen(command, cwd="/", env=env,
                                    stdin=subprocess.DEVNULL, stdout=sink, stderr=subprocess.STDOUT)
     try:
         pid = _child(process.pid)
