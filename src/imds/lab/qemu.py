@@ -53,6 +53,8 @@ class Machine:
     smbios: str | None = None
     cdrom: Path | None = None  # a config drive (attached as a read-only virtio disk)
     second_disk: Path | None = None  # a raw disk right after the root one (/dev/vdb): --ganeti-install's target
+    tagged_disk: tuple[Path, str] | None = None  # (raw file, virtio serial): --device-tags' data disk
+    qmp: Path | None = None  # a QMP socket (--hotplug attaches devices through it)
     memory_mb: int = 1024
     cpus: int = 2
 
@@ -73,10 +75,14 @@ class Machine:
                 "-serial", f"file:{self.serial}",
                 "-drive", f"file={self.overlay},if=virtio,format=qcow2",
                 *(("-drive", f"file={self.second_disk},if=virtio,format=raw") if self.second_disk else ()),
+                *(("-drive", f"file={self.tagged_disk[0]},if=virtio,format=raw,serial={self.tagged_disk[1]}")
+                  if self.tagged_disk else ()),
                 "-netdev", f"tap,id=net0,ifname={self.tap},script=no,downscript=no,vnet_hdr=off",
                 "-device", f"virtio-net-pci,netdev=net0,mac={self.mac}"]
         if accel == "kvm":
             args += ["-cpu", "host"]
+        if self.qmp is not None:
+            args += ["-qmp", f"unix:{self.qmp},server=on,wait=off"]
         if self.smbios:
             args += ["-smbios", self.smbios]
         if self.cdrom is not None:
@@ -104,8 +110,9 @@ class Qemu:
             raise LabError(f"{QEMU} is missing: apt-get install qemu-system-x86 qemu-utils (scripts/test does)")
         self.stop()
         machine = self.machine
-        for stale in (machine.serial, self.stderr):
-            stale.unlink(missing_ok=True)
+        for stale in (machine.serial, self.stderr, machine.qmp):
+            if stale is not None:
+                stale.unlink(missing_ok=True)
         self.overlay()
         self.accel = accel
         self.started = time.monotonic()

@@ -133,3 +133,14 @@ def test_the_write_checks_name_each_wrong_field():
                           "metadata.network.addresses[2].metadata_route"}
     assert "has no gateway" in found["metadata.network.addresses[1].metadata_route"]
     assert way_problem("onlink", v6=True, gateway=None) is None
+
+
+def test_an_address_naming_its_interface_lives_on_that_nic():
+    """A second NIC (added while the guest runs) carries its own address; the metadata route stays on the first."""
+    doc = record(lab(metadata_route="10.231.0.1"), {"address": "10.231.1.10", "cidr": 24, "interface": "eth1"})
+    doc["network"]["interfaces"].append({"name": "eth1", "mac": "52:54:00:12:34:57"})
+    networks = derived_network_data(doc)["networks"]
+    assert [(n["link"], n["ip_address"], n["routes"]) for n in networks] == [
+        ("eth0", "10.231.0.10", [{**V4, "gateway": "10.231.0.1"}]), ("eth1", "10.231.1.10", [])]
+    unknown = record({"address": "10.231.1.10", "cidr": 24, "interface": "eth9"})
+    assert derived_network_data(unknown)["networks"][0]["link"] == "eth0"  # no such NIC: the carrier
