@@ -29,7 +29,7 @@ import pytest
 
 from imds.lab.run import tool_env
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1000)]
 
 REPO = Path(__file__).parents[2]
 CACHE = REPO / ".cache" / "lab"
@@ -55,8 +55,8 @@ def test_openstack_guest_reads_its_metadata_late_through_the_derived_static_netw
     out = tmp_path / "run"
     done = subprocess.run(
         [str(IMDS), "lab", "boot", "--flavor", "openstack", "--hostname", HOSTNAME, "--out", str(out),
-         "--image-dir", str(CACHE), "--timeout", "420", "--ganeti-install"],
-        capture_output=True, text=True, timeout=840, check=False, cwd=REPO,
+         "--image-dir", str(CACHE), "--timeout", "600", "--ganeti-install"],
+        capture_output=True, text=True, timeout=900, check=False, cwd=REPO,
     )
     serial = (out / "serial.log").read_text(errors="replace") if (out / "serial.log").exists() else ""
     assert done.returncode == 0, f"{done.stderr[-3000:]}\n--- serial ---\n{serial[-4000:]}"
