@@ -101,12 +101,13 @@ def test_hotplug_userdata_enables_cloud_inits_hotplug_beside_the_marker():
 
 
 def test_qemu_gets_the_tagged_disk_with_its_serial_and_a_qmp_socket(tmp_path):
-    """-drive ...,serial=imds-lab-data and -qmp unix:PATH,server=on,wait=off."""
+    """The disk as -drive if=none plus -device virtio-blk-pci,serial=... (QEMU 7.2's -drive takes no serial); -qmp."""
     image = Image(tmp_path / "disk.raw", tmp_path / "vmlinuz", tmp_path / "initrd.img")
     machine = Machine(image, tmp_path, "lvm0001", MAC, tagged_disk=(tmp_path / "t.raw", "imds-lab-data"),
                       qmp=tmp_path / "q.sock")
     command = machine.command("tcg")
-    assert f"file={tmp_path / 't.raw'},if=virtio,format=raw,serial=imds-lab-data" in command
+    assert f"file={tmp_path / 't.raw'},if=none,id=tagged,format=raw" in command
+    assert "virtio-blk-pci,drive=tagged,serial=imds-lab-data" in command
     assert command[command.index("-qmp") + 1] == f"unix:{tmp_path / 'q.sock'},server=on,wait=off"
     assert "-qmp" not in Machine(image, tmp_path, "lvm0001", MAC).command("tcg")
 

@@ -75,8 +75,8 @@ class Machine:
                 "-serial", f"file:{self.serial}",
                 "-drive", f"file={self.overlay},if=virtio,format=qcow2",
                 *(("-drive", f"file={self.second_disk},if=virtio,format=raw") if self.second_disk else ()),
-                *(("-drive", f"file={self.tagged_disk[0]},if=virtio,format=raw,serial={self.tagged_disk[1]}")
-                  if self.tagged_disk else ()),
+                *(("-drive", f"file={self.tagged_disk[0]},if=none,id=tagged,format=raw",  # -drive takes no serial
+                   "-device", f"virtio-blk-pci,drive=tagged,serial={self.tagged_disk[1]}") if self.tagged_disk else ()),
                 "-netdev", f"tap,id=net0,ifname={self.tap},script=no,downscript=no,vnet_hdr=off",
                 "-device", f"virtio-net-pci,netdev=net0,mac={self.mac}"]
         if accel == "kvm":
