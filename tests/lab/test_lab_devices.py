@@ -107,7 +107,7 @@ def test_qemu_gets_the_tagged_disk_with_its_serial_and_a_qmp_socket(tmp_path):
                       qmp=tmp_path / "q.sock")
     command = machine.command("tcg")
     assert f"file={tmp_path / 't.raw'},if=none,id=tagged,format=raw" in command
-    assert "virtio-blk-pci,drive=tagged,serial=imds-lab-data" in command
+    assert "virtio-blk-pci,drive=tagged,serial=imds-lab-data,addr=0x7" in command  # after the root disk
     assert command[command.index("-qmp") + 1] == f"unix:{tmp_path / 'q.sock'},server=on,wait=off"
     assert "-qmp" not in Machine(image, tmp_path, "lvm0001", MAC).command("tcg")
 

@@ -27,6 +27,7 @@ QEMU = "qemu-system-x86_64"
 KVM_FAILURES = ("KVM internal error", "emulation failure", "failed to initialize kvm", "Could not access KVM",
                 "kvm run failed")
 KVM_PROBE = 15.0
+TAGGED_SLOT = 7  # the tagged disk's PCI slot (QEMU gives the NIC and the -drive disks 2 onwards)
 
 
 def kvm_usable() -> bool:
@@ -75,8 +76,10 @@ class Machine:
                 "-serial", f"file:{self.serial}",
                 "-drive", f"file={self.overlay},if=virtio,format=qcow2",
                 *(("-drive", f"file={self.second_disk},if=virtio,format=raw") if self.second_disk else ()),
-                *(("-drive", f"file={self.tagged_disk[0]},if=none,id=tagged,format=raw",  # -drive takes no serial
-                   "-device", f"virtio-blk-pci,drive=tagged,serial={self.tagged_disk[1]}") if self.tagged_disk else ()),
+                # -drive takes no serial; slot 7, after the ones QEMU picks, keeps the root disk /dev/vda
+                *(("-drive", f"file={self.tagged_disk[0]},if=none,id=tagged,format=raw",
+                   "-device", f"virtio-blk-pci,drive=tagged,serial={self.tagged_disk[1]},addr={TAGGED_SLOT:#x}")
+                  if self.tagged_disk else ()),
                 "-netdev", f"tap,id=net0,ifname={self.tap},script=no,downscript=no,vnet_hdr=off",
                 "-device", f"virtio-net-pci,netdev=net0,mac={self.mac}"]
         if accel == "kvm":
