@@ -27,6 +27,7 @@ _STAGE = re.compile(r"Cloud-init v\. \S+ running '([\w:-]+)' at .*?Up ([\d.]+) s
 _LOGIN = re.compile(r"^(\S+) login:")
 _KERNEL = "Linux version "
 DEVICES = "LAB-DEVICES"  # imds.lab.devices' watcher (here: the console stays free of lab imports)
+GUEST_LOG = "LAB-GUESTLOG"
 
 
 @dataclass
@@ -52,6 +53,7 @@ class Console:
     late_report: list[str] = field(default_factory=list)  # after a failure: the guest's routes, up to "end"
     devices: dict[str, float] = field(default_factory=dict)  # --device-tags: each device line shown, when
     expect_devices: tuple[tuple[str, str], ...] = ()  # (start, also in it): device lines a passing boot shows
+    guest_log: list[str] = field(default_factory=list)  # LAB-GUESTLOG lines: the guest's own logs, when it sent them
 
     def poll(self) -> None:
         """Read what the guest wrote since the last poll and note new milestones."""
@@ -100,7 +102,9 @@ class Console:
             if found and self.install_exit is None:
                 self.install_exit = int(found.group(1))
                 self._note("ganeti install", now)
-        if DEVICES in line and "echo" not in line and "sed" not in line:
+        if GUEST_LOG in line:
+            self.guest_log.append(line[line.index(GUEST_LOG) + len(GUEST_LOG):].strip())
+        elif DEVICES in line and "echo" not in line and "sed" not in line:
             self._device(line[line.index(DEVICES) + len(DEVICES):].strip(), now)
         if self.late and self.late in line and "echo" not in line:
             self._late(line[line.index(self.late):], now)

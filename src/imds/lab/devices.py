@@ -24,6 +24,7 @@ from typing import Any
 from imds.lab.ganeti import GUEST_TOOL
 
 CONSOLE = "LAB-DEVICES"
+LOG = "LAB-GUESTLOG"  # what the guest's logs say, printed when a hot NIC got no address
 SCRIPT = "zw-imds-lab-devices.sh"
 WATCHER = "/root/imds-lab-devices.sh"
 NIC_TAG = "primary"
@@ -59,6 +60,7 @@ report() {{
     done
 }}
 : > /run/imds-lab-devices.state
+waited=0
 end=$(( $(date +%s) + {DURATION} ))
 while [ "$(date +%s)" -lt "$end" ]; do
     python3 {GUEST_TOOL} udev {source} > /run/imds-lab-devices.udev 2>&1
@@ -67,6 +69,13 @@ while [ "$(date +%s)" -lt "$end" ]; do
     comm -13 /run/imds-lab-devices.state /run/imds-lab-devices.now | sed 's/^/{CONSOLE} /' > /dev/ttyS0
     comm -23 /run/imds-lab-devices.state /run/imds-lab-devices.now | sed 's/^/{CONSOLE} gone /' > /dev/ttyS0
     mv /run/imds-lab-devices.now /run/imds-lab-devices.state
+    # A NIC still without an address after 20 rounds: what cloud-init's hotplug hook said, once.
+    if grep -q "addr=$" /run/imds-lab-devices.state; then waited=$((waited+1)); else waited=0; fi
+    if [ "$waited" = 20 ]; then
+        {{ journalctl -u cloud-init-hotplugd --no-pager -n 40 2>&1
+           grep -a -i "hotplug" /var/log/cloud-init.log | tail -n 40
+           ls /etc/udev/rules.d; }} | sed 's/^/{LOG} /' > /dev/ttyS0
+    fi
     sleep {ROUND}
 done
 """

@@ -103,7 +103,7 @@ class Hotplug:
             problems.append(exc.message)
         self.seen = {name: round(at - started, 1) for name, at in self.seen.items()}
         return {"passed": not problems, "problems": problems, "seconds": self.seen, "mac": self.mac,
-                "devices": sorted(console.devices)}
+                "devices": sorted(console.devices), "guest_log": console.guest_log}
 
     def _mark(self, what: str) -> None:
         self.seen[what] = time.monotonic()
