@@ -179,3 +179,12 @@ def test_qmp_without_qemu_is_a_lab_error(tmp_path):
     """Nothing listening: LabError naming the socket."""
     with pytest.raises(LabError, match="QMP"):
         Qmp(tmp_path / "none.sock")
+
+
+def test_the_guests_own_logs_are_kept_apart_from_the_device_lines():
+    """LAB-GUESTLOG lines (the hotplug hook's journal) go to guest_log, never into the device state."""
+    console = Console(Path("/nonexistent"), "LAB-MARKER", "h")
+    console._line("LAB-GUESTLOG Nov 28 cloud-init-hotplugd[512]: args=--subsystem=net handle", 1.0)
+    console._line("LAB-DEVICES disk hotdisk vdc", 1.0)
+    assert console.guest_log == ["Nov 28 cloud-init-hotplugd[512]: args=--subsystem=net handle"]
+    assert list(console.devices) == ["disk hotdisk vdc"]
