@@ -98,12 +98,13 @@ def addresses(guest: Guest, *, ipv6_only: bool) -> list[str]:
     return [datapath.GUEST_IP]
 
 
-def _metadata(guest: Guest, hostname: str, route: datapath.Route, *, dhcp: bool) -> dict[str, Any]:
+def _metadata(guest: Guest, hostname: str, route: datapath.Route, *, dhcp: bool, nic: str = "eth0") -> dict[str, Any]:
     """The record: its addresses say how the guest reached metadata at boot, which the derived networks keep.
 
     ``dhcp``: the subnet has DHCP (imds derives ``ipv4_dhcp``/``ipv6_dhcp``, as Nova); otherwise each
     address is static with the way ``route`` set up: on-link, via the DHCP port, or via the gateway
-    (IPv6-only: via dnsmasq's address, the advertised router's).
+    (IPv6-only: via dnsmasq's address, the advertised router's). ``nic`` names the NIC (cloud-init
+    renames it so when the guest's kernel named it otherwise).
     """
     if route.ipv6_only:
         network = datapath.NETWORK6
@@ -120,7 +121,7 @@ def _metadata(guest: Guest, hostname: str, route: datapath.Route, *, dhcp: bool)
         item.update({"dhcp": True} if dhcp else way)
     return {
         "id": guest.uuid, "hostname": hostname, "ssh_keys": [guest.key], "plan": "lab.small", "facility": "lab1",
-        "network": {"interfaces": [{"name": "eth0", "mac": guest.mac}], "addresses": listed},
+        "network": {"interfaces": [{"name": nic, "mac": guest.mac}], "addresses": listed},
     }
 
 
@@ -192,7 +193,8 @@ def _run(cleanup: Cleanup, options: Options, way: tuple[Flavor, datapath.Route],
     install = Install(out) if options.ganeti_install else None
     scripts = [(LATE_SCRIPT, late_script(chosen, guest.uuid, guest.mac, ipv6=v6))]
     url = METADATA_URL6 if v6 else METADATA_URL
-    document = _metadata(guest, options.hostname, route, dhcp=options.network_data == "dhcp")
+    document = _metadata(guest, options.hostname, route, dhcp=options.network_data == "dhcp",
+                         nic=hotplug.BOOT_NIC if options.hotplug else "eth0")
     tagged = options.device_tags or options.hotplug
     if tagged:
         document["devices"] = devices.boot_devices(guest.mac)

@@ -69,9 +69,9 @@ while [ "$(date +%s)" -lt "$end" ]; do
     comm -13 /run/imds-lab-devices.state /run/imds-lab-devices.now | sed 's/^/{CONSOLE} /' > /dev/ttyS0
     comm -23 /run/imds-lab-devices.state /run/imds-lab-devices.now | sed 's/^/{CONSOLE} gone /' > /dev/ttyS0
     mv /run/imds-lab-devices.now /run/imds-lab-devices.state
-    # A NIC still without an address after 20 rounds: what cloud-init's hotplug hook said, once.
+    # A NIC still without an address after 8 rounds: what cloud-init's hotplug hook said, once.
     if grep -q "addr=$" /run/imds-lab-devices.state; then waited=$((waited+1)); else waited=0; fi
-    if [ "$waited" = 20 ]; then
+    if [ "$waited" = 8 ]; then
         {{ journalctl -u cloud-init-hotplugd --no-pager -n 40 2>&1
            grep -a -i "hotplug" /var/log/cloud-init.log | tail -n 40
            ls /etc/udev/rules.d; }} | sed 's/^/{LOG} /' > /dev/ttyS0

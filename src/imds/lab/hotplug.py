@@ -22,7 +22,10 @@ Once the boot has passed (and with ``--device-tags``' watcher running in the gue
 The NIC is named ``ens8`` in the record because that is the name the guest's kernel gives a
 virtio NIC in slot 8: cloud-init 22.4's hook brings up the interface by its current name
 after writing the config, and a record naming it otherwise would ask for a rename it cannot
-do on a running interface.
+do on a running interface. The boot NIC is named ``ens2`` for the same reason: cloud-init
+22.4's hook reads the metadata again with DHCP on the interface its datasource noted at boot
+(``fallback_interface``, pickled with it), and a boot NIC renamed to ``eth0`` by the network
+config has no DHCP to give under its old name.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from imds.lab.qmp import Qmp
 from imds.lab.server import Server
 
 HOT_NAME = "ens8"
+BOOT_NIC = "ens2"  # the boot NIC as the guest's kernel names it (slot 2): cloud-init then renames nothing
 HOT_SLOT = 8
 HOT_IP = "10.231.1.10"
 HOT_PREFIX = 24
