@@ -262,6 +262,9 @@ class Datapath:
         self._guest_tap(switch, guest)
         self._dnsmasq(guest, route)
         self._agent(switch, upstream, secret_file)
+        # Undone first: the rules with their packet counts, as the guest left them (what matched, what did not).
+        self.cleanup.add("keep the flows", lambda: (self.out / "flows.txt").write_text(
+            switch.ofctl("dump-flows", names.bridge) + switch.ofctl("dump-flows", names.meta_bridge)))
         return switch
 
     def plug(self, switch: Switch, guest: Guest, vlan: int) -> None:
