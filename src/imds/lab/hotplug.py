@@ -53,7 +53,7 @@ NIC_TAG = "hotnic"
 DISK_TAG = "hotdisk"
 DISK_SERIAL = "imds-lab-hot"
 DISK = "disk-hot.raw"
-STEP_TIMEOUT = 300.0
+STEP_TIMEOUT = 600.0  # cloud-init's hook takes minutes under TCG on a loaded machine
 USERDATA = "#cloud-config\nupdates:\n  network:\n    when: [boot, hotplug]\n"  # cloud-init's hotplug, enabled
 
 
