@@ -69,8 +69,8 @@ def build_app(
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         async with services.running(background=True):  # the listener answers 503 until the catalog is loaded
             if settings.store.demo:
-                instance_id = await load_demo(services.records)
-                _log.info("demo.loaded", instance_id=instance_id, addresses=["127.0.0.1", "::1"])
+                instance_id, written = await load_demo(services.records)
+                _log.info("demo.loaded", instance_id=instance_id, addresses=["127.0.0.1", "::1"], written=written)
             _log.info("imds.started", version=__version__, instances=len(services.catalog))
             async with metad_serving(services):  # --ganeti-metad-socket (imds.metad)
                 yield

@@ -92,7 +92,7 @@ OPTIONS: tuple[Option, ...] = (
     _admin("metrics_public", "bool", False,  # noqa: FBT003 - a table row, not a call site
         "Serve /metrics without a token (hollow-compatible scraping); off: it needs a metrics or read scope."),
     _store("demo", "bool", False,  # noqa: FBT003 - a table row, not a call site
-        "Load a demo instance bound to 127.0.0.1 and ::1 at startup."),
+        "Load a demo instance bound to 127.0.0.1 and ::1 at startup (written only where the stored one differs)."),
     _logging.log_level_row(),
     _logging("log_instance_reads", "bool", False,  # noqa: FBT003 - a table row, not a call site
         "Log every instance read (off by default)."),
