@@ -29,6 +29,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from imds.errors import LabError
 from imds.lab import datapath, devices, hotplug
 from imds.lab.console import Console
+from imds.lab.dhcpgone import DhcpGone
 from imds.lab.flavors import METADATA_URL, METADATA_URL6, Flavor, flavor
 from imds.lab.ganeti import CONSOLE, SCRIPT, Install, Installing, fresh_disk, guest_script, guest_zipapp
 from imds.lab.image import Image
@@ -67,6 +68,7 @@ class Options:
     network_data: str = "static"  # what the record says of the subnet: static (with the way to metadata) or dhcp
     device_tags: bool = False  # a tagged NIC and disk; the guest applies the tags with imds-guest udev
     hotplug: bool = False  # after the boot: a NIC and a disk attached to the running guest, then detached
+    dhcp_gone: bool = False  # --route dhcp: the DHCP port is removed after the lease (imds.lab.dhcpgone)
 
 
 @dataclass
@@ -141,6 +143,8 @@ def refusal(options: Options) -> str | None:
          "--device-tags/--hotplug: device role tags are OpenStack's (flavor openstack or configdrive)"),
         (options.hotplug and (chosen.config_drive or options.ipv6_only or bool(options.url)),
          "--hotplug: an OpenStack guest over IPv4 with the lab's own server (a config drive cannot change)"),
+        (options.dhcp_gone and ((options.route or chosen.route) != "dhcp" or options.ipv6_only),
+         "--dhcp-gone removes the DHCP port the guest's route goes through: it needs --route dhcp (IPv4)"),
         (options.ganeti_install and bool(options.url),
          "--ganeti-install serves the image from the run directory through the lab's own imds serve: drop --url"),
     )
@@ -155,7 +159,7 @@ def boot(options: Options, say: Callable[[str], None]) -> dict[str, Any]:
     out = options.out
     out.mkdir(parents=True, exist_ok=True)
     chosen = flavor(options.flavor)
-    route = datapath.Route(options.route or chosen.route, ipv6_only=options.ipv6_only)
+    route = datapath.Route(options.route or chosen.route, ipv6_only=options.ipv6_only, dhcp_gone=options.dhcp_gone)
     result: dict[str, Any] = {"flavor": chosen.name, "identify": options.identify, "hostname": options.hostname,
                               "ipv6_only": options.ipv6_only, "route": route.name,
                               "network_data": options.network_data,
@@ -212,8 +216,10 @@ def _run(cleanup: Cleanup, options: Options, way: tuple[Flavor, datapath.Route],
     names = datapath.Names(secrets.token_hex(2))
     secret = options.secret_file or out / "shared-secret"
     port = datapath.Guest(guest.uuid, guest.mac, names.tap)
-    switch = datapath.Datapath(cleanup, out, names).build(port, server.url, secret, route)
+    network = datapath.Datapath(cleanup, out, names)
+    switch = network.build(port, server.url, secret, route)
     say(f"lab: datapath up (bridge {names.bridge}, tap {names.tap}, agent + haproxy, dnsmasq; {route.name})")
+    gone = DhcpGone(network, time.time()) if route.dhcp_gone else None
     cdrom = _config_drive(out, guest, server) if chosen.config_drive else None
     machine = Machine(options.image, out, names.tap, guest.mac, tuple(chosen.kernel_args(options.identify, ipv6=v6)),
                       chosen.smbios_arg(options.identify, guest.uuid, ipv6=v6), cdrom,
@@ -222,15 +228,18 @@ def _run(cleanup: Cleanup, options: Options, way: tuple[Flavor, datapath.Route],
                       names.qmp if options.hotplug else None)
     qemu = Qemu(machine)
     cleanup.add("stop qemu", qemu.stop)
-    watch = Watch(qemu, options, chosen, server, say, lambda: switch.learned(names.bridge), installing)
+    watch = Watch(qemu, options, chosen, server, say, lambda: switch.learned(names.bridge), installing,
+                  tick=gone.poll if gone else None)
     if options.hotplug:
-        path = datapath.Datapath(cleanup, out, names)
         watch.hotplug = hotplug.Hotplug(
             server, guest.uuid, addresses(guest, ipv6_only=v6), document, hotplug.hot_mac(guest.mac),
-            lambda tap, mac, vlan: path.plug(switch, datapath.Guest(guest.uuid, mac, tap), vlan),
-            lambda tap: path.unplug(switch, tap), lambda: switch.ofctl("--no-stats", "dump-flows", names.bridge),
+            lambda tap, mac, vlan: network.plug(switch, datapath.Guest(guest.uuid, mac, tap), vlan),
+            lambda tap: network.unplug(switch, tap), lambda: switch.ofctl("--no-stats", "dump-flows", names.bridge),
             names.hot_tap, out, say)
     watch.run(result)
+    if gone is not None:  # the seed's upgrade case: who answered for the DHCP port's address after it went
+        result["dhcp_gone"] = {"removed_after_s": gone.removed_after, "next_hop_arp_answers": gone.answers()}
+        result["passed"] = result["passed"] and gone.removed_after is not None and gone.answers() > 0
 
 
 def _server(cleanup: Cleanup, options: Options, extra: list[str]) -> Server:
@@ -269,6 +278,7 @@ class Watch:
     installing: Installing | None = None  # --ganeti-install: prepared before each power-on, judged at the end
     hotplug: hotplug.Hotplug | None = None  # --hotplug: run once the boot has passed, QEMU still running
     first_packet: float | None = None
+    tick: Callable[[], None] | None = None  # called on each look at the console (--dhcp-gone retires the port)
 
     def _console(self) -> Console:
         options = self.options
@@ -313,6 +323,8 @@ class Watch:
         qemu, datasource = self.qemu, self.chosen.datasource
         while True:
             console.poll()
+            if self.tick is not None:
+                self.tick()
             if self.first_packet is None and self.learned():
                 self.first_packet = time.time()
             if console.done(datasource):
