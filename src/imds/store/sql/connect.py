@@ -47,10 +47,40 @@ class ReadOnlyServer(ConnectionError):
     """The server answered, but its sessions are read-only (a standby, or ``default_transaction_read_only``)."""
 
 
-class ImdsConnection(asyncpg.Connection):  # type: ignore[misc]  # asyncpg's classes are untyped
-    """An asyncpg connection that knows which server of the URL it reached."""
+class CommitNotConfirmed(ConnectionError):
+    """A COMMIT returned only because its wait for the synchronous standby was cancelled.
 
-    __slots__ = ("imds_server",)
+    PostgreSQL then answers the COMMIT with success and a WARNING ("canceling wait for
+    synchronous replication ... The transaction has already committed locally, but might not
+    have been replicated to the standby"): a statement timeout, a cancel request, or an old
+    primary whose standby moved on. The write is on that server only and is lost if it fails
+    over, so imds does not acknowledge it (the client hears 503 and may retry).
+    """
+
+
+class ImdsConnection(asyncpg.Connection):  # type: ignore[misc]  # asyncpg's classes are untyped
+    """An asyncpg connection that knows which server of the URL it reached, and any unconfirmed commit."""
+
+    __slots__ = ("imds_server", "imds_unconfirmed")
+
+
+def _heard(conn: ImdsConnection, message: object) -> None:
+    """Note a cancelled wait for the synchronous standby (a server WARNING).
+
+    asyncpg calls this before the COMMIT's own result is delivered, so ``confirm_commit`` sees it.
+    """
+    if "synchronous replication" in str(getattr(message, "message", "")):
+        conn.imds_unconfirmed = True
+
+
+def confirm_commit(conn: object) -> None:
+    """Raise CommitNotConfirmed if the COMMIT just run on ``conn`` was not confirmed by the standby."""
+    if getattr(conn, "imds_unconfirmed", False):
+        conn.imds_unconfirmed = False  # type: ignore[attr-defined]  # an ImdsConnection
+        server = server_of(conn)
+        msg = (f"{server}: the commit was not confirmed by the synchronous standby (committed on this server "
+               "only, lost if it fails over): not acknowledged")
+        raise CommitNotConfirmed(msg)
 
 
 def server_of(conn: object) -> Server | None:
@@ -192,6 +222,8 @@ class Connector:
                 conn.terminate()
             raise
         conn.imds_server = server
+        conn.imds_unconfirmed = False
+        conn.add_log_listener(_heard)
         self._keepalive(conn)
         return conn
 

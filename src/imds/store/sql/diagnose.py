@@ -63,10 +63,12 @@ def sqlite_problem(url: str) -> str | None:
     Checked before connecting: the driver's own failure says only "unable to open database file".
     """
     try:
+        if parse_database(url).kind != "sqlite":
+            return None
         parsed = make_url(url)
-    except ArgumentError:
+    except (ArgumentError, DatabaseUrlError):
         return None
-    if parsed.get_backend_name() != "sqlite" or not parsed.database or parsed.database == ":memory:":
+    if not parsed.database or parsed.database == ":memory:":
         return None
     path = Path(parsed.database)
     why = _path_problem(path)
