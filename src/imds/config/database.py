@@ -175,14 +175,19 @@ def _query(url: str, query: str) -> dict[str, list[str]]:
 
 def _hosts(url: str, specs: list[str]) -> list[tuple[str, int | None]]:
     """Every ``host[:port]`` of comma-separated lists (brackets around IPv6 addresses), in order."""
-    return [_host(url, unquote(item.strip())) for spec in specs for item in spec.split(",")]
+    return [_host(url, item.strip()) for spec in specs for item in spec.split(",")]
 
 
 def _host(url: str, item: str) -> tuple[str, int | None]:
+    """One ``host[:port]``, ``[v6][:port]`` or socket directory (percent-encoded or not; a ``:PORT`` after it)."""
     if not item:
         _fail(url, "an empty host in the host list")
-    if item.startswith("/"):
-        return item, None
+    if unquote(item).startswith("/"):
+        path, colon, port = item.rpartition(":")
+        if colon and port.isdigit():
+            return unquote(path), _port(url, port)
+        return unquote(item), None
+    item = unquote(item)
     if item.startswith("["):
         address, bracket, tail = item[1:].partition("]")
         if not bracket or (tail and not tail.startswith(":")):

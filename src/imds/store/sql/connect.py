@@ -32,6 +32,7 @@ from imds.store.sql.health import StoreHealth
 
 HEAD_START = 0.5  # seconds the last known primary is tried alone
 REPOLL = 0.25  # seconds between tries of a server that answered but cannot be used yet
+CLIENT_GRACE = 0.5  # seconds the client waits for a statement beyond the server's own statement_timeout
 _READ_ONLY = "SELECT pg_is_in_recovery(), current_setting('transaction_read_only') = 'on'"
 # Worth asking again before the deadline: the server may be promoted, finish starting, or come back.
 _RETRY = (ConnectionRefusedError, ConnectionResetError, ConnectionAbortedError, BrokenPipeError,
@@ -52,9 +53,9 @@ class CommitNotConfirmed(ConnectionError):
 
     PostgreSQL then answers the COMMIT with success and a WARNING ("canceling wait for
     synchronous replication ... The transaction has already committed locally, but might not
-    have been replicated to the standby"): a statement timeout, a cancel request, or an old
-    primary whose standby moved on. The write is on that server only and is lost if it fails
-    over, so imds does not acknowledge it (the client hears 503 and may retry).
+    have been replicated to the standby"), on any cancel request (``pg_cancel_backend``, a
+    tool's or operator's; statement_timeout is off by then). The write is on that server only
+    and is lost if it fails over, so imds does not acknowledge it (503; the client may retry).
     """
 
 
@@ -107,6 +108,10 @@ class Connector:
         self.database = database
         self.connect_timeout = connect_timeout
         self.statement_timeout = statement_timeout
+        # The client waits a little longer than the server's statement_timeout: a live server
+        # cancels its own statement first (its connection stays usable); only a server that
+        # answers nothing times out here, which marks it lost.
+        self.client_timeout = statement_timeout + CLIENT_GRACE
         self._server_settings = server_settings
         self.health = health or StoreHealth(database.where)
         self._order = list(database.servers)
@@ -232,7 +237,7 @@ class Connector:
         arguments: dict[str, Any] = {
             "host": server.host, "port": server.port, "user": self.database.user,
             "password": self.database.password, "database": self.database.name, "timeout": within,
-            "command_timeout": self.statement_timeout, "server_settings": self._server_settings,
+            "command_timeout": self.client_timeout, "server_settings": self._server_settings,
             "connection_class": ImdsConnection,
         }
         if tls is not None:
@@ -248,7 +253,7 @@ class Connector:
         idle = max(1, math.ceil(self.connect_timeout))
         options: list[tuple[int, int, int]] = [(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)]
         for name, value in (("TCP_KEEPIDLE", idle), ("TCP_KEEPINTVL", max(1, idle // 3)), ("TCP_KEEPCNT", 3),
-                            ("TCP_USER_TIMEOUT", user_timeout_ms(self.connect_timeout, self.statement_timeout))):
+                            ("TCP_USER_TIMEOUT", user_timeout_ms(self.connect_timeout, self.client_timeout))):
             if hasattr(socket, name):
                 options.append((socket.IPPROTO_TCP, getattr(socket, name), value))
         for level, option, value in options:

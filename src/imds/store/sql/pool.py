@@ -41,7 +41,7 @@ def watch_pool(engine: sa.Engine, connector: Connector) -> None:
         if exc is None:
             return
         raw = context.connection.connection.driver_connection if context.connection is not None else None
-        connector.lost(server_of(raw), problem_of(exc, connector.statement_timeout))
+        connector.lost(server_of(raw), problem_of(exc, connector.client_timeout))
         context.is_disconnect = True  # this connection is dropped, and every one made before it
 
     @event.listens_for(engine, "connect")
