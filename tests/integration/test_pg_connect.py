@@ -24,6 +24,7 @@ from imds.errors import StoreUnavailable
 from imds.store import open_store
 from imds.store.sql.connect import CommitNotConfirmed, NoWritableServer, confirm_commit, user_timeout_ms
 from imds.store.sql.engine import connector_for
+from imds.store.sql.store import PING_WAIT, SqlStore
 from postgres_server import PostgresServer, in_thread
 from serve_process import run_imds
 
@@ -105,6 +106,31 @@ async def test_every_server_failing_is_one_error_naming_each(black_hole: int) ->
     assert f"127.0.0.1:{black_hole} no answer within 1 s" in text
     assert f"127.0.0.1:{dead} connection refused" in text
     assert connector.health.problem == text.removeprefix("no read-write server: ")
+
+
+@pytest.mark.anyio
+async def test_a_ping_of_a_frozen_server_answers_within_its_wait_and_is_shared(black_hole: int) -> None:
+    """/readyz's ping gives up after PING_WAIT (the attempt goes on); a second ping joins it, starts none."""
+    store = open_store(f"postgresql://imds@127.0.0.1:{black_hole}/imds", connect_timeout=5.0)
+    assert isinstance(store, SqlStore)
+    attempts = 0
+    connect = store._engine.sync_engine.pool._creator  # the pool's way to a new connection
+
+    def counting() -> object:
+        nonlocal attempts
+        attempts += 1
+        return connect()
+
+    store._engine.sync_engine.pool._creator = counting
+    try:
+        for _ in range(2):
+            waited = rf"no answer within {PING_WAIT:g} s \(still waiting\)"
+            with pytest.raises(StoreUnavailable, match=waited) as raised:
+                await store.ping()
+            assert f"127.0.0.1:{black_hole}" in raised.value.message
+        assert attempts == 1
+    finally:
+        await store.close()
 
 
 def _read_only_database(server: PostgresServer, url: str) -> None:

@@ -40,8 +40,7 @@ def watch_pool(engine: sa.Engine, connector: Connector) -> None:
         exc = gone(context.original_exception)
         if exc is None:
             return
-        raw = context.connection.connection.driver_connection if context.connection is not None else None
-        connector.lost(server_of(raw), problem_of(exc, connector.client_timeout))
+        connector.lost(server_of(_driver(context.connection)), problem_of(exc, connector.client_timeout))
         context.is_disconnect = True  # this connection is dropped, and every one made before it
 
     @event.listens_for(engine, "connect")
@@ -76,3 +75,13 @@ def gone(exc: BaseException) -> BaseException | None:
             return seen
         seen = seen.__cause__
     return None
+
+
+def _driver(connection: sa.Connection | None) -> object:
+    """The asyncpg connection under a SQLAlchemy one, if it still has one (None once invalidated)."""
+    if connection is None or connection.invalidated or connection.closed:
+        return None
+    try:
+        return connection.connection.driver_connection
+    except sa.exc.SQLAlchemyError:
+        return None
