@@ -10,7 +10,10 @@ standby was cancelled is not acknowledged.
 from __future__ import annotations
 
 import asyncio
+import os
+import shutil
 import socket
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,10 +25,11 @@ from helpers import admin_client, make_settings, running_app, wait_for_async
 from imds.config.database import Server
 from imds.errors import StoreUnavailable
 from imds.store import open_store
+from imds.store.sql import migrate
 from imds.store.sql.connect import CommitNotConfirmed, NoWritableServer, confirm_commit, user_timeout_ms
 from imds.store.sql.engine import connector_for
 from imds.store.sql.store import PING_WAIT, SqlStore
-from postgres_server import PostgresServer, in_thread
+from postgres_server import PostgresServer, _server_owner, in_thread
 from serve_process import run_imds
 
 pytestmark = pytest.mark.postgres
@@ -193,13 +197,69 @@ async def test_a_unix_socket_url_reaches_the_server_and_is_named(postgres_server
     assert "localhost" not in raised.value.message
 
 
+def _certificates(directory: Path, owner: tuple[int, int] | None) -> Path:
+    """A CA and a server certificate for 127.0.0.1 signed by it (server.crt, server.key); the CA's path."""
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        pytest.fail("the openssl binary is not installed (apt-get install openssl)", pytrace=False)
+
+    def run(*args: str) -> None:
+        done = subprocess.run([openssl, *args], cwd=directory, capture_output=True, text=True, timeout=60,
+                              check=False)
+        assert done.returncode == 0, done.stderr
+
+    run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=imds-test-ca",
+        "-keyout", "ca.key", "-out", "ca.pem")
+    run("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=127.0.0.1", "-keyout", "server.key",
+        "-out", "server.csr")
+    (directory / "san.ext").write_text("subjectAltName=IP:127.0.0.1\n")
+    run("x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial", "-days", "2",
+        "-extfile", "san.ext", "-out", "server.crt")
+    for name in ("server.crt", "server.key"):
+        (directory / name).chmod(0o600)
+        if owner is not None:
+            os.chown(directory / name, *owner)
+    return directory / "ca.pem"
+
+
+@pytest.mark.anyio
+async def test_tls_options_are_honoured(tmp_path: Path) -> None:
+    """sslmode=verify-full with sslrootcert connects over TLS; a CA that did not sign the server is refused."""
+    with faulty_postgres() as pg:
+        url = pg.database()
+        in_thread(lambda: migrate.upgrade(url))
+        ca = _certificates(pg.info.socket_dir, _server_owner())
+        await _set_system(pg.info, "ssl_cert_file", f"'{pg.info.socket_dir / 'server.crt'}'")
+        await _set_system(pg.info, "ssl_key_file", f"'{pg.info.socket_dir / 'server.key'}'")
+        await _set_system(pg.info, "ssl", "on")
+        verified = f"{url}?sslmode=verify-full&sslrootcert={ca}"
+
+        async def over_tls(target: str) -> bool:
+            conn = await connector_for(target, connect_timeout=5.0, quiet=True).connect()
+            try:
+                return bool(await conn.fetchval("SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()"))
+            finally:
+                await conn.close()
+
+        await wait_for_async(lambda: over_tls(verified), what="a verified TLS session", timeout=30)
+        assert not await over_tls(f"{url}?sslmode=disable")
+        other_ca = tmp_path / "other"
+        other_ca.mkdir()
+        wrong = f"{url}?sslmode=verify-full&sslrootcert={_certificates(other_ca, None)}"
+        store = open_store(wrong, connect_timeout=5.0)
+        try:
+            with pytest.raises(StoreUnavailable, match="certificate verify failed") as raised:
+                await store.ping()
+        finally:
+            await store.close()
+        assert f"postgresql server 127.0.0.1:{pg.info.port}" in raised.value.message
+
+
 @pytest.mark.anyio
 async def test_a_commit_the_synchronous_standby_never_confirmed_is_not_acknowledged() -> None:
     """A COMMIT waiting for a standby that never comes, then cancelled: PostgreSQL says success; imds answers 503."""
     with faulty_postgres() as pg:
         url = pg.database()
-        from imds.store.sql import migrate  # noqa: PLC0415 - Alembic loads only here
-
         in_thread(lambda: migrate.upgrade(url))
         await _set_system(pg.info, "synchronous_standby_names", "'ghost'")
         # The driver's view: the cancelled wait ends in a WARNING and a COMMIT that reports success.
