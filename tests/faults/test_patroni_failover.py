@@ -36,7 +36,8 @@ import httpx
 import pytest
 
 from helpers import wait_for
-from patroni_cluster import DATABASE, TTL, Node, PatroniCluster, WriteProbe, patroni_cluster
+from patroni_cluster import DATABASE, TTL, Node, PatroniCluster, patroni_cluster
+from patroni_probe import WriteProbe
 from serve_process import ADMIN_TOKEN, Server, metric, serving
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow, pytest.mark.timeout(900)]
