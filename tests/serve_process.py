@@ -41,9 +41,14 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def clean_env(tmp_path: Path, **extra: str) -> dict[str, str]:
-    """The test's environment minus any IMDS_* setting and proxies, with HOME and XDG_DATA_HOME in tmp."""
+    """The test's environment minus any IMDS_* setting and proxies, with HOME and XDG_DATA_HOME in tmp.
+
+    The Ganeti OS search path is empty (no definitions from this machine's /srv/ganeti/os…)
+    unless ``extra`` says otherwise.
+    """
     env = {k: v for k, v in os.environ.items() if not k.startswith("IMDS_") and "proxy" not in k.lower()}
-    env.update(HOME=str(tmp_path / "home"), XDG_DATA_HOME=str(tmp_path / "xdg"), **extra)
+    env.update(HOME=str(tmp_path / "home"), XDG_DATA_HOME=str(tmp_path / "xdg"), IMDS_GANETI_OS_SEARCH_PATH="")
+    env.update(extra)
     return env
 
 
@@ -109,12 +114,15 @@ class Server:
 @contextmanager
 def serving(
     tmp_path: Path, *args: str, host: str = "127.0.0.1", v6: bool = False, loaded: bool = True,
-    source: Path | None = None, start_timeout: float = START_TIMEOUT,
+    source: Path | None = None, environment: dict[str, str | None] | None = None, wrap: tuple[str, ...] = (),
+    start_timeout: float = START_TIMEOUT,
 ) -> Iterator[Server]:
     """``imds serve *args`` on a free port of ``host`` (and of ``[::1]`` with ``v6``), stopped by PID afterwards.
 
     Yields once the server is healthy and (unless ``loaded`` is False) its catalog is loaded.
     ``source``: a ``src`` directory to import imds from instead of this checkout (benchmarks' baselines).
+    ``environment``: variables set over ``clean_env``'s (None: removed); ``wrap``: a command the process
+    runs under, which must ``exec`` it (so the PID stopped is imds's).
     ``start_timeout``: the bound on that wait (suites that start several servers on a loaded machine).
     """
     port = free_port(host)
@@ -130,11 +138,16 @@ def serving(
         args = (*args, "--rate-limit", "0")
     log = tmp_path / f"serve-{port}.log"
     program, env = [str(IMDS)], clean_env(tmp_path, IMDS_ADMIN_TOKEN=ADMIN_TOKEN)
+    for name, value in (environment or {}).items():
+        if value is None:
+            env.pop(name, None)
+        else:
+            env[name] = value
     if source is not None:
         program, env["PYTHONPATH"] = [sys.executable, "-m", "imds"], str(source)
     with log.open("wb") as sink:
         process = subprocess.Popen(
-            [*program, "serve", *listen, *args],
+            [*wrap, *program, "serve", *listen, *args],
             env=env,
             stdin=subprocess.DEVNULL,
             stdout=sink,

@@ -161,7 +161,7 @@ def test_hollow_flags_parse(runner: CliRunner):
     assert rows["shutdown_timeout"] == ("0.25", "flag")
     assert rows["lookup_scope"] == ("a,b", "flag")
     assert rows["log_level"] == ("debug", "flag")
-    assert rows["db"] == ("postgres://u:***@h/db", "flag")
+    assert rows["db"] == ("postgresql://u:***@h/db", "flag")  # as imds serve uses it (libpq's alias resolved)
     shown = runner.invoke(cli, ["serve", "--help"]).output
     assert "--lookup-url" in shown
     assert [name.flag for name in ALIASED if re.search(rf"{re.escape(name.flag or '')}(?![-\w])", shown)] == []

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 import click
@@ -65,9 +64,7 @@ def run(settings: ProxySettings) -> None:
 def proxy(**flags: Any) -> None:
     """Per-host proxy: identify the calling VM, sign its id, forward to imds serve."""
     settings = resolve_command(PROXY, flags)
-    log.configure(settings.log_level)
-    # httpx narrates every forwarded request at INFO: that is an access log, which the proxy does not keep.
-    logging.getLogger("httpx").setLevel(logging.WARNING)
+    log.configure(settings.log_level)  # httpx's line per forwarded request stays off (an access log)
     try:
         run(settings)
     except ConfigError as exc:

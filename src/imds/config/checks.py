@@ -7,6 +7,7 @@ the other values and the environment before the checks run.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,8 @@ from imds.config.database import DatabaseUrlError, parse_database
 from imds.config.resolve import Values
 from imds.config.serve import IMDSV2_MODES, MIN_HEADER_BYTES, SERVERS
 from imds.errors import ConfigError
+
+_SQLITE_URL = re.compile(r"sqlite(\+\w+)?:///.+", re.DOTALL)
 
 
 def _positive(value: float) -> bool:
@@ -123,7 +126,12 @@ def check_channel(values: Values) -> None:
 
 
 def check_store(values: Values) -> None:
-    """Database timeouts are positive."""
+    """An SQLite URL has its path after three slashes; database timeouts are positive."""
+    db = values["db"]
+    if db.startswith("sqlite") and not _SQLITE_URL.fullmatch(db):
+        msg = (f"--db / IMDS_DB: {db!r} is not an SQLite URL: the path follows three slashes "
+               "(sqlite:///relative/path.db, sqlite:////absolute/path.db)")
+        raise ConfigError(msg)
     values.require(("db_connect_timeout", "db_statement_timeout"), _positive, "must be positive")
 
 

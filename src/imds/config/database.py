@@ -118,7 +118,7 @@ def parse_database(url: str) -> Database:
     scheme, sep, rest = url.partition("://")
     if url == "memory://" or (sep and scheme == "memory"):
         return Database("memory", url)
-    if sep and scheme.split("+", 1)[0] == "sqlite":
+    if url.split(":", 1)[0].split("+", 1)[0] == "sqlite":  # its path is SQLAlchemy's to read (and checks.py's)
         return Database("sqlite", url)
     if not sep or scheme.lower() not in _SCHEMES:
         _fail(url, "unsupported database URL scheme (use sqlite:///PATH, postgresql://USER:PASS@HOST:PORT/DB "

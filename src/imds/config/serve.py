@@ -9,6 +9,9 @@ from __future__ import annotations
 
 from imds.config.option import Option, Rows, directories, flavors, listen, networks, redact_url, template
 
+# Ganeti's OS search path (its configure default, constants.OS_SEARCH_PATH of Ganeti 3.0), in order
+GANETI_OS_SEARCH_PATH = ("/srv/ganeti/os", "/usr/local/lib/ganeti/os", "/usr/lib/ganeti/os", "/usr/share/ganeti/os")
+
 _http, _store, _callers, _templates = map(Rows, ("http", "store", "callers", "templates"))
 _admin, _ec2, _lookup, _limits = map(Rows, ("admin", "ec2", "lookup", "limits"))
 _logging, _ganeti, _channel, _gce = map(Rows, ("logging", "ganeti", "channel", "gce"))
@@ -93,7 +96,7 @@ OPTIONS: tuple[Option, ...] = (
     _admin("metrics_public", "bool", False,  # noqa: FBT003 - a table row, not a call site
         "Serve /metrics without a token (hollow-compatible scraping); off: it needs a metrics or read scope."),
     _store("demo", "bool", False,  # noqa: FBT003 - a table row, not a call site
-        "Load a demo instance bound to 127.0.0.1 and ::1 at startup."),
+        "Load a demo instance bound to 127.0.0.1 and ::1 at startup (written only where the stored one differs)."),
     _logging.log_level_row(),
     _logging("log_instance_reads", "bool", False,  # noqa: FBT003 - a table row, not a call site
         "Log every instance read (off by default)."),
@@ -106,7 +109,11 @@ OPTIONS: tuple[Option, ...] = (
         "Fernet keys (one per line; the first encrypts, all decrypt) encrypting private OS parameters at rest."),
     _ganeti("os_definitions_dir", "path", None,
         "Directory of Ganeti OS definitions (DIR/<os>/create, export, import, rename, verify, parameters.list, "
-        "ganeti_api_version)."),
+        "ganeti_api_version); when given, the only one, and a broken definition stops the start."),
+    _ganeti("ganeti_os_search_path", "list", GANETI_OS_SEARCH_PATH,
+        "Directory searched for Ganeti OS definitions when --os-definitions-dir is not given (repeatable, in order; "
+        "env: comma-separated; default: Ganeti's search path). The first directory holding an OS name wins; missing "
+        "directories and broken definitions are skipped with a warning, as a Ganeti node does.", parse=directories),
     _ganeti("os_param_max_bytes", "int", 4096, "Largest OS parameter value accepted, in bytes (UTF-8)."),
     _ganeti("os_package_max_bytes", "int", 64 * 1024 * 1024,
         "Largest personalization package fetched for /ganeti/.../os/package, in bytes (held in memory, "
@@ -115,9 +122,18 @@ OPTIONS: tuple[Option, ...] = (
     _ganeti("ganeti_os_image_dir", "list", (),
         "Directory under which an os-image node path may be served as /ganeti/.../os/image (repeatable; "
         "env: comma-separated; default: none, node paths are refused).", parse=directories),
+    _ganeti("ganeti_os_package_dir", "list", (),
+        "Directory under which an os-package or os-install-package node path (Ganeti's, as ganeti-metad serves "
+        "them) may be served as /ganeti/.../os/package and os/os-install-package (repeatable; env: comma-separated; "
+        "default: none, os-package node paths are refused and os-install-package is the loaded OS definition).",
+        parse=directories),
     _ganeti("os_image_max_bytes", "int", 16 << 30,
         "Largest OS image streamed for /ganeti/.../os/image, in bytes (never held whole); an image found larger "
         "mid-stream is cut by aborting the connection, never ended as a short 200."),
+    _ganeti("fetch_allow", "list", (),
+        "Network (CIDR) that a URL from a record (os-image, package.url) may reach although not public: loopback, "
+        "private, link-local… (repeatable; env: comma-separated; default: none, public addresses only; the metadata "
+        "addresses and this server's own listeners never).", parse=networks),
     _ganeti("ganeti_metad_socket", "path", None,
         "Unix socket taking ganeti-metad's place: Ganeti's node daemon pushes instances here (Luxi, mode 0600)."),
     # The instance<->host channel and change watch (README: "The instance↔host channel").

@@ -155,11 +155,14 @@ class GanetiSettings(Group, rows=OPTIONS):
 
     private_key_file: Path | None
     os_definitions_dir: Path | None
+    ganeti_os_search_path: tuple[Path, ...]
     os_param_max_bytes: int
     os_package_max_bytes: int
     os_package_timeout: float
     ganeti_os_image_dir: tuple[Path, ...]
+    ganeti_os_package_dir: tuple[Path, ...]
     os_image_max_bytes: int
+    fetch_allow: tuple[Network, ...]
     ganeti_metad_socket: Path | None
 
 

@@ -57,10 +57,15 @@ def not_migrated(url: str, exc: BaseException) -> str:
     return f"the database {shown(url)} is not migrated ({reason(exc)}): {_UPGRADE_HINT}"
 
 
-def sqlite_problem(url: str) -> str | None:
-    """For an SQLite URL whose path cannot work (a directory, or a file where a directory must be), why.
+def sqlite_problem(url: str, *, create: bool = False, data_dir: Path | None = None) -> str | None:
+    """For an SQLite URL whose path cannot work here, why (None: go ahead).
 
-    Checked before connecting: the driver's own failure says only "unable to open database file".
+    Checked before connecting: the driver's own failure says only "unable to open database file",
+    and opening creates the file (and imds its directory). So a reader (``create`` False: the
+    store, ``imds db current|check``) needs the file to exist: a read never creates one. A
+    migration (``create``) may create it; with ``data_dir`` (``imds serve``, ``imds import``) in
+    an existing directory or the data directory only, so a typo in ``--db`` is refused instead of
+    becoming a new, empty database; without (``imds db upgrade``) with its directories too.
     """
     try:
         if parse_database(url).kind != "sqlite":
@@ -68,10 +73,17 @@ def sqlite_problem(url: str) -> str | None:
         parsed = make_url(url)
     except (ArgumentError, DatabaseUrlError):
         return None
-    if not parsed.database or parsed.database == ":memory:":
+    database = parsed.database
+    if not database or database == ":memory:" or database.startswith("file:"):
         return None
-    path = Path(parsed.database)
+    path = Path(database)
     why = _path_problem(path)
+    if why is None and not create and not path.exists():
+        why = ("no such file (check --db / IMDS_DB and --data-dir / IMDS_DATA_DIR): "
+               "`imds db upgrade` creates it, as `imds serve` does at start-up")
+    elif why is None and data_dir is not None and not path.parent.is_dir() and path.parent != data_dir:
+        why = (f"directory {path.parent} does not exist (check --db / IMDS_DB; "
+               "`imds db upgrade` creates directories)")
     return None if why is None else f"SQLite database {path}: {why}"
 
 
