@@ -41,6 +41,7 @@ def _options(options: Any, flags: dict[str, Any], chosen: Any, userdata: bytes |
         flags["flavor"], flags["out"], flags["hostname"], chosen, userdata, flags["marker"], flags["timeout"],
         flags["accel"], IDENTIFY[flags["identify"]], flags["url"], flags["admin_token"], flags["shared_secret_file"],
         flags["imdsv2"], flags["ipv6_only"], flags["route"], flags["ganeti_install"], flags["suite"],
+        dhcp_gone=flags["dhcp_gone"],
     )
 
 
@@ -102,6 +103,9 @@ IDENTIFY = {"forced": "cmdline", "cmdline": "cmdline", "smbios": "smbios"}
 @click.option("--route", type=click.Choice(ROUTES), default=None, show_default="the flavor's: gateway for ec2, "
               "else onlink", help="How DHCP gives the way to 169.254.169.254: a default route to the lab's router "
               "(gateway), option 121 via the DHCP port (dhcp) or on-link (onlink).")
+@click.option("--dhcp-gone", is_flag=True, default=False,
+              help="With --route dhcp: remove the DHCP port once the guest has its lease; the agent answers ARP "
+                   "for its address (--metadata-next-hop), as after an upgrade that dropped the DHCP ports.")
 @click.option("--ganeti-install", is_flag=True, default=False,
               help="The guest also installs an OS image onto a second, empty disk through the Ganeti paths "
                    "(imds-guest ganeti install); not with configdrive or --url.")

@@ -116,6 +116,18 @@ def networks(option: Option, values: tuple[str, ...]) -> tuple[Network, ...]:
     return tuple(found)
 
 
+def addresses(option: Option, values: tuple[str, ...]) -> tuple[ipaddress.IPv4Address | ipaddress.IPv6Address, ...]:
+    """``parse`` for IP addresses (IPv4 or IPv6, no prefix)."""
+    found = []
+    for value in values:
+        try:
+            found.append(ipaddress.ip_address(value))
+        except ValueError as exc:
+            msg = f"{option.named}: {value!r} is not an IP address"
+            raise ConfigError(msg) from exc
+    return tuple(found)
+
+
 def directories(option: Option, values: tuple[str, ...]) -> tuple[Path, ...]:
     """``parse`` for absolute directory paths."""
     found = []

@@ -29,6 +29,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from imds.errors import LabError
 from imds.lab import datapath
 from imds.lab.console import Console
+from imds.lab.dhcpgone import DhcpGone
 from imds.lab.flavors import METADATA_URL, METADATA_URL6, Flavor, flavor
 from imds.lab.ganeti import CONSOLE, SCRIPT, Install, Installing, guest_script, guest_zipapp
 from imds.lab.image import Image
@@ -59,6 +60,7 @@ class Options:
     route: str | None = None  # onlink, dhcp or gateway (None: the flavor's own)
     ganeti_install: bool = False  # the guest installs an OS image onto a second disk through the Ganeti paths
     suite: str = "bookworm"  # the Debian suite of the built image (what its cloud-init can do)
+    dhcp_gone: bool = False  # --route dhcp: the DHCP port is removed after the lease (imds.lab.dhcpgone)
 
 
 @dataclass
@@ -119,6 +121,8 @@ def refusal(options: Options) -> str | None:
         return f"--ipv6-only: --route {options.route} is IPv4's (IPv6 goes through the advertised router)"
     if options.ganeti_install and chosen.config_drive:
         return "--ganeti-install: a config drive guest has no metadata network to install through"
+    if options.dhcp_gone and ((options.route or chosen.route) != "dhcp" or options.ipv6_only):
+        return "--dhcp-gone removes the DHCP port the guest's route goes through: it needs --route dhcp (IPv4)"
     if options.ganeti_install and options.url:
         return "--ganeti-install serves the image from the run directory through the lab's own imds serve: drop --url"
     return None
@@ -132,7 +136,7 @@ def boot(options: Options, say: Callable[[str], None]) -> dict[str, Any]:
     out = options.out
     out.mkdir(parents=True, exist_ok=True)
     chosen = flavor(options.flavor)
-    route = datapath.Route(options.route or chosen.route, ipv6_only=options.ipv6_only)
+    route = datapath.Route(options.route or chosen.route, ipv6_only=options.ipv6_only, dhcp_gone=options.dhcp_gone)
     result: dict[str, Any] = {"flavor": chosen.name, "identify": options.identify, "hostname": options.hostname,
                               "ipv6_only": options.ipv6_only, "route": route.name,
                               "expected_datasource": chosen.datasource, "passed": False,
@@ -181,15 +185,21 @@ def _run(cleanup: Cleanup, options: Options, way: tuple[Flavor, datapath.Route],
     names = datapath.Names(secrets.token_hex(2))
     secret = options.secret_file or out / "shared-secret"
     port = datapath.Guest(guest.uuid, guest.mac, names.tap)
-    switch = datapath.Datapath(cleanup, out, names).build(port, server.url, secret, route)
+    network = datapath.Datapath(cleanup, out, names)
+    switch = network.build(port, server.url, secret, route)
     say(f"lab: datapath up (bridge {names.bridge}, tap {names.tap}, agent + haproxy, dnsmasq; {route.name})")
+    gone = DhcpGone(network, time.time()) if route.dhcp_gone else None
     cdrom = _config_drive(out, guest, server) if chosen.config_drive else None
     machine = Machine(options.image, out, names.tap, guest.mac, tuple(chosen.kernel_args(options.identify, ipv6=v6)),
                       chosen.smbios_arg(options.identify, guest.uuid, ipv6=v6), cdrom,
                       install.disk if install else None)
     qemu = Qemu(machine)
     cleanup.add("stop qemu", qemu.stop)
-    Watch(qemu, options, chosen, server, say, lambda: switch.learned(names.bridge), installing).run(result)
+    Watch(qemu, options, chosen, server, say, lambda: switch.learned(names.bridge), installing,
+          tick=gone.poll if gone else None).run(result)
+    if gone is not None:  # the seed's upgrade case: who answered for the DHCP port's address after it went
+        result["dhcp_gone"] = {"removed_after_s": gone.removed_after, "next_hop_arp_answers": gone.answers()}
+        result["passed"] = result["passed"] and gone.removed_after is not None and gone.answers() > 0
 
 
 def _server(cleanup: Cleanup, options: Options, extra: list[str]) -> Server:
@@ -227,6 +237,7 @@ class Watch:
     learned: Callable[[], bool]  # whether the datapath has seen the guest's first metadata packet
     installing: Installing | None = None  # --ganeti-install: prepared before each power-on, judged at the end
     first_packet: float | None = None
+    tick: Callable[[], None] | None = None  # called on each look at the console (--dhcp-gone retires the port)
 
     def _console(self) -> Console:
         options = self.options
@@ -265,6 +276,8 @@ class Watch:
         qemu, datasource = self.qemu, self.chosen.datasource
         while True:
             console.poll()
+            if self.tick is not None:
+                self.tick()
             if self.first_packet is None and self.learned():
                 self.first_packet = time.time()
             if console.done(datasource):
