@@ -27,7 +27,8 @@ OPTIONS: tuple[Option, ...] = (
         "Directory for the embedded database and generated keys "
         "(default: $XDG_DATA_HOME/imds or ~/.local/share/imds)."),
     _store("db", "str", None,
-        "Database URL: sqlite:///PATH, postgresql://USER:PASS@HOST:PORT/DB or memory:// "
+        "Database URL: sqlite:///PATH, postgresql://USER:PASS@HOST:PORT/DB (several servers: "
+        "HOST1:PORT1,HOST2:PORT2 or ?host=H1,H2&port=P1,P2; imds uses the read-write one) or memory:// "
         "(default: an SQLite file in the data directory).", redact=redact_url),
     _store("migrate", "bool", True,  # noqa: FBT003 - a table row, not a call site
         "Apply database migrations at startup."),
