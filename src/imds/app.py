@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 import httpx
 from fastapi import APIRouter, FastAPI
@@ -183,15 +184,22 @@ def limits_of(settings: Settings) -> Limits:
 
 
 def _signed_identity(settings: Settings) -> SignedIdentity:
-    """The proxy secrets, read once here (current first, then the previous during a rotation)."""
-    files = (
-        (settings.callers.proxy_shared_secret_file, "--proxy-shared-secret-file"),
-        (settings.callers.proxy_previous_secret_file, "--proxy-previous-secret-file"),
-    )
-    secrets = [read_secret(path, flag) for path, flag in files if path is not None]
+    """The proxy and fleet secrets, read once here (current first, then the previous during a rotation)."""
     callers = settings.callers
-    return SignedIdentity(callers.trusted_proxy, secrets, window=callers.proxy_signature_window,
+    shared = _secrets((callers.proxy_shared_secret_file, "--proxy-shared-secret-file"),
+                      (callers.proxy_previous_secret_file, "--proxy-previous-secret-file"))
+    fleet = _secrets((callers.proxy_fleet_secret_file, "--proxy-fleet-secret-file"),
+                     (callers.proxy_previous_fleet_secret_file, "--proxy-previous-fleet-secret-file"))
+    if shared and callers.trusted_proxy:
+        # Said once at startup: any holder of this secret (any host) can sign as any instance.
+        _log.warning("serve.proxy_shared_secret", mode="one secret for every host",
+                     advice="give each host its own key: --proxy-fleet-secret-file and imds host-key")
+    return SignedIdentity(callers.trusted_proxy, shared, fleet_secrets=fleet, window=callers.proxy_signature_window,
                           accept_unstamped=callers.accept_unstamped_signatures)
+
+
+def _secrets(*files: tuple[Path | None, str]) -> list[bytes]:
+    return [read_secret(path, flag) for path, flag in files if path is not None]
 
 
 def _channel(settings: Settings, store: Store) -> Channel:

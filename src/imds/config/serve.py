@@ -27,7 +27,8 @@ OPTIONS: tuple[Option, ...] = (
         "Directory for the embedded database and generated keys "
         "(default: $XDG_DATA_HOME/imds or ~/.local/share/imds)."),
     _store("db", "str", None,
-        "Database URL: sqlite:///PATH, postgresql://USER:PASS@HOST:PORT/DB or memory:// "
+        "Database URL: sqlite:///PATH, postgresql://USER:PASS@HOST:PORT/DB (several servers: "
+        "HOST1:PORT1,HOST2:PORT2 or ?host=H1,H2&port=P1,P2; imds uses the read-write one) or memory:// "
         "(default: an SQLite file in the data directory).", redact=redact_url),
     _store("migrate", "bool", True,  # noqa: FBT003 - a table row, not a call site
         "Apply database migrations at startup."),
@@ -35,9 +36,15 @@ OPTIONS: tuple[Option, ...] = (
         "CIDR of a proxy whose X-Forwarded-For is believed (repeatable; default: none).",
         env="IMDS_TRUSTED_PROXIES", parse=networks),
     _callers("proxy_shared_secret_file", "path", None,
-        "File holding the secret a trusted proxy signs X-Instance-ID with (unset: signed ids are refused)."),
+        "File holding the one secret every trusted proxy signs X-Instance-ID with (weaker than host keys: "
+        "see --proxy-fleet-secret-file; unset: such signatures are refused)."),
     _callers("proxy_previous_secret_file", "path", None,
         "The previous proxy secret, still accepted during a rotation (remove it when every proxy has the new one)."),
+    _callers("proxy_fleet_secret_file", "path", None,
+        "File holding the fleet secret each host's signing key is derived from (imds host-key; a host-signed "
+        "X-Instance-ID is refused without it)."),
+    _callers("proxy_previous_fleet_secret_file", "path", None,
+        "The previous fleet secret: host keys derived from it are still accepted during a rotation."),
     _callers("proxy_signature_window", "int", 30,
         "Seconds X-Instance-ID-Timestamp may be from this server's clock (an older, replayed signature is refused)."),
     _callers("accept_unstamped_signatures", "bool", False,  # noqa: FBT003 - a table row, not a call site

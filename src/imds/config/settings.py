@@ -43,6 +43,8 @@ class CallerSettings(Group, rows=OPTIONS):
     trusted_proxy: tuple[Network, ...]
     proxy_shared_secret_file: Path | None
     proxy_previous_secret_file: Path | None
+    proxy_fleet_secret_file: Path | None
+    proxy_previous_fleet_secret_file: Path | None
     proxy_signature_window: int
     accept_unstamped_signatures: bool
     instance_auth: frozenset[str]
