@@ -138,7 +138,7 @@ def test_python_m_from_metadata_url_is_idempotent(tmp_path):
     assert rules.stat().st_mtime_ns == mtime
     assert log.read_text().splitlines() == [
         "control --reload",
-        "trigger --action=add --subsystem-match=block --subsystem-match=net",
+        "trigger --action=change --subsystem-match=block --subsystem-match=net",
     ]
     assert server.requests == ["/openstack/latest/meta_data.json"] * 2
 

@@ -165,6 +165,16 @@ class Names:
         """The guest's tap."""
         return f"lvm{self.tag}"
 
+    @property
+    def hot_tap(self) -> str:
+        """The tap of a NIC hot-added to the running guest (--hotplug)."""
+        return f"lvm{self.tag}h"
+
+    @property
+    def qmp(self) -> Path:
+        """QEMU's QMP socket (a short path: a Unix socket's is at most 107 bytes)."""
+        return Path(f"/tmp/imdslab-{self.tag}.qmp")  # noqa: S108 - a socket QEMU creates, named by the run's tag
+
 
 class Switch:
     """A private userspace Open vSwitch."""
@@ -270,7 +280,19 @@ class Datapath:
         self._dnsmasq(guest, route)
         self._agent(switch, upstream, secret_file, route.next_hops)
         self.switch = switch
+        # Undone first: the rules with their packet counts, as the guest left them (what matched, what did not).
+        self.cleanup.add("keep the flows", lambda: (self.out / "flows.txt").write_text(
+            switch.ofctl("dump-flows", names.bridge) + switch.ofctl("dump-flows", names.meta_bridge)))
         return switch
+
+    def plug(self, switch: Switch, guest: Guest, vlan: int) -> None:
+        """Another port of a running guest (a NIC about to be hot-added), plugged on ``vlan``."""
+        self._guest_tap(switch, guest, vlan)
+
+    def unplug(self, switch: Switch, tap: str) -> None:
+        """A port unplugged again (its NIC detached): off the bridge, the tap deleted."""
+        switch.vsctl("--if-exists", "del-port", self.names.bridge, tap)
+        sh("ip", "link", "del", tap, check=False)
 
     def _namespace(self, switch: Switch, ns: str, port: str, address: str, address6: str | None = None) -> None:
         """A namespace on the VM VLAN through a veth: the DHCP port, or the router (the kernel answers ARP)."""
@@ -294,15 +316,15 @@ class Datapath:
         self.cleanup.add(f"del-port {port}", lambda: switch.vsctl("--if-exists", "del-port", bridge, port))
         switch.vsctl("add-port", bridge, port, f"tag={VLAN}")
 
-    def _guest_tap(self, switch: Switch, guest: Guest) -> None:
+    def _guest_tap(self, switch: Switch, guest: Guest, vlan: int = VLAN) -> None:
         """The tap QEMU attaches to, plugged as os-vif plugs a Nova port."""
         self.cleanup.command("ip", "link", "del", guest.tap)
         sh("ip", "tuntap", "add", "dev", guest.tap, "mode", "tap")
         sh("ip", "link", "set", guest.tap, "up")
         bridge = self.names.bridge
         self.cleanup.add(f"del-port {guest.tap}", lambda: switch.vsctl("--if-exists", "del-port", bridge, guest.tap))
-        port_id = str(uuidlib.uuid5(uuidlib.NAMESPACE_URL, f"imds-lab:{guest.uuid}"))
-        switch.vsctl("add-port", bridge, guest.tap, f"tag={VLAN}", "--", "set", "Interface", guest.tap,
+        port_id = str(uuidlib.uuid5(uuidlib.NAMESPACE_URL, f"imds-lab:{guest.uuid}:{guest.mac}"))
+        switch.vsctl("add-port", bridge, guest.tap, f"tag={vlan}", "--", "set", "Interface", guest.tap,
                      f"external_ids:iface-id={port_id}", f"external_ids:attached-mac={guest.mac}",
                      f"external_ids:vm-uuid={guest.uuid}", "external_ids:iface-status=active")
 
