@@ -221,6 +221,10 @@ async def test_writes_are_audited_with_facts_only(fleet):
     assert mine[0]["detail"] == {"kind": "maintenance", "scope": "project", "target": "acme", "state": "scheduled",
                                  "revision": 1}
     assert "do-not-log-this" not in json.dumps(entries)
+    only = (await fleet.admin("GET", "/audit", params={"instance": f"notice:{created['id']}"})).json()["entries"]
+    assert [e["action"] for e in only] == ["write", "write", "delete"]
+    bad = await fleet.admin("GET", "/audit", params={"instance": "notice:nope"})
+    assert (bad.status_code, bad.json()["errors"][0]["field"]) == (400, "instance")
 
 
 async def test_scopes_of_kind_notice(tmp_path: Path):

@@ -238,7 +238,7 @@ async def test_a_gce_watch_on_maintenance_event_wakes_on_the_write_and_on_the_cl
 
 
 async def test_the_json_and_openstack_notices_documents(fleet):
-    """/notices (and /api/v1/notices) and openstack/latest/notices.json (unlisted): current and history, one document."""
+    """/notices (and /api/v1/notices) and openstack/latest/notices.json (unlisted): the same document."""
     empty = await fleet.get("/notices")
     assert (empty.status_code, empty.json()) == (200, {"notices": [], "history": []})
     assert "notices.json" not in (await fleet.get("/openstack/latest/")).text.splitlines()  # not Nova's

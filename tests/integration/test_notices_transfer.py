@@ -94,7 +94,7 @@ def test_a_bad_notice_line_is_rejected_naming_the_field(tmp_path: Path):
 
 @pytest.mark.parametrize("dry_run", [False, True])
 def test_between_live_servers_with_url(tmp_path: Path, dry_run: bool):
-    """export --url from A, import --url into B: B serves the notices to the instance (a dry run writes none)."""
+    """Export --url from A, import --url into B: B serves the notices to the instance (a dry run writes none)."""
     with serving(tmp_path, "--data-dir", str(tmp_path / "a")) as a, \
             serving(tmp_path, "--data-dir", str(tmp_path / "b")) as b:
         _instance_id, maintenance, _stop = seeded(a)
