@@ -23,7 +23,7 @@ ADMIN_TOKEN = "test-admin-token"
 ADMIN_PEER = "192.0.2.250"
 FIXTURES = Path(__file__).parent / "fixtures"
 T = TypeVar("T")
-WAIT_TIMEOUT = 10.0  # seconds: generous, CI is a loaded 2-core box
+WAIT_TIMEOUT = 30.0  # seconds: generous, CI is a loaded 2-core box
 POLL_INTERVAL = 0.05  # seconds between two looks at a condition
 
 

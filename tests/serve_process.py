@@ -28,7 +28,7 @@ from imds.lab.run import stop
 
 IMDS = Path(sys.executable).parent / "imds"
 ADMIN_TOKEN = "serve-process-token"
-START_TIMEOUT = 60.0  # seconds: a loaded 2-core machine took 18 s to import and start one (2026-11-28)
+START_TIMEOUT = 60.0
 STOP_TIMEOUT = 10.0
 
 

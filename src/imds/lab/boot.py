@@ -58,6 +58,7 @@ class Options:
     ipv6_only: bool = False  # no IPv4 in the guest: router advertisements and DHCPv6 only
     route: str | None = None  # onlink, dhcp or gateway (None: the flavor's own)
     ganeti_install: bool = False  # the guest installs an OS image onto a second disk through the Ganeti paths
+    suite: str = "bookworm"  # the Debian suite of the built image (what its cloud-init can do)
 
 
 @dataclass
@@ -134,7 +135,9 @@ def boot(options: Options, say: Callable[[str], None]) -> dict[str, Any]:
     route = datapath.Route(options.route or chosen.route, ipv6_only=options.ipv6_only)
     result: dict[str, Any] = {"flavor": chosen.name, "identify": options.identify, "hostname": options.hostname,
                               "ipv6_only": options.ipv6_only, "route": route.name,
-                              "expected_datasource": chosen.datasource, "passed": False}
+                              "expected_datasource": chosen.datasource, "passed": False,
+                              "image": {"suite": options.image.suite, "cloud_init": options.image.cloud_init,
+                                        "key": options.image.key or None}}
     try:
         with cleaned_up() as cleanup:
             try:
