@@ -41,6 +41,7 @@ def _options(options: Any, flags: dict[str, Any], chosen: Any, userdata: bytes |
         flags["flavor"], flags["out"], flags["hostname"], chosen, userdata, flags["marker"], flags["timeout"],
         flags["accel"], IDENTIFY[flags["identify"]], flags["url"], flags["admin_token"], flags["shared_secret_file"],
         flags["imdsv2"], flags["ipv6_only"], flags["route"], flags["ganeti_install"], flags["suite"],
+        flags["systemd_imds"],
     )
 
 
@@ -105,6 +106,9 @@ IDENTIFY = {"forced": "cmdline", "cmdline": "cmdline", "smbios": "smbios"}
 @click.option("--ganeti-install", is_flag=True, default=False,
               help="The guest also installs an OS image onto a second, empty disk through the Ganeti paths "
                    "(imds-guest ganeti install); not with configdrive or --url.")
+@click.option("--systemd-imds", is_flag=True, default=False,
+              help="systemd-imds in the guest (sid: --suite sid --package systemd-imds) must find imds from EC2's "
+                   "SMBIOS and read every key it knows (ec2 only).")
 @click.option("--marker", default="LAB-MARKER", show_default=True, help="The line the userdata prints.")
 @click.option("--imdsv2", type=click.Choice(("required", "optional")), default="required", show_default=True,
               help="The lab's own server: EC2 tokens required or optional.")

@@ -8,7 +8,8 @@ chosen, the accelerator, the seconds from power-on to the first metadata request
 cloud-init's final stage, and the requests the guest made; it is written on every exit path.
 With ``--ganeti-install`` the guest also installs an OS image onto a second disk through the
 Ganeti paths, and passes only if that worked too (``imds.lab.ganeti``; result.json's
-``ganeti_install``).
+``ganeti_install``). With ``--systemd-imds`` systemd's own client in the guest must have read
+every key it knows from imds (``imds.lab.systemd_imds``; result.json's ``systemd_imds``).
 """
 
 from __future__ import annotations
@@ -35,6 +36,10 @@ from imds.lab.image import Image
 from imds.lab.qemu import Machine, Qemu, accelerators
 from imds.lab.run import Cleanup, cleaned_up, sh, write_private
 from imds.lab.server import Server, own_server, remote_server
+from imds.lab.systemd_imds import BIOS_VENDOR, public_addresses
+from imds.lab.systemd_imds import SCRIPT as SYSTEMD_SCRIPT
+from imds.lab.systemd_imds import guest_script as systemd_script
+from imds.lab.systemd_imds import verdict as systemd_verdict
 from imds.lab.userdata import MARKER, lab_userdata
 
 
@@ -59,6 +64,7 @@ class Options:
     route: str | None = None  # onlink, dhcp or gateway (None: the flavor's own)
     ganeti_install: bool = False  # the guest installs an OS image onto a second disk through the Ganeti paths
     suite: str = "bookworm"  # the Debian suite of the built image (what its cloud-init can do)
+    systemd_imds: bool = False  # systemd-imds in the guest must read every key it knows (EC2's SMBIOS)
 
 
 @dataclass
@@ -90,7 +96,16 @@ def addresses(guest: Guest, *, ipv6_only: bool) -> list[str]:
     return [datapath.GUEST_IP]
 
 
-def _metadata(guest: Guest, hostname: str, *, ipv6_only: bool, dhcp: bool = False) -> dict[str, Any]:
+@dataclass
+class Probe:
+    """--systemd-imds: what systemd-imds must read (key → value; the userdata by its bytes)."""
+
+    expected: dict[str, str]
+    userdata: bytes
+
+
+def _metadata(guest: Guest, hostname: str, *, ipv6_only: bool, dhcp: bool = False,
+              public: bool = False) -> dict[str, Any]:
     if ipv6_only:
         network = datapath.NETWORK6
         listed = [{"address": address, "network": str(network.network_address), "cidr": network.prefixlen,
@@ -99,6 +114,8 @@ def _metadata(guest: Guest, hostname: str, *, ipv6_only: bool, dhcp: bool = Fals
         listed = [{"address": datapath.GUEST_IP, "netmask": str(datapath.NETWORK.netmask),
                    "network": str(datapath.NETWORK.network_address), "cidr": datapath.NETWORK.prefixlen,
                    "address_family": 4, "public": False}]
+    if public:  # systemd-imds's public IPv4 and IPv6 keys read these (documentation ranges, never routed)
+        listed += public_addresses()
     document: dict[str, Any] = {
         "id": guest.uuid, "hostname": hostname, "ssh_keys": [guest.key], "plan": "lab.small", "facility": "lab1",
         "network": {"interfaces": [{"name": "eth0", "mac": guest.mac}], "addresses": listed},
@@ -121,6 +138,10 @@ def refusal(options: Options) -> str | None:
         return "--ganeti-install: a config drive guest has no metadata network to install through"
     if options.ganeti_install and options.url:
         return "--ganeti-install serves the image from the run directory through the lab's own imds serve: drop --url"
+    if options.systemd_imds and (chosen.name != "ec2" or options.ipv6_only or options.url):
+        return ("--systemd-imds: the lab sets EC2's SMBIOS for systemd-imds to find imds by (IPv4, the lab's own "
+                "serve, whose log proves the reads); the other flavors name imds on the kernel command line "
+                "(docs/guest.md)")
     return None
 
 
@@ -168,14 +189,18 @@ def _run(cleanup: Cleanup, options: Options, way: tuple[Flavor, datapath.Route],
     result["instance_id"] = guest.uuid
     install = Install(out) if options.ganeti_install else None
     scripts = []
+    if options.systemd_imds:
+        scripts.append((SYSTEMD_SCRIPT, systemd_script()))
     if install is not None:
         install.build_image(guest.uuid)
         scripts.append((SCRIPT, guest_script(guest_zipapp(), METADATA_URL6 if v6 else METADATA_URL)))
     server = _server(cleanup, options, install.serve_args() if install else [])
     result["server"] = server.url
-    server.push(guest.uuid, addresses(guest, ipv6_only=v6), _metadata(guest, options.hostname, ipv6_only=v6,
-                                                                 dhcp=options.ganeti_install and not v6),
-                lab_userdata(options.userdata, options.marker, scripts))
+    document = _metadata(guest, options.hostname, ipv6_only=v6, dhcp=options.ganeti_install and not v6,
+                         public=options.systemd_imds)
+    userdata = lab_userdata(options.userdata, options.marker, scripts)
+    server.push(guest.uuid, addresses(guest, ipv6_only=v6), document, userdata)
+    probe = _probe(options, guest, userdata)
     say(f"lab: record {guest.uuid} ({options.hostname}) pushed to {server.url}")
     installing = Installing(install, server, guest.uuid) if install else None
     names = datapath.Names(secrets.token_hex(2))
@@ -186,10 +211,19 @@ def _run(cleanup: Cleanup, options: Options, way: tuple[Flavor, datapath.Route],
     cdrom = _config_drive(out, guest, server) if chosen.config_drive else None
     machine = Machine(options.image, out, names.tap, guest.mac, tuple(chosen.kernel_args(options.identify, ipv6=v6)),
                       chosen.smbios_arg(options.identify, guest.uuid, ipv6=v6), cdrom,
-                      install.disk if install else None)
+                      install.disk if install else None, smbios_extra=(BIOS_VENDOR,) if probe else ())
     qemu = Qemu(machine)
     cleanup.add("stop qemu", qemu.stop)
-    Watch(qemu, options, chosen, server, say, lambda: switch.learned(names.bridge), installing).run(result)
+    Watch(qemu, options, chosen, server, say, lambda: switch.learned(names.bridge), installing, probe).run(result)
+
+
+def _probe(options: Options, guest: Guest, userdata: bytes) -> Probe | None:
+    """--systemd-imds: the values systemd-imds must read (as the EC2 flavor renders the lab's record)."""
+    if not options.systemd_imds:
+        return None
+    expected = {"hostname": options.hostname, "region": "lab", "zone": "lab1", "ipv4-public": "198.51.100.7",
+                "ipv6-public": "2001:db8:ec2::7", "ssh-key": guest.key, "userdata": ""}
+    return Probe(expected, userdata)
 
 
 def _server(cleanup: Cleanup, options: Options, extra: list[str]) -> Server:
@@ -226,6 +260,7 @@ class Watch:
     say: Callable[[str], None]
     learned: Callable[[], bool]  # whether the datapath has seen the guest's first metadata packet
     installing: Installing | None = None  # --ganeti-install: prepared before each power-on, judged at the end
+    probe: Probe | None = None  # --systemd-imds: judged from the console and serve's log at the end
     first_packet: float | None = None
 
     def _console(self) -> Console:
@@ -259,6 +294,12 @@ class Watch:
         if self.installing:  # QEMU has stopped: the second disk is read as it was left
             result["ganeti_install"] = found = self.installing.verdict(console.install_exit)
             result["passed"] = result["passed"] and found["passed"]
+        if self.probe is not None:
+            serial = self.qemu.machine.serial
+            lines = serial.read_text(errors="replace").splitlines() if serial.exists() else []
+            result["systemd_imds"] = judged = systemd_verdict(lines, self.server.reads(power_on),
+                                                              self.probe.expected, self.probe.userdata)
+            result["passed"] = result["passed"] and judged["passed"]
         self.say(f"lab: {'PASS' if result['passed'] else 'FAIL'} ({outcome}); result {options.out / 'result.json'}")
 
     def _until_done(self, console: Console, deadline: float) -> str:

@@ -55,6 +55,9 @@ PACKAGES = (
     "systemd-sysv", "udev", "cloud-init", "linux-image-cloud-amd64", "iproute2", "isc-dhcp-client",
     "curl", "ifupdown", "netbase",
 )
+# What a suite no longer has, and what takes its place there: ISC's DHCP client left unstable in 2026
+# (ifupdown and cloud-init use dhcpcd instead).
+REPLACED = {"sid": {"isc-dhcp-client": "dhcpcd-base"}}
 IMAGE_SIZE = 2 << 30  # sparse: about 450 MB of it is used
 BUILD_TIMEOUT = 1800.0
 FILES = {
@@ -121,10 +124,19 @@ class Recipe:
         """The base packages, then the extra ones (sorted, each once, none repeated from the base)."""
         return [*PACKAGES, *sorted(set(self.extra) - set(PACKAGES))]
 
+    @property
+    def installed(self) -> list[str]:
+        """``packages`` as this suite has them (``REPLACED``): what mmdebstrap is asked to install."""
+        replaced = REPLACED.get(self.suite, {})
+        return list(dict.fromkeys(replaced.get(name, name) for name in self.packages))
+
     def describe(self) -> dict[str, object]:
         """Everything the image is made from (its hash names the cached image)."""
-        return {"version": RECIPE_VERSION, "suite": self.suite, "variant": "minbase", "packages": self.packages,
-                "files": FILES, "size": IMAGE_SIZE}
+        described: dict[str, object] = {"version": RECIPE_VERSION, "suite": self.suite, "variant": "minbase",
+                                        "packages": self.packages, "files": FILES, "size": IMAGE_SIZE}
+        if self.installed != self.packages:  # only where a suite replaces a package: the other keys stay as they were
+            described["installed"] = self.installed
+        return described
 
     @property
     def key(self) -> str:
@@ -271,11 +283,22 @@ def _stop_group(process: subprocess.Popen[bytes]) -> None:
         return
 
 
+def apt_options(suite: str) -> list[str]:
+    """The ``--aptopt`` arguments of mmdebstrap for ``suite``.
+
+    Unstable's Release carries a Valid-Until a week ahead, so a mirror kept as a snapshot (this
+    machine's) is "expired" within days and apt refuses it; the stable suites carry none. Not
+    part of the recipe: it changes what apt accepts, not what the image holds.
+    """
+    return ['--aptopt=Acquire::Check-Valid-Until "false"'] if suite == "sid" else []
+
+
 def _debootstrap(tree: Path, log: Path, source: tuple[Recipe, str | None], tell: Callable[[str], None],
                  started: float) -> None:
     chosen, mirror = source
-    packages = chosen.packages
-    args = ["mmdebstrap", "--variant=minbase", f"--include={','.join(packages)}", *_hooks(), chosen.suite, str(tree)]
+    packages = chosen.installed
+    args = ["mmdebstrap", "--variant=minbase", *apt_options(chosen.suite), f"--include={','.join(packages)}",
+            *_hooks(), chosen.suite, str(tree)]
     if mirror:
         args.append(mirror)
     tell(f"image: mmdebstrap {chosen.suite} ({len(packages)} packages and their dependencies), log {log}")

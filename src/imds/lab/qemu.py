@@ -53,6 +53,7 @@ class Machine:
     smbios: str | None = None
     cdrom: Path | None = None  # a config drive (attached as a read-only virtio disk)
     second_disk: Path | None = None  # a raw disk right after the root one (/dev/vdb): --ganeti-install's target
+    smbios_extra: tuple[str, ...] = ()  # more -smbios values (type=0 for the BIOS vendor systemd-imds matches)
     memory_mb: int = 1024
     cpus: int = 2
 
@@ -79,6 +80,8 @@ class Machine:
             args += ["-cpu", "host"]
         if self.smbios:
             args += ["-smbios", self.smbios]
+        for extra in self.smbios_extra:
+            args += ["-smbios", extra]
         if self.cdrom is not None:
             args += ["-drive", f"file={self.cdrom},if=virtio,format=raw,readonly=on"]
         if self.image.kernel is not None and self.image.initrd is not None:
