@@ -221,6 +221,8 @@ async def test_writes_are_audited_with_facts_only(fleet):
     assert mine[0]["detail"] == {"kind": "maintenance", "scope": "project", "target": "acme", "state": "scheduled",
                                  "revision": 1}
     assert "do-not-log-this" not in json.dumps(entries)
+    rows = (await fleet.admin("GET", "/device-changes")).json()["changes"]
+    assert [(r["instance_id"], r["present"]) for r in rows[:3]] == [(f"notice:{created['id']}", False)] * 3
     only = (await fleet.admin("GET", "/audit", params={"instance": f"notice:{created['id']}"})).json()["entries"]
     assert [e["action"] for e in only] == ["write", "write", "delete"]
     bad = await fleet.admin("GET", "/audit", params={"instance": "notice:nope"})

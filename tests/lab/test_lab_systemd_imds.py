@@ -22,7 +22,7 @@ from imds.lab import boot as lab_boot
 from imds.lab.boot import Options, refusal
 from imds.lab.image import Image, Recipe
 from imds.lab.qemu import Machine
-from imds.lab.systemd_imds import BIOS_VENDOR, CONSOLE, KEYS, SCRIPT, guest_script, read_console, verdict
+from imds.lab.systemd_imds import BIOS_VENDOR, CONSOLE, KEYS, SCRIPT, TOOL, guest_script, read_console, verdict
 from imds.lab.userdata import MARKER_SCRIPT, lab_userdata
 
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHl8 imds-lab"
@@ -69,7 +69,9 @@ def _stand_ins(bin_dir: Path, values: dict[str, str], *, failing: str | None = N
         f'#!/bin/sh\n[ $# -eq 0 ] && {{ echo "Vendor: amazon-ec2"; exit 0; }}\nkey="${{2#--well-known=}}"\n'
         f'[ -f "{answers}/$key" ] || {{ echo "Key not available." >&2; exit 1; }}\ncat "{answers}/$key"\n')
     (bin_dir / "systemctl").write_text('#!/bin/sh\n[ "$3" = Result ] && echo success || echo inactive\n')
-    for tool in ("systemd-imds", "systemctl"):
+    (bin_dir / "journalctl").write_text('#!/bin/sh\necho "[ 12.3] systemd[1]: Starting systemd-imds-import.service"\n'
+                                        'echo "[ 12.4] systemd[1]: Started something else"\n')
+    for tool in ("systemd-imds", "systemctl", "journalctl"):
         (bin_dir / tool).chmod(0o755)
 
 
@@ -82,6 +84,7 @@ def _run_probe(tmp_path: Path, values: dict[str, str], **kwargs: Any) -> list[st
     (credstore / "ssh.authorized_keys.root").write_text(values["ssh-key"] + "\n")
     console = tmp_path / "console"
     script = guest_script().replace("/dev/ttyS0", str(console)).replace("/run/credstore", str(credstore))
+    script = script.replace(TOOL, str(tmp_path / "bin" / "systemd-imds"))
     script = script.replace("/tmp/imds-lab-", str(tmp_path / "imds-lab-"))  # noqa: S108 - the guest's path, moved
     env = {**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}"}
     subprocess.run(["sh", "-c", script], env=env, check=True, timeout=60)
@@ -95,6 +98,7 @@ def test_the_probe_prints_what_the_verdict_reads(tmp_path):
     assert lines[-1] == f"{CONSOLE} done"
     found = read_console(["[   88.1] cloud-init[9]: " + line for line in lines])  # as the console shows them
     assert found["summary"].strip() == "Vendor: amazon-ec2"
+    assert found["journal"] == ["[ 12.3] systemd[1]: Starting systemd-imds-import.service"]  # the IMDS lines only
     assert found["keys"]["ipv6-public"]["value"] == "2001:db8:ec2::7"
     assert found["keys"]["userdata"]["value"] is None
     assert found["keys"]["userdata"]["sha256"] == hashlib.sha256(USERDATA).hexdigest()

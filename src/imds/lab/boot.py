@@ -36,7 +36,7 @@ from imds.lab.image import Image
 from imds.lab.qemu import Machine, Qemu, accelerators
 from imds.lab.run import Cleanup, cleaned_up, sh, write_private
 from imds.lab.server import Server, own_server, remote_server
-from imds.lab.systemd_imds import BIOS_VENDOR, public_addresses
+from imds.lab.systemd_imds import BIOS_VENDOR, KERNEL_ARGS, public_addresses
 from imds.lab.systemd_imds import SCRIPT as SYSTEMD_SCRIPT
 from imds.lab.systemd_imds import guest_script as systemd_script
 from imds.lab.systemd_imds import verdict as systemd_verdict
@@ -209,7 +209,8 @@ def _run(cleanup: Cleanup, options: Options, way: tuple[Flavor, datapath.Route],
     switch = datapath.Datapath(cleanup, out, names).build(port, server.url, secret, route)
     say(f"lab: datapath up (bridge {names.bridge}, tap {names.tap}, agent + haproxy, dnsmasq; {route.name})")
     cdrom = _config_drive(out, guest, server) if chosen.config_drive else None
-    machine = Machine(options.image, out, names.tap, guest.mac, tuple(chosen.kernel_args(options.identify, ipv6=v6)),
+    kernel_args = (*chosen.kernel_args(options.identify, ipv6=v6), *(KERNEL_ARGS if probe else ()))
+    machine = Machine(options.image, out, names.tap, guest.mac, kernel_args,
                       chosen.smbios_arg(options.identify, guest.uuid, ipv6=v6), cdrom,
                       install.disk if install else None, smbios_extra=(BIOS_VENDOR,) if probe else ())
     qemu = Qemu(machine)

@@ -3,8 +3,9 @@
 systemd-imds (systemd 261+; Debian's package ``systemd-imds``, in sid) finds the platform from
 SMBIOS through hwdb (``hwdb.d/40-imds.hwdb``): for EC2 the BIOS vendor ``Amazon EC2``, which the
 lab sets (``-smbios type=0,vendor=Amazon EC2``) beside the system fields cloud-init reads. Its
-generator then pulls in ``systemd-imdsd.socket`` and ``systemd-imds-import.service``: early in
-the boot ``systemd-imds --import`` asks imds (through the datapath, as every guest request
+generator then pulls in ``systemd-imdsd.socket`` and, outside the initrd only when the kernel
+command line says ``systemd.imds.import=1`` (the lab's does), ``systemd-imds-import.service``:
+early in the boot ``systemd-imds --import`` asks imds (through the datapath, as every guest request
 goes) for a token, the public addresses, the hostname, the SSH key and the userdata, and
 writes the credentials ``firstboot.hostname`` and ``ssh.authorized_keys.root`` into
 ``/run/credstore``.
@@ -31,6 +32,9 @@ from typing import Any
 CONSOLE = "LAB-SYSTEMD-IMDS"
 SCRIPT = "zx-imds-lab-systemd-imds.sh"  # cloud-init runs user scripts sorted by name: before the marker script
 BIOS_VENDOR = "type=0,vendor=Amazon EC2"  # hwdb's dmi:bvnAmazonEC2:* (the modalias drops the space)
+# The generator pulls systemd-imds-import.service in by default only in the initrd (systemd-imds-generator(8):
+# "Defaults to true in the initrd, and false otherwise"); the lab's initrd has no network, so the booted system asks.
+KERNEL_ARGS = ("systemd.imds.import=1",)
 PUBLIC_IPV4 = "198.51.100.7"  # documentation ranges: the values are read, never routed
 PUBLIC_IPV6 = "2001:db8:ec2::7"
 KEYS = {  # systemd's EC2 entry: well-known key → the path under /latest
@@ -44,6 +48,7 @@ KEYS = {  # systemd's EC2 entry: well-known key → the path under /latest
 }
 CREDENTIALS = ("firstboot.hostname", "ssh.authorized_keys.root")
 TOKEN_PATH = "/latest/api/token"  # noqa: S105 - a path, not a secret
+TOOL = "/usr/lib/systemd/systemd-imds"  # where Debian's package puts the tool (not on PATH)
 
 
 def public_addresses() -> list[dict[str, Any]]:
@@ -60,12 +65,19 @@ def guest_script() -> str:
         "#!/bin/sh\n"
         "# imds lab --systemd-imds: what systemd-imds read from imds in this guest\n"
         f'say() {{ echo "{CONSOLE} $*" >> /dev/ttyS0; }}\n'
-        "if ! command -v systemd-imds >/dev/null; then say missing; exit 0; fi\n"
+        f"if [ ! -x {TOOL} ]; then say missing; exit 0; fi\n"
         'say "import=$(systemctl show -P Result systemd-imds-import.service)'
         ' state=$(systemctl show -P ActiveState systemd-imds-import.service)"\n'
-        'say "summary=$(systemd-imds 2>&1 | base64 -w0)"\n'
+        f'say "summary=$({TOOL} 2>&1 | base64 -w0)"\n'
+        # What the journal says of the IMDS units (why an import did not run, say): for result.json.
+        'say "journal=$(journalctl -b --no-pager -o short-monotonic 2>&1'
+        " | grep -i -E 'imds|ordering cycle|to break|credstore' | tail -40 | base64 -w0)\"\n"
+        'say "units=$( (systemctl show -p LoadState -p ActiveState -p Result -p ConditionResult -p NeedDaemonReload'
+        ' -p InactiveEnterTimestampMonotonic -p WantedBy -p RequiredBy systemd-imds-import.service;'
+        ' ls -l /run/systemd/generator.early/*.wants/; systemctl list-jobs --no-pager)'
+        ' 2>&1 | tail -40 | base64 -w0)"\n'
         f"for key in {keys}; do\n"
-        '  systemd-imds --cache=no --well-known="$key" > /tmp/imds-lab-value 2> /tmp/imds-lab-error\n'
+        f'  {TOOL} --cache=no --well-known="$key" > /tmp/imds-lab-value 2> /tmp/imds-lab-error\n'
         "  rc=$?\n"
         '  value=$(base64 -w0 < /tmp/imds-lab-value)\n'
         '  [ "$key" = userdata ] && value=-\n'
@@ -109,6 +121,9 @@ def read_console(lines: Iterable[str]) -> dict[str, Any]:
             found["import"] = {"result": fields["import"], "state": fields.get("state")}
         elif "summary" in fields:
             found["summary"] = _text(fields["summary"])
+        elif "journal" in fields or "units" in fields:
+            name = "journal" if "journal" in fields else "units"
+            found[name] = _text(fields[name]).splitlines()
         elif "key" in fields:
             value = fields.get("value", "-")
             found["keys"][fields["key"]] = {"rc": fields.get("rc"), "size": fields.get("size"),
