@@ -117,6 +117,37 @@ def test_google_sample_long_poller_and_tensorflow_watcher_wake_on_maintenance(se
     assert failures == []
 
 
+def test_a_held_watch_wakes_when_the_window_opens_with_no_write(server):
+    """The replica's notice clock: a migrate window opening seconds later answers the held read, unprompted.
+
+    The read asks to be held 300 s and the client gives up after 50 s: only the clock's wake at the
+    window's opening (not ``CLOCK_TICK``'s 60 s, not the watch's timeout) answers it in time. A machine
+    so slow that the window opened before the held read was sent tries again with a wider margin.
+    """
+    url = f"{server.url}/computeMetadata/v1/instance/maintenance-event"
+    for attempt, margin in enumerate((8, 20, 45)):
+        project = f"clockwork-{attempt}"
+        ip = f"127.0.87.{20 + attempt}"
+        place(server, ip, project=project)
+        with client_at(ip) as guest:
+            opens = dt.datetime.now(dt.UTC).replace(microsecond=0) + dt.timedelta(seconds=margin)
+            admin(server, "POST", "/device-notices", json={
+                "project_id": project, "kind": "migrate", "time": at(opens),
+                "window_end": at(opens + dt.timedelta(hours=1))})
+            first = guest.get(url, headers=GOOGLE)
+            sent = dt.datetime.now(dt.UTC)
+            if sent >= opens:
+                continue  # the window opened before the read could be held: nothing to learn from this one
+            assert first.text == "NONE"
+            held = guest.get(url, headers=GOOGLE, timeout=50.0, params={
+                "wait_for_change": "true", "last_etag": first.headers["etag"], "timeout_sec": "300"})
+        assert (held.status_code, held.text) == (200, "MIGRATE_ON_HOST_MAINTENANCE")
+        assert held.headers["etag"] != first.headers["etag"]
+        assert dt.datetime.now(dt.UTC) >= opens  # it answered because the window opened, not before
+        return
+    pytest.fail("the window opened before every held read could be sent")
+
+
 @pytest.mark.stores("sqlite", "postgres")
 def test_a_notice_written_through_a_reaches_b_and_wakes_its_watch(tmp_path: Path, db_url: str):
     """Write on A; B's held maintenance-event read answers, B's EC2 and JSON documents say the same."""

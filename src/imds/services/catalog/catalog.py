@@ -45,7 +45,7 @@ __all__ = ["Catalog", "Entry"]
 _log = log.get("catalog")
 LOAD_CHUNK = 5000
 FEED_BATCH = 1000  # change-feed entries read per statement while catching up
-CLOCK_TICK = 1.0  # seconds: the longest the notice clock sleeps before looking at the clock again
+CLOCK_TICK = 60.0  # seconds: the longest the notice clock sleeps before looking at the clock again (a clock step)
 _SIDE_RECORDS = (PROJECT, NOTICE)  # journal fields that are records beside the instances
 
 
