@@ -19,10 +19,21 @@ from typing import Any
 import pytest
 
 from imds.lab import boot as lab_boot
+from imds.lab import datapath
 from imds.lab.boot import Options, refusal
 from imds.lab.image import Image, Recipe
 from imds.lab.qemu import Machine
-from imds.lab.systemd_imds import BIOS_VENDOR, CONSOLE, KEYS, SCRIPT, TOOL, guest_script, read_console, verdict
+from imds.lab.systemd_imds import (
+    BIOS_VENDOR,
+    CONSOLE,
+    KEYS,
+    SCRIPT,
+    TOOL,
+    guest_script,
+    public_addresses,
+    read_console,
+    verdict,
+)
 from imds.lab.userdata import MARKER_SCRIPT, lab_userdata
 
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHl8 imds-lab"
@@ -48,13 +59,15 @@ def test_the_record_has_every_key_systemd_reads():
     from imds.services.render.ec2 import aws_meta_data  # noqa: PLC0415 - the renderer the guest's reads meet
 
     guest = lab_boot.Guest("ec2c1a5e-8f2b-4a57-9a65-1d2a3b4c5d6e", "52:54:00:00:00:01", KEY)
-    document = lab_boot._metadata(guest, "lab-guest", ipv6_only=False, public=True)
+    document = lab_boot._metadata(guest, "lab-guest", datapath.Route("onlink"), dhcp=False)
+    document["network"]["addresses"] += public_addresses()  # as the boot adds them with --systemd-imds
     tree = aws_meta_data(document, guest.uuid)
     seen = {"hostname": tree["hostname"], "region": tree["placement"]["region"],  # type: ignore[index]
             "zone": tree["placement"]["availability-zone"], "ipv4-public": tree["public-ipv4"],  # type: ignore[index]
             "ipv6-public": tree["ipv6"], "ssh-key": tree["public-keys"]["0"]["openssh-key"]}  # type: ignore[index]
     assert seen == {k: v for k, v in EXPECTED.items() if k != "userdata"}
-    assert lab_boot._metadata(guest, "h", ipv6_only=False)["network"]["addresses"][0]["public"] is False
+    assert lab_boot._metadata(guest, "h", datapath.Route("onlink"), dhcp=False)["network"]["addresses"][0][
+        "public"] is False
 
 
 def _stand_ins(bin_dir: Path, values: dict[str, str], *, failing: str | None = None) -> None:

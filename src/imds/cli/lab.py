@@ -41,7 +41,8 @@ def _options(options: Any, flags: dict[str, Any], chosen: Any, userdata: bytes |
         flags["flavor"], flags["out"], flags["hostname"], chosen, userdata, flags["marker"], flags["timeout"],
         flags["accel"], IDENTIFY[flags["identify"]], flags["url"], flags["admin_token"], flags["shared_secret_file"],
         flags["imdsv2"], flags["ipv6_only"], flags["route"], flags["ganeti_install"], flags["suite"],
-        flags["systemd_imds"],
+        flags["network_data"], flags["device_tags"] or flags["hotplug"], flags["hotplug"],
+        dhcp_gone=flags["dhcp_gone"], systemd_imds=flags["systemd_imds"],
     )
 
 
@@ -100,12 +101,24 @@ IDENTIFY = {"forced": "cmdline", "cmdline": "cmdline", "smbios": "smbios"}
                    "'cmdline' is the same), or the cloud's SMBIOS fields alone.")
 @click.option("--ipv6-only", is_flag=True, default=False,
               help="No IPv4 in the guest: router advertisements (SLAAC) and DHCPv6; metadata at [fd00:ec2::254].")
+@click.option("--network-data", type=click.Choice(("static", "dhcp")), default="static", show_default=True,
+              help="What the guest's record says of its subnet: static addresses with the way to metadata --route "
+                   "set up, or that the subnet has DHCP (network_data.json then says ipv4_dhcp, as Nova's).")
 @click.option("--route", type=click.Choice(ROUTES), default=None, show_default="the flavor's: gateway for ec2, "
-              "else onlink", help="How DHCP gives the way to 169.254.169.254: a default route to the lab's router "
+              "else dhcp", help="How DHCP gives the way to 169.254.169.254: a default route to the lab's router "
               "(gateway), option 121 via the DHCP port (dhcp) or on-link (onlink).")
+@click.option("--dhcp-gone", is_flag=True, default=False,
+              help="With --route dhcp: remove the DHCP port once the guest has its lease; the agent answers ARP "
+                   "for its address (--metadata-next-hop), as after an upgrade that dropped the DHCP ports.")
 @click.option("--ganeti-install", is_flag=True, default=False,
               help="The guest also installs an OS image onto a second, empty disk through the Ganeti paths "
                    "(imds-guest ganeti install); not with configdrive or --url.")
+@click.option("--device-tags", is_flag=True, default=False,
+              help="A tagged NIC and data disk in the record; the guest applies the tags with imds-guest udev "
+                   "(openstack or configdrive).")
+@click.option("--hotplug", is_flag=True, default=False,
+              help="After the boot: a NIC and a tagged disk attached to the running guest (QMP) and the record, "
+                   "configured by cloud-init's hotplug, then detached (openstack, IPv4; implies --device-tags).")
 @click.option("--systemd-imds", is_flag=True, default=False,
               help="systemd-imds in the guest (sid: --suite sid --package systemd-imds) must find imds from EC2's "
                    "SMBIOS and read every key it knows (ec2 only).")

@@ -1,7 +1,8 @@
 """The lab's guest image, built from Debian packages and cached by what went into it.
 
 ``build`` runs ``mmdebstrap`` (minbase plus systemd, udev, cloud-init, the cloud kernel, a
-DHCP client and ifupdown) into a directory, copies out the kernel and initrd (QEMU boots
+DHCP client, ifupdown and net-tools: cloud-init's ifupdown renderer writes static routes as
+``route(8)`` lines, which fail silently without it) into a directory, copies out the kernel and initrd (QEMU boots
 them directly: no bootloader), and makes a raw ext4 filesystem image of the tree with
 ``mke2fs -d`` (no loop mount). The recipe below — suite, packages, the files written into
 the tree, the image size — is hashed; an image whose hash directory already exists is reused.
@@ -53,7 +54,7 @@ SUITE = "bookworm"
 SUITES = ("bookworm", "trixie", "sid")  # Debian 12, 13 and unstable (cloud-init 22.4, 25.1, 26.x)
 PACKAGES = (
     "systemd-sysv", "udev", "cloud-init", "linux-image-cloud-amd64", "iproute2", "isc-dhcp-client",
-    "curl", "ifupdown", "netbase",
+    "curl", "ifupdown", "netbase", "net-tools",
 )
 # What a suite no longer has, and what takes its place there: ISC's DHCP client left unstable in 2026
 # (ifupdown and cloud-init use dhcpcd instead).

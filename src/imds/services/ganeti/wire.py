@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 from imds.errors import InvalidInput, Problem
 from imds.models import OS_MODES, PUBLIC, VISIBILITIES
 from imds.services.ganeti.memory import PackageAuth, Secret
+from imds.services.ganeti.urls import IMAGE_PARAMETER, URL_SCHEMES, url_problem
 from imds.services.records.wire import document_timestamp, parse_instance_id
 
 NAME = re.compile(r"^[a-z0-9_-]{1,64}$")
@@ -112,15 +113,20 @@ def _parameters(raw: Any, section: str, max_bytes: int, problems: list[Problem])
         if len(value.encode()) > max_bytes:
             problems.append(Problem(f"{where}.value", f"is longer than {max_bytes} bytes (--os-param-max-bytes)"))
             continue
+        if name == IMAGE_PARAMETER and (problem := url_problem(value)) is not None:
+            problems.append(Problem(f"{where}.value", problem))
+            continue
         found[name] = ParamIn(visibility, value if visibility == PUBLIC else Secret(value))
     return found
 
 
 def _package_url(url: Any) -> str | None:
     """Why the package URL is refused, or None."""
-    parts = urlsplit(url) if isinstance(url, str) else None
-    if parts is None or parts.scheme not in {"http", "https"} or not parts.hostname:
+    if not isinstance(url, str) or not url.lower().startswith(URL_SCHEMES):
         return "must be an http:// or https:// URL"
+    if (problem := url_problem(url)) is not None:
+        return problem
+    parts = urlsplit(url)
     if parts.username is not None or parts.password is not None:
         return "must not carry credentials: send package.username/password"
     if not parts.path.endswith(PACKAGE_SUFFIXES):

@@ -80,7 +80,7 @@ def _instance_item(obj: dict[str, Any], *, label: str, max_os_value_bytes: int, 
     metadata = userdata = None
     if "metadata" in obj:
         try:
-            metadata = parse_metadata_write({k: obj.get(k) for k in ("id", "ipAddresses", "metadata")}, limits)
+            metadata = parse_metadata_write({k: obj.get(k) for k in ("id", "ipAddresses", "metadata", "host")}, limits)
         except InvalidInput as exc:
             problems += exc.problems
     if "userdata" in obj:
