@@ -12,6 +12,7 @@
 - ``wait_for_maintenance``: Google's sample long-poller (``python-docs-samples``
   ``compute/metadata/main.py``): ``wait_for_change`` with ``last_etag`` starting at ``0``, 503
   retried, the callback called when the value changes.
+- ``admin``: one admin API call to a real ``imds serve`` (the host's side of each test).
 - ``AppOnSocket``: the app built in the test (with its injected clock) served by uvicorn on a
   free loopback port in the test's event loop, so clients speak HTTP over a real socket.
 """
@@ -29,7 +30,7 @@ from typing import Any
 import httpx
 import uvicorn
 
-from serve_process import free_port
+from serve_process import Server, free_port
 
 SCHEDULED = "/latest/meta-data/events/maintenance/scheduled"
 SPOT = "/latest/meta-data/spot/instance-action"
@@ -43,6 +44,15 @@ SECONDS_BEFORE_REFRESH = 15
 TOKEN_ATTEMPTS = 2
 DUPLICATE_ERRORS = 3  # cmd/node-termination-handler.go: duplicateErrThreshold
 EVENT_DATE = "%d %b %Y %H:%M:%S GMT"  # Go's "2 Jan 2006 15:04:05 GMT" (%d also takes one digit)
+
+
+def admin(server: Server, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
+    """One admin API call to a real ``imds serve``; its JSON answer (anything but 200 fails the test)."""
+    with httpx.Client(base_url=server.url, headers=server.admin_headers, timeout=10.0, trust_env=False) as client:
+        answer = client.request(method, path, **kwargs)
+    assert answer.status_code == 200, answer.text
+    body: dict[str, Any] = answer.json()
+    return body
 
 
 class NthError(Exception):

@@ -14,7 +14,6 @@ import datetime as dt
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import ec2_metadata
 import httpx
@@ -23,7 +22,7 @@ import urllib3
 
 from factories import new_id
 from helpers import wait_for
-from notice_clients import termination_watcher_gce, wait_for_maintenance
+from notice_clients import admin, termination_watcher_gce, wait_for_maintenance
 from serve_process import Server, client_at, in_background, metric, serving
 
 GUEST, NEIGHBOUR = "127.0.87.7", "127.0.87.8"
@@ -33,14 +32,6 @@ BUDGET = 5.0  # seconds: the feed is polled every 0.1 s here; PostgreSQL wakes B
 
 def at(moment: dt.datetime) -> str:
     return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def admin(server: Server, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
-    with httpx.Client(base_url=server.url, headers=server.admin_headers, timeout=10.0, trust_env=False) as client:
-        answer = client.request(method, path, **kwargs)
-    assert answer.status_code == 200, answer.text
-    body: dict[str, Any] = answer.json()
-    return body
 
 
 def place(server: Server, ip: str, project: str = "acme") -> str:

@@ -16,17 +16,10 @@ import httpx
 import pytest
 
 from factories import new_id
+from notice_clients import admin
 from serve_process import ADMIN_TOKEN, Server, client_at, run_imds, serving
 
 GUEST = "127.0.89.7"
-
-
-def admin(server: Server, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
-    with httpx.Client(base_url=server.url, headers=server.admin_headers, timeout=10.0, trust_env=False) as client:
-        answer = client.request(method, path, **kwargs)
-    assert answer.status_code == 200, answer.text
-    body: dict[str, Any] = answer.json()
-    return body
 
 
 def seeded(server: Server) -> tuple[str, dict[str, Any], dict[str, Any]]:
