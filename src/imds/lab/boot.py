@@ -225,7 +225,7 @@ def _run(cleanup: Cleanup, options: Options, way: tuple[Flavor, datapath.Route],
                       chosen.smbios_arg(options.identify, guest.uuid, ipv6=v6), cdrom,
                       install.disk if install else None,
                       (fresh_disk(out / devices.DISK, 8 << 20), devices.DISK_SERIAL) if tagged else None,
-                      names.qmp if options.hotplug else None)
+                      names.qmp if options.hotplug else None, names.host.enter)
     qemu = Qemu(machine)
     cleanup.add("stop qemu", qemu.stop)
     watch = Watch(qemu, options, chosen, server, say, lambda: switch.learned(names.bridge), installing,
