@@ -72,7 +72,7 @@ class Server:
         """Everything the process wrote so far."""
         return self.log.read_text(errors="replace")
 
-    def wait_healthy(self, *, loaded: bool = True) -> None:
+    def wait_healthy(self, *, loaded: bool = True, timeout: float = START_TIMEOUT) -> None:
         """Block (bounded) until ``/healthz`` answers 200 (and the catalog is loaded); fail with the log otherwise."""
 
         def healthy() -> bool:
@@ -82,7 +82,7 @@ class Server:
                 up = client.get(f"{self.url}/healthz", timeout=1.0).status_code == 200
                 return up and (not loaded or self.loaded(client))
 
-        wait_for(healthy, what="imds serve to be healthy", timeout=START_TIMEOUT,
+        wait_for(healthy, what="imds serve to be healthy", timeout=timeout,
                  ignoring=(httpx.TransportError,), explain=self.output)
 
     def loaded(self, client: httpx.Client) -> bool:
@@ -115,6 +115,7 @@ class Server:
 def serving(
     tmp_path: Path, *args: str, host: str = "127.0.0.1", v6: bool = False, loaded: bool = True,
     source: Path | None = None, environment: dict[str, str | None] | None = None, wrap: tuple[str, ...] = (),
+    start_timeout: float = START_TIMEOUT,
 ) -> Iterator[Server]:
     """``imds serve *args`` on a free port of ``host`` (and of ``[::1]`` with ``v6``), stopped by PID afterwards.
 
@@ -122,6 +123,7 @@ def serving(
     ``source``: a ``src`` directory to import imds from instead of this checkout (benchmarks' baselines).
     ``environment``: variables set over ``clean_env``'s (None: removed); ``wrap``: a command the process
     runs under, which must ``exec`` it (so the PID stopped is imds's).
+    ``start_timeout``: the bound on that wait (suites that start several servers on a loaded machine).
     """
     port = free_port(host)
     listen = ["--listen", f"{host}:{port}"]
@@ -153,7 +155,7 @@ def serving(
         )
     server = Server(process, f"http://{host}:{port}", log, v6_url)
     try:
-        server.wait_healthy(loaded=loaded)
+        server.wait_healthy(loaded=loaded, timeout=start_timeout)
         yield server
     finally:
         server.stop()

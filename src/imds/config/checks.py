@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from imds.config.agent import AGENT_MODES
+from imds.config.database import DatabaseUrlError, parse_database
 from imds.config.hostside import check_host_side
-from imds.config.option import redact_url
 from imds.config.resolve import Values
 from imds.config.serve import IMDSV2_MODES, MIN_HEADER_BYTES, SERVERS
 from imds.errors import ConfigError
@@ -33,10 +33,10 @@ def store_location(values: Mapping[str, Any], env: Mapping[str, str]) -> dict[st
     db_url = values["db"] or f"sqlite:///{data_dir / 'imds.db'}"
     if db_url.startswith("postgres://"):  # Heroku's and libpq's alias; SQLAlchemy knows only postgresql://
         db_url = "postgresql://" + db_url.removeprefix("postgres://")
-    if not db_url.startswith(("sqlite", "postgresql", "memory://")):
-        msg = (f"--db / IMDS_DB: unsupported database URL scheme in {redact_url(db_url)!r} "
-               "(use sqlite:///PATH, postgresql://USER:PASS@HOST:PORT/DB or memory://)")
-        raise ConfigError(msg)
+    try:
+        parse_database(db_url)  # the one parse of --db: refused here, once, in one line
+    except DatabaseUrlError as exc:
+        raise ConfigError(f"--db / IMDS_DB: {exc.message}") from exc
     return {"data_dir": data_dir, "db": db_url}
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Self, TypeVar
 
+from imds.config.database import redact
 from imds.errors import ConfigError
 from imds.templates import compile_template
 
@@ -169,13 +170,8 @@ def template(option: Option, source: str | None) -> str | None:
 
 
 def redact_url(url: str) -> str:
-    """Hide the password in a database URL."""
-    scheme, sep, rest = url.partition("://")
-    if not sep or "@" not in rest:
-        return url
-    creds, _, host = rest.rpartition("@")
-    user = creds.split(":", 1)[0]
-    return f"{scheme}://{user}:***@{host}"
+    """Hide the password in a database URL (in its user part or a ``password=`` parameter)."""
+    return redact(url)
 
 
 # --- from flag, variable or file text to the row's kind, and from the kind to the field -------

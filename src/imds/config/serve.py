@@ -27,7 +27,8 @@ OPTIONS: tuple[Option, ...] = (
         "Directory for the embedded database and generated keys "
         "(default: $XDG_DATA_HOME/imds or ~/.local/share/imds)."),
     _store("db", "str", None,
-        "Database URL: sqlite:///PATH, postgresql://USER:PASS@HOST:PORT/DB or memory:// "
+        "Database URL: sqlite:///PATH, postgresql://USER:PASS@HOST:PORT/DB (several servers: "
+        "HOST1:PORT1,HOST2:PORT2 or ?host=H1,H2&port=P1,P2; imds uses the read-write one) or memory:// "
         "(default: an SQLite file in the data directory).", redact=redact_url),
     _store("migrate", "bool", True,  # noqa: FBT003 - a table row, not a call site
         "Apply database migrations at startup."),
@@ -155,7 +156,9 @@ OPTIONS: tuple[Option, ...] = (
     _callers("instance_auth", "list", (),
         "Flavors whose paths need 'Metadata: true', a Metadata-Flavor header or an IMDSv2 token "
         "(json, openstack, nocloud, ganeti or all; repeatable; env: comma-separated; default: none).", parse=flavors),
-    _store("db_connect_timeout", "float", 5.0, "Seconds to wait for a database connection before answering 503."),
+    _store("db_connect_timeout", "float", 5.0,
+        "Seconds to wait for a connection to one database server before answering 503 (each server of a "
+        "--db list has its own; a connect_timeout in the URL replaces it)."),
     _store("db_statement_timeout", "float", 5.0,
         "Seconds one database statement (or SQLite's write lock) may take before answering 503."),
     # Server and listener limits (docs/server.md).

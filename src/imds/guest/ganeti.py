@@ -164,8 +164,11 @@ def read_plan(service: Service, disks: list[str]) -> Plan:
 
 
 def script_environment(plan: Plan) -> dict[str, str]:
-    """What ``create`` runs with: Ganeti's PATH and LC_ALL, then the served (and adjusted) environment."""
-    return {"PATH": HOOKS_PATH, "LC_ALL": "C", **plan.environment}
+    """What ``create`` runs with: Ganeti's PATH, then the served (and adjusted) environment.
+
+    Nothing else: Ganeti's node daemon runs OS scripts with ``reset_env=True`` (no ``LC_ALL``, nothing inherited).
+    """
+    return {"PATH": HOOKS_PATH, **plan.environment}
 
 
 def _install(service: Service, plan: Plan, options: argparse.Namespace, work: Path, report: Report) -> None:
