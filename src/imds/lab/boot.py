@@ -214,6 +214,7 @@ def _run(cleanup: Cleanup, options: Options, way: tuple[Flavor, datapath.Route],
     say(f"lab: record {guest.uuid} ({options.hostname}) pushed to {server.url}")
     installing = Installing(install, server, guest.uuid) if install else None
     names = datapath.Names(secrets.token_hex(2))
+    result["tag"] = names.tag
     secret = options.secret_file or out / "shared-secret"
     port = datapath.Guest(guest.uuid, guest.mac, names.tap)
     network = datapath.Datapath(cleanup, out, names)
