@@ -236,6 +236,7 @@ def _run(cleanup: Cleanup, options: Options, way: tuple[Flavor, datapath.Route],
     say(f"lab: record {guest.uuid} ({options.hostname}) pushed to {server.url}")
     installing = Installing(install, server, guest.uuid) if install else None
     names = datapath.Names(secrets.token_hex(2))
+    result["tag"] = names.tag
     secret = options.secret_file or out / "shared-secret"
     port = datapath.Guest(guest.uuid, guest.mac, names.tap)
     network = datapath.Datapath(cleanup, out, names)
@@ -248,7 +249,8 @@ def _run(cleanup: Cleanup, options: Options, way: tuple[Flavor, datapath.Route],
                       chosen.smbios_arg(options.identify, guest.uuid, ipv6=v6), cdrom,
                       install.disk if install else None,
                       (fresh_disk(out / devices.DISK, 8 << 20), devices.DISK_SERIAL) if tagged else None,
-                      names.qmp if options.hotplug else None, smbios_extra=(BIOS_VENDOR,) if probe else ())
+                      names.qmp if options.hotplug else None, names.host.enter,
+                      smbios_extra=(BIOS_VENDOR,) if probe else ())
     qemu = Qemu(machine)
     cleanup.add("stop qemu", qemu.stop)
     watch = Watch(qemu, options, chosen, server, say, lambda: switch.learned(names.bridge), installing,
