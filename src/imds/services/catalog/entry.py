@@ -298,7 +298,12 @@ class Entry:
         return self.render_in_context(key, lambda instance, context: build(instance, context.project))
 
     def cached(self, key: str) -> object | None:
-        """The rendering ``key`` if this version holds it now (marked recent), else None; builds nothing."""
+        """The rendering ``key`` if this version holds it now (marked recent), else None; builds nothing.
+
+        Past ``_until`` (a notice changed on its own) nothing computed before is held, as for ``render``.
+        """
+        if self._until is not None:
+            self._fresh()
         rendered = self._rendered
         if rendered is None:
             return None
