@@ -38,8 +38,12 @@ _log = log.get("metad")
 
 
 def _framed(success: bool, result: Any) -> bytes:
-    body = json.dumps({"success": success, "result": result}, separators=(",", ":"), ensure_ascii=False)
-    return body.encode() + EOM  # json escapes every control character, 0x03 included
+    message = {"success": success, "result": result}
+    body = json.dumps(message, separators=(",", ":"), ensure_ascii=False)
+    try:
+        return body.encode() + EOM  # json escapes every control character, 0x03 included
+    except UnicodeEncodeError:  # a lone surrogate (echo("\udc80")): JSON's own escape carries it back as sent
+        return json.dumps(message, separators=(",", ":")).encode() + EOM
 
 
 def answer(result: Any) -> bytes:

@@ -27,6 +27,7 @@ from typing import Any
 from imds.config import OPTIONS
 from imds.errors import Problem
 
+NOT_TEXT = "is not valid Unicode text (it holds a lone surrogate such as \\ud800)"
 MAX_PROBLEMS = 20  # a hostile document could have a million bad strings: name the first few
 
 
@@ -85,8 +86,8 @@ def check_document(document: Any, where: str, limits: Limits) -> list[Problem]:
         if isinstance(value, dict):
             keys += len(value)
             for key, child in value.items():
-                child_path = f"{path}.{key}" if _valid_text(key) else f"{path}.{key!r}"
-                if not _valid_text(key):
+                child_path = f"{path}.{key}" if valid_text(key) else f"{path}.{key!r}"
+                if not valid_text(key):
                     problems.append(Problem(child_path, "key is not valid Unicode text (a lone surrogate)"))
                 stack.append((child, child_path, depth + 1))
         elif isinstance(value, list):
@@ -102,14 +103,15 @@ def check_document(document: Any, where: str, limits: Limits) -> list[Problem]:
 
 
 def _scalar(value: Any, path: str) -> Problem | None:
-    if isinstance(value, str) and not _valid_text(value):
-        return Problem(path, "is not valid Unicode text (it holds a lone surrogate such as \\ud800)")
+    if isinstance(value, str) and not valid_text(value):
+        return Problem(path, NOT_TEXT)
     if isinstance(value, float) and not math.isfinite(value):
         return Problem(path, "must be a finite number (JSON has no NaN or Infinity)")
     return None
 
 
-def _valid_text(text: str) -> bool:
+def valid_text(text: str) -> bool:
+    r"""Whether ``text`` can be encoded as UTF-8 (JSON's ``"\udc80"`` decodes to a lone surrogate, which cannot)."""
     if text.isascii():
         return True
     try:
