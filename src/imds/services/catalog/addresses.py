@@ -19,6 +19,7 @@ _BITS = {4: 32, 6: 128}
 _SMALL = 8  # an instance with more addresses than this compares them as a set
 
 
+@functools.lru_cache(maxsize=65536)
 def parse_network(text: str, *, spelled: bool = False) -> Network:
     """Parse a host address or CIDR in any valid textual form into a normalised network.
 
@@ -26,12 +27,15 @@ def parse_network(text: str, *, spelled: bool = False) -> Network:
     a typo for the network or a host written with its prefix) unless ``spelled``: hollow's
     reading, where ``10.70.17.9/31`` is the address as Equinix lists it and covers the
     network ``10.70.17.8/31``; it is then kept as sent (``models.SpelledIPv4Network``).
-    Raises ValueError with a readable message.
+    Raises ValueError with a readable message. Memoised (networks are immutable): a write's
+    metadata and userdata parts, and an import's two passes, name the same addresses.
     """
     value = text.strip()
     if not value or value != text or "%" in value:
         msg = f"{text!r} is not an IP address or CIDR"
         raise ValueError(msg)
+    if "/" not in value:  # a host: one parse (ip_network and ip_interface would parse it twice)
+        return _host_network(text, value)
     try:
         network = ipaddress.ip_network(value, strict=False)
     except ValueError as exc:
@@ -50,6 +54,17 @@ def parse_network(text: str, *, spelled: bool = False) -> Network:
     if mapped is not None:
         return ipaddress.ip_network(f"{mapped}/{max(network.prefixlen - 96, 0)}", strict=False)
     return network
+
+
+def _host_network(text: str, value: str) -> Network:
+    try:
+        address = ipaddress.ip_address(value)
+    except ValueError as exc:
+        msg = f"{text!r} is not an IP address or CIDR"
+        raise ValueError(msg) from exc
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return ipaddress.ip_network((address, address.max_prefixlen))
 
 
 @functools.lru_cache(maxsize=65536)

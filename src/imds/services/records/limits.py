@@ -20,6 +20,7 @@ The admin API, ``imds import`` and the pull-mode lookups all check with these ``
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -62,6 +63,15 @@ def check_size(field: str, size: int, limits: Limits) -> Problem | None:
                           f"({flag_of('max_body_bytes')})")
 
 
+def max_item_bytes(limits: Limits) -> int:
+    """The most one import item may take as text (the row cap): 16 x ``max_body_bytes``.
+
+    An item's userdata and its metadata may each be ``max_body_bytes``; written as JSON,
+    base64 adds a third and escapes up to six times. Anything longer is refused unread.
+    """
+    return 16 * limits.max_body_bytes
+
+
 def check_addresses_count(count: int, limits: Limits) -> Problem | None:
     """A problem when a write lists more addresses than allowed."""
     if count <= limits.max_addresses:
@@ -73,7 +83,13 @@ def check_addresses_count(count: int, limits: Limits) -> Problem | None:
 
 
 def check_document(document: Any, where: str, limits: Limits) -> list[Problem]:
-    """Every problem with a JSON value: bad strings, non-finite numbers, depth and key count."""
+    """Every problem with a JSON value: bad strings, non-finite numbers, depth and key count.
+
+    A document whose strings and numbers are all fine (the encoder says so, at C speed) is
+    walked for its depth and key count only; one that is not, value by value, to name each.
+    """
+    if _text_and_numbers_fine(document) and _within_shape(document, limits):
+        return []
     problems: list[Problem] = []
     keys = 0
     stack: list[tuple[Any, str, int]] = [(document, where, 1)]
@@ -100,6 +116,32 @@ def check_document(document: Any, where: str, limits: Limits) -> list[Problem]:
         problems.append(Problem(where, f"has {keys} keys; at most {limits.max_document_keys} are accepted "
                                        f"({flag_of('max_document_keys')})"))
     return problems
+
+
+def _text_and_numbers_fine(document: Any) -> bool:
+    """Whether every string is valid Unicode text and every number finite (one encoding pass)."""
+    try:
+        json.dumps(document, ensure_ascii=False, allow_nan=False, check_circular=False).encode()
+    except (ValueError, TypeError, RecursionError):  # UnicodeEncodeError is a ValueError
+        return False
+    return True
+
+
+def _within_shape(document: Any, limits: Limits) -> bool:
+    """Whether the document is within the depth and key limits (its containers walked, no scalar)."""
+    if not isinstance(document, dict | list):
+        return True
+    keys = 0
+    stack: list[tuple[Any, int]] = [(document, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if depth > limits.max_document_depth:
+            return False
+        if isinstance(value, dict):
+            keys += len(value)
+            value = value.values()
+        stack.extend((child, depth + 1) for child in value if isinstance(child, dict | list))
+    return keys <= limits.max_document_keys
 
 
 def _scalar(value: Any, path: str) -> Problem | None:

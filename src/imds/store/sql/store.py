@@ -33,7 +33,10 @@ from imds.store.sql.writeconn import AsyncWrite, InlineWrite, WriteConnection
 class SqlStore:
     """Store over an SQLAlchemy async engine. The database must be migrated."""
 
-    def __init__(self, url: str, *, connect_timeout: float = 5.0, statement_timeout: float = 5.0) -> None:
+    def __init__(
+        self, url: str, *, connect_timeout: float = 5.0, statement_timeout: float = 5.0, journal: bool = True,
+    ) -> None:
+        """``journal=False``: no catalog in this process replays the writes (``imds.store.sql.tx.SqlTx``)."""
         self._url = url
         if (problem := sqlite_problem(url)) is not None:
             raise StoreUnavailable(f"cannot open the database: {problem}")
@@ -51,7 +54,8 @@ class SqlStore:
         else:
             self._connect = functools.partial(AsyncWrite.open, self._engine)
         self._listener = FeedListener(url) if not is_sqlite(url) else None
-        self._group = GroupCommit(self._connect, self._explain, SqlTx, notify=self._listener)
+        make_tx = SqlTx if journal else functools.partial(SqlTx, journaled=False)
+        self._group = GroupCommit(self._connect, self._explain, make_tx, notify=self._listener)
 
     @property
     def engines(self) -> tuple[sa.Engine, ...]:

@@ -67,13 +67,22 @@ def _replay_address_lists(
     return owners, results
 
 
-class SqlTx:
-    """One write block inside a (possibly shared) transaction; ``seq`` is the feed head so far."""
+SPILL_ROWS = 20_000  # feed and audit rows a block holds before it sends them (a long block: an import)
 
-    def __init__(self, conn: WriteConnection, seq: int) -> None:
+
+class SqlTx:
+    """One write block inside a (possibly shared) transaction; ``seq`` is the feed head so far.
+
+    ``journaled=False``: a store whose writes no catalog in this process replays (the offline
+    commands) keeps no journal of them, so a long block (a whole import) holds no copy of
+    what it wrote. Feed and audit rows wait for the group's commit, or are sent within the
+    transaction once a block holds ``SPILL_ROWS`` of them: a block's memory stays bounded.
+    """
+
+    def __init__(self, conn: WriteConnection, seq: int, *, journaled: bool = True) -> None:
         self.conn = conn
         self.seq = seq
-        self.journal = Journal(start=seq, end=seq)
+        self.journal = Journal(start=seq, end=seq, keeps=journaled)
         self.feed_rows: list[dict[str, Any]] = []
         self.audit_rows: list[dict[str, Any]] = []
         self._known: set[str] = set()  # instance rows known to exist in this transaction
@@ -102,9 +111,11 @@ class SqlTx:
         if self._dialect != "postgresql":  # PostgreSQL's upserts insert the instance rows themselves
             await self._ensure_instances([i for i, _ in metadata] + [i for i, _ in userdata])
         at = await self._put_many(tables.instance_metadata, "document", dict(metadata))
-        self.journal.ops += [Op(PUT, i, METADATA, copy.deepcopy(document), at) for i, document in metadata]
+        if self.journal.keeps:
+            self.journal.ops += [Op(PUT, i, METADATA, copy.deepcopy(document), at) for i, document in metadata]
         at = await self._put_many(tables.instance_userdata, "userdata", dict(userdata))
-        self.journal.ops += [Op(PUT, i, USERDATA, bytes(data), at) for i, data in userdata]
+        if self.journal.keeps:
+            self.journal.ops += [Op(PUT, i, USERDATA, bytes(data), at) for i, data in userdata]
 
     async def replace_addresses_many(
         self, lists: Sequence[tuple[str, Sequence[Network]]]
@@ -133,7 +144,7 @@ class SqlTx:
             await self.conn.execute(statements.ADD_ADDRESSES, new)
         for (instance_id, addresses), (moved_from, _) in zip(lists, results, strict=True):
             wanted = tuple({str(a): a for a in addresses}.values())
-            self.journal.ops.append(Op(ADDRESSES, instance_id, value=wanted, moved=moved_from))
+            self._note(Op(ADDRESSES, instance_id, value=wanted, moved=moved_from))
         return results
 
     async def remove_record(self, kind: str, instance_id: str) -> bool:
@@ -147,15 +158,16 @@ class SqlTx:
         await self.remove_os(instance_id)
         await self.conn.execute(tables.instances.delete().where(tables.instances.c.id == instance_id))
         self._known.discard(instance_id)
-        self.journal.ops.append(Op(FORGET, instance_id))
+        self._note(Op(FORGET, instance_id))
 
     async def mark_changed(self, instance_ids: Iterable[str]) -> None:
         # The rows are inserted when the group commits (one insert), so a block that
-        # raises later leaves none behind.
+        # raises later leaves none behind (nor does one that spilled: its savepoint goes).
         for instance_id in dict.fromkeys(instance_ids):
             self.seq += 1
             self.feed_rows.append({"seq": self.seq, "instance_id": instance_id})
         self.journal.end = self.seq
+        await self._spill_when_full()
 
     async def put_password(self, instance_id: str, password: bytes) -> bool:
         t = tables.instance_passwords
@@ -165,7 +177,7 @@ class SqlTx:
         await self.conn.execute(
             t.insert().values(instance_id=instance_id, password=password, updated_at=datetime.now(UTC))
         )
-        self.journal.ops.append(Op(PUT, instance_id, PASSWORD, bytes(password)))
+        self._note(Op(PUT, instance_id, PASSWORD, bytes(password)))
         return True
 
     async def remove_password(self, instance_id: str) -> bool:
@@ -183,20 +195,21 @@ class SqlTx:
         values = {"document": document, "updated_at": datetime.now(UTC)}
         statement = self._insert(t).values(instance_id=instance_id, **values)
         await self.conn.execute(statement.on_conflict_do_update(index_elements=[t.c.instance_id], set_=values))
-        self.journal.ops.append(Op(PUT, instance_id, OS, os_record(copy.deepcopy(document))))
+        if self.journal.keeps:
+            self._note(Op(PUT, instance_id, OS, os_record(copy.deepcopy(document))))
 
     async def remove_os(self, instance_id: str) -> bool:
         return await self._remove(tables.instance_os, instance_id, OS)
 
     async def put_project(self, project_id: str, attributes: dict[str, str]) -> ProjectAttributes:
         record = await projects.put(self.conn, project_id, attributes)
-        self.journal.ops.append(Op(PUT, project_feed_id(project_id), PROJECT, record))
+        self._note(Op(PUT, project_feed_id(project_id), PROJECT, record))
         return record
 
     async def remove_project(self, project_id: str) -> bool:
         removed = await projects.remove(self.conn, project_id)
         if removed:
-            self.journal.ops.append(Op(REMOVE, project_feed_id(project_id), PROJECT))
+            self._note(Op(REMOVE, project_feed_id(project_id), PROJECT))
         return removed
 
     async def append_audit(self, event: AuditEvent) -> None:
@@ -210,14 +223,30 @@ class SqlTx:
              "applied": e.applied, "detail": e.detail}
             for e in events
         ]
+        await self._spill_when_full()
 
     # --- helpers -----------------------------------------------------------------------
+
+    def _note(self, op: Op) -> None:
+        """Journal one operation (unless this store keeps no journal)."""
+        if self.journal.keeps:
+            self.journal.ops.append(op)
+
+    async def _spill_when_full(self) -> None:
+        """Send the feed and audit rows held so far, in this transaction, once there are ``SPILL_ROWS``."""
+        if len(self.feed_rows) + len(self.audit_rows) < SPILL_ROWS:
+            return
+        if self.feed_rows:
+            await self.conn.execute(statements.FEED_ROWS, self.feed_rows)
+        if self.audit_rows:
+            await self.conn.execute(statements.AUDIT_ROWS, self.audit_rows)
+        self.feed_rows, self.audit_rows = [], []
 
     async def _remove(self, table: sa.Table, instance_id: str, name: str) -> bool:
         """Delete the instance's row of ``table`` and journal clearing ``name``; False when there was none."""
         result = await self.conn.execute(table.delete().where(table.c.instance_id == instance_id))
         if result.rowcount:
-            self.journal.ops.append(Op(REMOVE, instance_id, name))
+            self._note(Op(REMOVE, instance_id, name))
         return bool(result.rowcount)
 
     async def _ensure_instance(self, instance_id: str) -> None:
