@@ -7,14 +7,16 @@ import contextlib
 import json
 import socket
 import stat
+import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from helpers import client_from, make_settings, running_app
+from helpers import client_from, make_settings, running_app, wait_for_async
 from imds.errors import ConfigError
+from imds.metad import luxi
 from imds.metad.luxi import EOM, bind, check_workers, serving
 from luxi_client import IP, call, instance, update
 
@@ -172,3 +174,31 @@ async def test_another_replica_serves_it_through_the_store(tmp_path, sqlite_url)
         assert (await parameters(a))[1]["root-password"] == ["secret-value", "secret"]
         await b.services.catalog.catch_up()  # what B's feed follower does on its next poll
         assert await parameters(b) == (200, {"dhcp": ["yes", "public"], "root-hash": ["private-value", "private"]})
+
+
+async def test_a_push_being_parsed_never_holds_the_event_loop(metad, monkeypatch):
+    """A push's JSON is parsed in a worker thread: while one is held mid-parse, HTTP is still answered.
+
+    No timing: the parse waits for the test to release it. Were it parsed on the event loop,
+    the loop could not run the test on until the parse gave up waiting (its timeout), and the
+    parse would record that it was never released.
+    """
+    app, path = metad
+    entered, release = threading.Event(), threading.Event()
+    released: list[bool] = []
+    parse = luxi.loads_strict
+
+    def held(raw: bytes, field: str = "body") -> Any:
+        entered.set()
+        released.append(release.wait(timeout=30))
+        return parse(raw, field)
+
+    monkeypatch.setattr(luxi, "loads_strict", held)
+    push = asyncio.create_task(update(path, instance()))
+    await wait_for_async(entered.is_set, what="the push's parse to start")
+    async with client_from(app) as client:
+        assert (await client.get("/healthz")).status_code == 200
+        assert (await client.get("/metadata")).status_code == 404  # an instance read, while the parse is held
+    release.set()
+    assert await push == {"success": True, "result": []}
+    assert released == [True]

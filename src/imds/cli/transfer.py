@@ -25,6 +25,7 @@ first write, as ``imds serve`` does at start-up (``IMDS_MIGRATE=false`` turns th
 
 from __future__ import annotations
 
+import codecs
 import json
 import shutil
 import sys
@@ -43,7 +44,7 @@ from imds.config import OPTIONS
 from imds.errors import InvalidInput, StoreUnavailable
 from imds.services.records.bulk import OUTCOMES, Block, Item, Result, item_notes, parse_item, rejected
 from imds.services.records.limits import Limits, max_item_bytes
-from imds.services.records.source import Raw, UnreadableInput, read_path, read_stream
+from imds.services.records.source import CHUNK, Raw, UnreadableInput, read_path, read_stream
 
 if TYPE_CHECKING:
     from imds.cli.hollow import HollowItems
@@ -75,10 +76,50 @@ class Source:
         self._spool.seek(0)
         return read_stream(self._spool, self._cap)
 
+    def count(self) -> int | None:
+        """How many items a file or directory holds, without parsing them (None: stdin, or a JSON array)."""
+        if self._path is None:
+            return None
+        if self._path.is_dir():
+            return sum(1 for _ in self._path.glob("*.json"))
+        lines, last = 0, b"\n"
+        with self._path.open("rb") as stream:  # a chunk at a time: a line over the row cap is never held
+            head = stream.read(CHUNK)
+            if head.removeprefix(codecs.BOM_UTF8).lstrip(b" \t\r\n").startswith(b"["):
+                return None
+            chunk = head
+            while chunk:
+                lines += chunk.count(b"\n") - chunk.count(b"\n\n")  # blank lines are no items
+                last = chunk[-1:]
+                chunk = stream.read(CHUNK)
+        return lines + (last != b"\n")
+
     def close(self) -> None:
         """Drop the spooled copy of stdin."""
         if self._spool is not None:
             self._spool.close()
+
+
+class Twice:
+    """Ids given twice: where each id was first seen, without its document (one small entry per item)."""
+
+    def __init__(self) -> None:
+        self._first: dict[str, Raw] = {}
+
+    def see(self, raw: Raw) -> tuple[str, Raw, Raw] | None:
+        """(id, where first, here) when ``raw``'s id was seen before; else None."""
+        instance_id = raw.value.get("id") if isinstance(raw.value, dict) else None
+        if not isinstance(instance_id, str):
+            return None
+        here = Raw(raw.label, raw.line, None)
+        seen = self._first.setdefault(instance_id.lower(), here)
+        return (instance_id.lower(), seen, here) if seen.label != raw.label else None
+
+
+def say_twice(instance_id: str, seen: Raw, again: Raw, *, strict: bool) -> None:
+    """The warning for an id given twice."""
+    click.echo(f"warning: instance {instance_id} is given twice: {seen.where} and {again.where}"
+               + (" (--strict: the file is rejected)" if strict else " (the later one wins)"), err=True)
 
 
 class Survey:
@@ -89,16 +130,11 @@ class Survey:
         self.weight = 0  # bytes of the items as JSON (``weigh``: an import over --url without --partial)
         self.twice: list[tuple[str, Raw, Raw]] = []
         self.rejections: list[Result] = []
-        first: dict[str, Raw] = {}
+        twice = Twice()
         for raw in raws:  # UnreadableInput goes up: the import stops before writing anything
             self.count += 1
-            instance_id = raw.value.get("id") if isinstance(raw.value, dict) else None
-            if isinstance(instance_id, str):
-                # Where each id was first seen, without its document: a survey's memory is one
-                # small entry per item, not the source (the documents are read again to write).
-                seen = first.setdefault(instance_id.lower(), Raw(raw.label, raw.line, None))
-                if seen.label != raw.label:
-                    self.twice.append((instance_id.lower(), seen, Raw(raw.label, raw.line, None)))
+            if (found := twice.see(raw)) is not None:
+                self.twice.append(found)
             if strict:
                 self._check(raw, parse)
             if weigh and not isinstance(raw.value, InvalidInput):
@@ -130,6 +166,12 @@ class Notes:
         if self._counts[kind] <= SHOWN_NOTES:
             click.echo(f"warning: {text}", err=True)
 
+    def written(self, results: list[Result]) -> None:
+        """What the writes said: each address taken from another instance (never silent)."""
+        for result in results:
+            for text in result.warnings:
+                self.say("moved", f"{result.label} ({result.id}): {text}")
+
     def close(self) -> None:
         """How many of each kind were not shown."""
         for kind, count in sorted(self._counts.items()):
@@ -139,12 +181,17 @@ class Notes:
 
 def _batches(  # noqa: PLR0913 - the pieces of one import
     raws: Iterator[Raw], size: int, rejections: list[Result], parse: Callable[[Raw], Item],
-    notes: Callable[[Item], None], *, remote: bool,
+    notes: Callable[[Item], None], *, remote: bool, twice: Twice | None,
 ) -> Iterator[list[Item]]:
-    """Parsed items in batches of ``size``, or fewer when their text reaches BATCH_BYTES (as JSON, for --url)."""
+    """Parsed items in batches of ``size``, or fewer when their text reaches BATCH_BYTES (as JSON, for --url).
+
+    ``twice``: no survey came first (one pass), so ids given twice are said as they are met.
+    """
     batch: list[Item] = []
     weight = 0
     for raw in raws:
+        if twice is not None and (found := twice.see(raw)) is not None:
+            say_twice(*found, strict=False)
         if isinstance(raw.value, InvalidInput):
             rejections.append(rejected(raw.label, None, raw.value))
             continue
@@ -166,14 +213,15 @@ def _batches(  # noqa: PLR0913 - the pieces of one import
 def _remote_batch(target: Target, items: list[Item], objects: list[Any], *, dry_run: bool) -> list[Result]:
     assert target.remote is not None  # noqa: S101 - only called for --url
     answer = target.remote.send_json("POST", f"/device-records?dry_run={str(dry_run).lower()}", objects)
-    return [Result(item.label, item.id, r["outcome"], r.get("reason")) for item, r in zip(items, answer["results"],
-                                                                                        strict=True)]
+    return [Result(item.label, item.id, r["outcome"], r.get("reason"), tuple(r.get("warnings", ())))
+            for item, r in zip(items, answer["results"], strict=True)]
 
 
 @click.command(name="import")
 @click.argument("source", required=False, type=click.Path(allow_dash=True, exists=False))
 @target_options
-@settings_options(("strict_records", "max_body_bytes"), table=tuple(o for o in OPTIONS if o.group == "limits"))
+@settings_options(("strict_records", "max_body_bytes", "allow_wide_prefixes"),
+                  table=tuple(o for o in OPTIONS if o.group == "limits"))
 @click.option("--from-hollow", "hollow", metavar="DSN", default=None,
               help="Read a hollow-metadataservice database (postgresql://USER@HOST:PORT/DB) instead of SOURCE; "
                    "its password from PGPASSWORD or ~/.pgpass (flags show in ps).")
@@ -222,8 +270,12 @@ def import_(  # noqa: PLR0913, PLR0917 - click passes every option
             return parse_item(raw.value, label=raw.label, max_os_value_bytes=os_bytes, limits=limits)
 
         opened = _open(source, hollow, batch_size, limits)
-        try:  # hollow's ids are unique: its items are checked first only for --strict
-            survey = _survey(opened, parse, strict=strict, weigh=one_request) if hollow is None or strict else None
+        # One transaction on the database: input found unreadable half-way is rolled back with the
+        # rest, so a file is read once. Batches that commit apart (--partial, --url) or --strict
+        # check it whole first. hollow's ids are unique: it is checked first only for --strict.
+        first = strict or (hollow is None and (partial or target.remote is not None))
+        try:
+            survey = _survey(opened, parse, strict=strict, weigh=one_request) if first else None
             if survey is not None:
                 _check(survey, strict=strict, one_request=one_request, batch_size=batch_size)
             if not dry_run:
@@ -236,13 +288,16 @@ def import_(  # noqa: PLR0913, PLR0917 - click passes every option
                     notes.say(text.split(":", 1)[0].split(".", 1)[0], f"{item.label} ({item.id}): {text}")
 
             if isinstance(opened, Source):
-                total, read = (survey.count if survey is not None and source != "-" else None), None
+                total, read = (survey.count if survey is not None and source != "-" else opened.count()), None
             else:
                 total, read = opened.total, opened.read
             progress = Progress(total, interval=progress_interval, read=read)
             try:
-                batches = _batches(opened.items(), batch_size, rejections, parse, note, remote=not offline)
+                twice = Twice() if survey is None and hollow is None else None
+                batches = _batches(opened.items(), batch_size, rejections, parse, note, remote=not offline,
+                                   twice=twice)
                 results = _run(target, batches, rejections, progress, dry_run=dry_run, partial=partial)
+                notes.written(results)
             finally:
                 seconds = progress.close()
                 notes.close()
@@ -278,8 +333,7 @@ def _survey(opened: Source | HollowItems, parse: Callable[[Raw], Item], *, stric
     except UnreadableInput as exc:
         raise click.ClickException(f"{exc.message} (nothing was written)") from exc
     for instance_id, seen, again in survey.twice:
-        click.echo(f"warning: instance {instance_id} is given twice: {seen.where} and {again.where}"
-                   + (" (--strict: the file is rejected)" if strict else " (the later one wins)"), err=True)
+        say_twice(instance_id, seen, again, strict=strict)
     return survey
 
 
@@ -322,6 +376,8 @@ def _run(  # noqa: PLR0913 - the pieces of one import
         try:
             async with offline.transaction() as block:
                 return await each(offline, block)
+        except UnreadableInput as exc:  # found by the one pass: rolled back with everything before it
+            raise click.ClickException(f"{exc.message} (nothing was written)") from exc
         except StoreUnavailable as exc:
             raise StoreUnavailable(f"{exc.message}: nothing was written (the import is one transaction; "
                                    "--partial commits batch by batch)") from exc

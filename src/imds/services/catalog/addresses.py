@@ -58,13 +58,12 @@ def parse_network(text: str, *, spelled: bool = False) -> Network:
 
 def _host_network(text: str, value: str) -> Network:
     try:
-        address = ipaddress.ip_address(value)
+        network = ipaddress.ip_network(value)  # a host: its /32 or /128, parsed once
     except ValueError as exc:
         msg = f"{text!r} is not an IP address or CIDR"
         raise ValueError(msg) from exc
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        address = address.ipv4_mapped
-    return ipaddress.ip_network((address, address.max_prefixlen))
+    mapped = network.network_address.ipv4_mapped if isinstance(network, ipaddress.IPv6Network) else None
+    return network if mapped is None else ipaddress.IPv4Network(mapped)
 
 
 @functools.lru_cache(maxsize=65536)
@@ -151,8 +150,12 @@ class AddressIndex:
         """Make ``addresses`` the instance's addresses; they are taken from any other holder."""
         self.assign_packed(instance_id, tuple(dict.fromkeys(pack_network(network) for network in addresses)))
 
-    def assign_packed(self, instance_id: str, keys: tuple[int, ...]) -> None:
-        """``assign`` with the addresses packed (``pack_network``) and without duplicates."""
+    def assign_packed(self, instance_id: str, keys: tuple[int, ...]) -> list[tuple[int, str]]:
+        """``assign`` with the addresses packed (``pack_network``) and without duplicates.
+
+        Returns the (address, holder) pairs it took from another instance.
+        """
+        taken: list[tuple[int, str]] = []
         wanted: tuple[int, ...] | set[int] = keys if len(keys) <= _SMALL else set(keys)
         for key in self._held.get(instance_id, ()):
             if key not in wanted:
@@ -162,6 +165,7 @@ class AddressIndex:
             if previous is None:
                 self._count(key, 1)
             elif previous != instance_id:
+                taken.append((key, previous))
                 rest = tuple(held for held in self._held.get(previous, ()) if held != key)
                 if rest:
                     self._held[previous] = rest
@@ -172,6 +176,7 @@ class AddressIndex:
             self._held[instance_id] = keys
         else:
             self._held.pop(instance_id, None)
+        return taken
 
     def forget(self, instance_id: str) -> None:
         """Remove every address the instance holds."""

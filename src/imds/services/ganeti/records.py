@@ -185,13 +185,22 @@ class OsRecords:
     async def delete(self, instance_id: str, *, subject: str) -> None:
         """Delete the OS record (and forget its secrets); RecordNotFound when absent."""
         async with self._store.write() as tx:
-            if not await tx.remove_os(instance_id):
+            if not await self.delete_in(tx, instance_id, subject=subject):
                 raise RecordNotFound(OS_RECORD, instance_id)
-            await tx.mark_changed([instance_id])
-            await tx.append_audit(delete_event(subject=subject, instance_id=instance_id, kind=OS_RECORD))
         self.vault.drop(instance_id)
         await self._catalog.written(tx.journal)
+
+    async def delete_in(self, tx: WriteTx, instance_id: str, *, subject: str) -> bool:
+        """``delete`` inside a store block the caller holds open; False (nothing done) when there is no record.
+
+        The vault forgets the record's secrets when the catalog sees it gone (``Catalog.on_os_gone``).
+        """
+        if not await tx.remove_os(instance_id):
+            return False
+        await tx.mark_changed([instance_id])
+        await tx.append_audit(delete_event(subject=subject, instance_id=instance_id, kind=OS_RECORD))
         _log.info("os.deleted", instance_id=instance_id, subject=subject)
+        return True
 
     # --- instance side --------------------------------------------------------------------
 

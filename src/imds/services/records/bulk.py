@@ -27,7 +27,7 @@ from imds.services.ganeti.transfer import os_unchanged, parse_os_item
 from imds.services.ganeti.wire import SECTIONS, OsWrite
 from imds.services.records.limits import Limits, check_size
 from imds.services.records.upsert import Records
-from imds.services.records.wire import DEFAULT_LIMITS, notes, parse_metadata_write, parse_userdata_write
+from imds.services.records.wire import DEFAULT_LIMITS, moved_notes, notes, parse_metadata_write, parse_userdata_write
 from imds.store import Store, WriteTx
 
 Outcome = Literal["created", "updated", "unchanged", "stale", "rejected"]
@@ -53,6 +53,7 @@ class Result:
     id: str | None
     outcome: Outcome
     reason: str | None = None
+    warnings: tuple[str, ...] = ()  # addresses the write took from other instances
 
 
 def parse_item(obj: Any, *, label: str, max_os_value_bytes: int = 4096, limits: Limits = DEFAULT_LIMITS) -> Item:
@@ -198,10 +199,10 @@ async def _write(  # noqa: PLR0913 - the pieces of one batch
         if not result.applied:
             results[index] = Result(item.label, item.id, "stale", result.reason)
         elif item.id in stored or item.id in created:
-            results[index] = Result(item.label, item.id, "updated")
+            results[index] = Result(item.label, item.id, "updated", warnings=tuple(moved_notes(result.moved)))
         else:
             created.add(item.id)
-            results[index] = Result(item.label, item.id, "created")
+            results[index] = Result(item.label, item.id, "created", warnings=tuple(moved_notes(result.moved)))
 
 
 async def _write_os(

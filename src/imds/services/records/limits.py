@@ -27,6 +27,7 @@ from typing import Any
 
 from imds.config import OPTIONS
 from imds.errors import Problem
+from imds.models import Network
 
 NOT_TEXT = "is not valid Unicode text (it holds a lone surrogate such as \\ud800)"
 MAX_PROBLEMS = 20  # a hostile document could have a million bad strings: name the first few
@@ -47,11 +48,13 @@ class Limits:
     max_document_keys: int = 20000
     max_body_bytes: int = 1024 * 1024
     strict_records: bool = False  # True: host bits, a document id not the record's, no ipAddresses → refused
+    allow_wide_prefixes: bool = False  # True: a prefix shorter than WIDEST_PREFIX is taken, with a warning
 
     @classmethod
     def of(cls, settings: Any) -> Limits:
         """The limits in a ``settings.limits`` group (fields absent there keep their defaults)."""
-        names = ("max_addresses", "max_document_depth", "max_document_keys", "max_body_bytes", "strict_records")
+        names = ("max_addresses", "max_document_depth", "max_document_keys", "max_body_bytes", "strict_records",
+                 "allow_wide_prefixes")
         return cls(**{name: getattr(settings, name) for name in names if hasattr(settings, name)})
 
 
@@ -70,6 +73,23 @@ def max_item_bytes(limits: Limits) -> int:
     base64 adds a third and escapes up to six times. Anything longer is refused unread.
     """
     return 16 * limits.max_body_bytes
+
+
+# The shortest prefix an instance address may have by default, per IP version: a wider one
+# (0.0.0.0/0 and ::/0 above all) holds addresses far beyond any network one instance is
+# given, so its instance answers every caller that no longer prefix claims.
+WIDEST_PREFIX = {4: 8, 6: 16}
+
+
+def wide_prefix(network: Network) -> str | None:
+    """Why ``network`` is too wide for one instance, or None."""
+    widest = WIDEST_PREFIX[network.version]
+    if network.prefixlen >= widest:
+        return None
+    every = " (every address)" if network.prefixlen == 0 else ""
+    return (f"{network} is a /{network.prefixlen}{every}: its instance would answer every caller no longer prefix "
+            f"claims; an instance address is at least a /{widest} for IPv{network.version} "
+            f"(accepted, with a warning, with {flag_of('allow_wide_prefixes')})")
 
 
 def check_addresses_count(count: int, limits: Limits) -> Problem | None:

@@ -28,7 +28,8 @@ from imds.services.catalog.catalog import Catalog
 from imds.services.identity.proxytrust import inside_trusted
 from imds.services.records.audit import delete_event, write_event
 from imds.services.records.coalesce import Coalescer
-from imds.services.records.wire import document_timestamp, notes
+from imds.services.records.limits import wide_prefix
+from imds.services.records.wire import document_timestamp, moved_notes, notes
 from imds.store.interface import Store, WriteTx
 
 _log = log.get("records")
@@ -120,6 +121,8 @@ class Records:
         readings = set(notes(upsert.first))  # hollow's readings the write relied on, said in its answer
         if readings:
             _log.info("record.hollow_readings", instance_id=result.instance_id, notes=sorted(readings))
+        if wide := [display(a) for a in result.addresses if wide_prefix(a) is not None]:
+            _log.warning("record.wide_prefix", instance_id=result.instance_id, addresses=wide)
         if trusted := [warning for warning in result.warnings if warning not in readings]:
             _log.warning("record.inside_trusted_proxy", instance_id=result.instance_id, problems=trusted)
         return result
@@ -194,7 +197,8 @@ class Records:
             results[index] = WriteResult(first.id, applied=True, addresses=first.addresses, moved=moved,
                                          dropped=dropped,
                                          warnings=(*notes(first),
-                                                   *inside_trusted(first.addresses, self._trusted)))
+                                                   *inside_trusted(first.addresses, self._trusted),
+                                                   *moved_notes(moved)))
             # One entry per record written, as two single writes would make (the second moves nothing).
             kinds = [kind for kind, part in ((METADATA, upsert.metadata), (USERDATA, upsert.userdata)) if part]
             events += [

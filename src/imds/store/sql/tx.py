@@ -12,6 +12,7 @@ import asyncio
 import copy
 import itertools
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -27,44 +28,67 @@ from imds.models import (
     Network,
     OsRecord,
     ProjectAttributes,
+    network_key,
     project_feed_id,
+    stored_network,
 )
 from imds.store.interface import record_kind
 from imds.store.journal import ADDRESSES, FORGET, OS, PASSWORD, PROJECT, PUT, REMOVE, Journal, Op
 from imds.store.sql import projects, statements, tables
 from imds.store.sql.os_rows import os_document, os_record
-from imds.store.sql.rows import chunks, stored_network
+from imds.store.sql.rows import chunks
 from imds.store.sql.writeconn import WriteConnection
 
 _RECORD_TABLES = {METADATA: tables.instance_metadata, USERDATA: tables.instance_userdata}
 
 
+@dataclass(frozen=True)
+class _AddressRows:
+    """What a batch of address lists does to the address rows: deletes, holder moves and inserts (by address)."""
+
+    gone: list[str]
+    moved: list[dict[str, str]]
+    new: list[dict[str, str]]
+
+
 def _replay_address_lists(
-    before: dict[str, str], lists: Sequence[tuple[str, Sequence[Network]]]
-) -> tuple[dict[str, str], list[tuple[dict[Network, str], tuple[Network, ...]]]]:
-    """The address lists applied in order in memory: the final holders, and each list's (moved, dropped)."""
-    owners = dict(before)
-    holding: dict[str, set[str]] = {}
-    for address, holder in owners.items():
-        holding.setdefault(holder, set()).add(address)
+    before: Sequence[tuple[str, str]], lists: Sequence[tuple[str, Sequence[Network]]]
+) -> tuple[_AddressRows, list[tuple[dict[Network, str], tuple[Network, ...]]]]:
+    """The address lists applied in order in memory, one holder per network (``models.network_key``).
+
+    ``before``: the (address, holder) rows the batch touches. Returns the row changes and each
+    list's (moved, dropped). Another spelling of a network moves it like the same spelling.
+    """
+    owners: dict[str, tuple[str, str]] = {}  # network → (address as stored, holder)
+    holding: dict[str, set[str]] = {}  # holder → its networks
+    for address, holder in before:  # rows sharing a network (left by older revisions): the last row found
+        key = network_key(stored_network(address))
+        owners[key] = (address, holder)
+        holding.setdefault(holder, set()).add(key)
     results: list[tuple[dict[Network, str], tuple[Network, ...]]] = []
     for instance_id, addresses in lists:
-        wanted = {str(a): a for a in addresses}
+        wanted = {network_key(a): a for a in addresses}
         mine = holding.setdefault(instance_id, set())
-        dropped = sorted(a for a in mine if a not in wanted)
-        for address in dropped:
-            del owners[address]
-            mine.discard(address)
+        dropped = sorted((owners.pop(key)[0] for key in mine - wanted.keys()), key=str)
+        mine.intersection_update(wanted.keys())
         moved: dict[Network, str] = {}
-        for address, network in wanted.items():
-            previous = owners.get(address)
-            if previous is not None and previous != instance_id:
-                moved[network] = previous
-                holding[previous].discard(address)
-            owners[address] = instance_id
-            mine.add(address)
+        for key, network in wanted.items():
+            previous = owners.get(key)
+            if previous is not None and previous[1] != instance_id:
+                moved[network] = previous[1]
+                holding[previous[1]].discard(key)
+            owners[key] = (str(network), instance_id)
+            mine.add(key)
         results.append((moved, tuple(stored_network(a) for a in dropped)))
-    return owners, results
+    final = dict(owners.values())
+    held = dict(before)
+    rows = _AddressRows(
+        gone=[address for address in held if address not in final],
+        moved=[{"key": a, "holder": final[a]} for a, holder in held.items() if a in final and final[a] != holder],
+        new=[{"address": a, "network": network_key(stored_network(a)), "instance_id": holder}
+             for a, holder in final.items() if a not in held],
+    )
+    return rows, results
 
 
 SPILL_ROWS = 20_000  # feed and audit rows a block holds before it sends them (a long block: an import)
@@ -122,26 +146,25 @@ class SqlTx:
     ) -> list[tuple[dict[Network, str], tuple[Network, ...]]]:
         ids = list(dict.fromkeys(instance_id for instance_id, _ in lists))
         await self._ensure_instances(ids)
-        before: dict[str, str] = {}  # address → holder, for every address this batch touches
-        wanted_all = list(dict.fromkeys(str(a) for _, addresses in lists for a in addresses))
-        # One query per chunk finds both the batch's instances' addresses and the wanted ones' holders.
-        pairs = itertools.zip_longest(chunks(ids), chunks(wanted_all), fillvalue=())
-        for number, (id_chunk, address_chunk) in enumerate(pairs):
+        before: dict[str, str] = {}  # address → holder, for every row this batch touches
+        every = [a for _, addresses in lists for a in addresses]
+        networks = list(dict.fromkeys(network_key(a) for a in every))
+        spellings = list(dict.fromkeys(str(a) for a in every))  # rows of older replicas have no network
+        # One query per chunk finds the batch's instances' rows and the wanted networks' holders.
+        parts = itertools.zip_longest(chunks(ids), chunks(networks), chunks(spellings), fillvalue=())
+        for number, (id_chunk, network_chunk, address_chunk) in enumerate(parts):
             if number:
                 await asyncio.sleep(0)  # SQLite runs these on the event loop: let reads in between chunks
-            rows = await self.conn.execute(statements.addresses_touched(self._dialect),
-                                           {"ids": list(id_chunk), "addresses": list(address_chunk)})
+            rows = await self.conn.execute(statements.addresses_touched(self._dialect), {
+                "ids": list(id_chunk), "networks": list(network_chunk), "addresses": list(address_chunk)})
             before.update({row.address: row.instance_id for row in rows})
-        owners, results = _replay_address_lists(before, lists)
-        gone = [a for a in before if a not in owners]
-        for chunk in chunks(gone):
+        changes, results = _replay_address_lists(list(before.items()), lists)
+        for chunk in chunks(changes.gone):
             await self.conn.execute(statements.drop_addresses(self._dialect), {"addresses": list(chunk)})
-        moved = [{"key": a, "holder": owners[a]} for a in before if a in owners and owners[a] != before[a]]
-        if moved:
-            await self.conn.execute(statements.MOVE_ADDRESS, moved)
-        new = [{"address": a, "instance_id": holder} for a, holder in owners.items() if a not in before]
-        if new:
-            await self.conn.execute(statements.ADD_ADDRESSES, new)
+        if changes.moved:
+            await self.conn.execute(statements.MOVE_ADDRESS, changes.moved)
+        if changes.new:
+            await self.conn.execute(statements.ADD_ADDRESSES, changes.new)
         for (instance_id, addresses), (moved_from, _) in zip(lists, results, strict=True):
             wanted = tuple({str(a): a for a in addresses}.values())
             self._note(Op(ADDRESSES, instance_id, value=wanted, moved=moved_from))

@@ -73,7 +73,8 @@ def records_admin_router(services: Services) -> APIRouter:
         written = await apply_batch(services.records, services.store, [item for _, item in items],
                                     subject=subject, dry_run=dry_run, os_records=services.os)
         results.update({index: result for (index, _), result in zip(items, written, strict=True)})
-        body = [{"id": r.id, "outcome": r.outcome, "reason": r.reason} for _, r in sorted(results.items())]
+        body = [{"id": r.id, "outcome": r.outcome, "reason": r.reason,
+                 **({"warnings": list(r.warnings)} if r.warnings else {})} for _, r in sorted(results.items())]
         return Response(encode({"results": body}), media_type=JSON)
 
     @router.get("/device-records/{instance_id}", summary="One instance record in the upsert format",
