@@ -36,7 +36,7 @@ CLIENT_LIB = GANETI / "usr" / "share" / "ganeti" / "3.0"
 PUSH = Path(__file__).parent / "ganeti_push.py"
 SYSTEM_PYTHON = "/usr/bin/python3"
 SOCKET = Path("var") / "run" / "ganeti" / "socket" / "ganeti-metad"
-START_TIMEOUT = 15.0
+START_TIMEOUT = 60.0
 
 
 def require_ganeti() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import ipaddress
 import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -23,8 +24,11 @@ ADMIN_TOKEN = "test-admin-token"
 ADMIN_PEER = "192.0.2.250"
 FIXTURES = Path(__file__).parent / "fixtures"
 T = TypeVar("T")
-WAIT_TIMEOUT = 10.0  # seconds: generous, CI is a loaded 2-core box
+WAIT_TIMEOUT = 30.0  # seconds: generous, CI is a loaded 2-core box
 POLL_INTERVAL = 0.05  # seconds between two looks at a condition
+# Fake upstreams listen on loopback, which the destination policy refuses for URLs from records by default
+LOOPBACK_FETCHES = (ipaddress.ip_network("127.0.0.0/8"), ipaddress.ip_network("::1/128"))
+LOOPBACK_FETCH_ARGS = ("--fetch-allow", "127.0.0.0/8", "--fetch-allow", "::1/128")
 
 
 def fixture_path(name: str) -> Path:
@@ -45,6 +49,8 @@ def make_settings(**overrides: Any) -> Settings:
     # In-process crawls send hundreds of requests from one address in well under a second;
     # the rate limit has its own tests (tests/security/test_http_abuse.py, services/test_ratelimit.py).
     values["rate_limit"] = 0.0
+    # No OS definitions from this machine's Ganeti search path (tests/unit/services/test_os_search_path.py has its own)
+    values["ganeti_os_search_path"] = ()
     values.update(overrides)
     return Settings.of(**values)
 

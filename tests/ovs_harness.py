@@ -30,19 +30,22 @@ from pathlib import Path
 
 import pytest
 
+import haproxy_user
 from helpers import wait_for
 
 STOP_TIMEOUT = 10.0
 READY_TIMEOUT = 60.0  # generous: a loaded 2-core CI machine restarts OVS slowly
+OTHER_SWITCH_TIMEOUT = 240.0  # a lab boot holds the host's ovs-netdev for minutes; within pytest's 300 s per test
 TOOLS = ("ovsdb-server", "ovs-vswitchd", "ovs-vsctl", "ovs-ofctl", "ovsdb-tool", "haproxy", "ethtool", "ip", "curl")
 
 
 def require_tools() -> None:
-    """Fail (never skip) when a program these tests drive is missing."""
+    """Fail (never skip) when a program these tests drive is missing; make the agent's haproxy user."""
     search = os.environ.get("PATH", "") + ":/usr/sbin:/sbin"
     missing = [tool for tool in TOOLS if shutil.which(tool, path=search) is None]
     if missing:
         pytest.fail(f"missing {', '.join(missing)}: scripts/test installs openvswitch-switch, haproxy, ethtool")
+    haproxy_user.ensure()
 
 
 def run_tag() -> str:
@@ -71,11 +74,17 @@ def stop_process(process: subprocess.Popen[bytes]) -> None:
 
 @dataclass
 class Ovs:
-    """One private Open vSwitch: its directory, database socket and daemons."""
+    """One private Open vSwitch: its directory, database socket and daemons.
+
+    ``netns``: the network namespace the daemons run in (None: the host's). In a namespace of
+    its own the switch has its own ``ovs-netdev`` tap and its own internal ports, so it never
+    waits for, or disturbs, another userspace switch on the host.
+    """
 
     root: Path
     tag: str
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    netns: str | None = None
 
     @property
     def env(self) -> dict[str, str]:
@@ -106,9 +115,10 @@ class Ovs:
 
     def _spawn(self, name: str, *args: str) -> None:
         log = (self.root / f"{name}.out").open("wb")
+        where = ["ip", "netns", "exec", self.netns] if self.netns else []  # it execs: the PID stays the daemon's
         with log:
             self.processes[name] = subprocess.Popen(
-                [name, *args], env=self.env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT
+                [*where, name, *args], env=self.env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT
             )
 
     def start_db(self) -> None:
@@ -182,16 +192,31 @@ class Ovs:
 
 
 @contextmanager
-def ovs_daemons(root: Path) -> Iterator[Ovs]:
-    """A private userspace OVS under ``root`` (short path: unix sockets are limited to 108 bytes)."""
+def ovs_daemons(root: Path, *, own_netns: bool = False) -> Iterator[Ovs]:
+    """A private userspace OVS under ``root`` (short path: unix sockets are limited to 108 bytes).
+
+    ``own_netns``: run the daemons in a namespace made for this run (``Ovs.netns``), removed after.
+    """
     require_tools()
-    ovs = Ovs(root, run_tag())
+    tag = run_tag()
+    netns = f"ovshost{tag}" if own_netns else None
+    ovs = Ovs(root, tag, netns=netns)
     try:
+        if netns:
+            sh("ip", "netns", "add", netns)
+            netns_exec(netns, "ip", "link", "set", "lo", "up")
+        else:
+            # The userspace datapath of every ovs-vswitchd in one namespace is one tap, "ovs-netdev":
+            # while another switch holds it (a lab boot, another run) this one gets no port numbers.
+            wait_for(lambda: not Path("/sys/class/net/ovs-netdev").exists(), timeout=OTHER_SWITCH_TIMEOUT,
+                     what="the host's other userspace Open vSwitch to stop (it holds the ovs-netdev tap)")
         ovs.start_db()
         ovs.start_switch()
         yield ovs
     finally:
         ovs.stop()
+        if netns:
+            sh("ip", "netns", "del", netns, check=False)
 
 
 def netns_exec(netns: str, *args: str, check: bool = True, timeout: float = 30.0) -> str:
@@ -217,12 +242,17 @@ class Vm:
         """The host-side veth (the OVS port)."""
         return f"v{self.name}"[:15]
 
+    def _host_ip(self, *args: str, check: bool = True) -> str:
+        """``ip`` on the switch's side: the host's namespace, or the switch's own (``Ovs.netns``)."""
+        where = ("-n", self.ovs.netns) if self.ovs.netns else ()
+        return sh("ip", *where, *args, check=check)
+
     def create(self) -> None:
         """Namespace, veth pair, addresses, offload off, then the OVS port with Nova's external_ids."""
         sh("ip", "netns", "add", self.name)
         # No duplicate address detection: the link-local address is usable at once.
         netns_exec(self.name, "sysctl", "-qw", "net.ipv6.conf.default.accept_dad=0")
-        sh("ip", "link", "add", self.port, "type", "veth", "peer", "name", "eth0", "netns", self.name)
+        self._host_ip("link", "add", self.port, "type", "veth", "peer", "name", "eth0", "netns", self.name)
         netns_exec(self.name, "ip", "link", "set", "lo", "up")
         netns_exec(self.name, "ip", "link", "set", "eth0", "address", self.mac)
         netns_exec(self.name, "ip", "addr", "add", self.ip, "dev", "eth0")
@@ -231,13 +261,17 @@ class Vm:
         netns_exec(self.name, "ip", "route", "add", "169.254.169.254/32", "dev", "eth0")
         # veth + the userspace datapath: TCP fails silently with checksum offload on.
         netns_exec(self.name, "ethtool", "-K", "eth0", "tx", "off")
-        sh("ip", "link", "set", self.port, "up")
+        self._host_ip("link", "set", self.port, "up")
         self.plug()
 
     def plug(self) -> None:
-        """Add the host-side veth to the bridge as Nova would, with its tag."""
-        ids = [f"external_ids:vm-uuid={self.uuid}", f"external_ids:attached-mac={self.mac}"]
-        ids += ["external_ids:iface-id=port-" + self.uuid[:8]]
+        """Add the host-side veth to the bridge as os-vif does (its four external_ids), with its tag.
+
+        A ``tenant`` adds ``external_ids:tenant-id``, which neither Nova, os-vif nor Neutron
+        writes (docs/hypervisor.md): only for the tests of a plugging side that does.
+        """
+        ids = [f"external_ids:iface-id=port-{self.uuid[:8]}-{self.port}", "external_ids:iface-status=active",
+               f"external_ids:attached-mac={self.mac}", f"external_ids:vm-uuid={self.uuid}"]
         if self.tenant:
             ids.append(f"external_ids:tenant-id={self.tenant}")
         tag = [f"tag={self.tag}"] if self.tag else []
@@ -263,7 +297,7 @@ class Vm:
         """Unplug, then delete the veth and the namespace (each step tolerant of a partial create)."""
         with suppress(BaseException):
             self.unplug()
-        sh("ip", "link", "del", self.port, check=False)
+        self._host_ip("link", "del", self.port, check=False)
         sh("ip", "netns", "del", self.name, check=False)
 
 
@@ -291,14 +325,20 @@ class AgentProcess:
     process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
-        """Start (or start again) with the same arguments; output appended to ``log``."""
+        """Start (or start again) with the same arguments; output appended to ``log``.
+
+        It runs where the switch runs (``Ovs.netns``): that namespace is its host. It enters it
+        with ``nsenter --net`` (not ``ip netns exec``, which also gives it a mount namespace of
+        its own), so a ``--meta-netns`` it creates is one the test sees too.
+        """
         imds = Path(sys.executable).parent / "imds"
         # No OVS_* variables either: the agent must find everything from --ovsdb, as on a host
         # where OVS runs from its own directory.
         env = {k: v for k, v in os.environ.items() if not k.startswith(("IMDS_", "OVS_"))}
+        where = ["nsenter", f"--net=/run/netns/{self.ovs.netns}"] if self.ovs.netns else []
         with self.log.open("ab") as sink:
             self.process = subprocess.Popen(
-                [str(imds), "agent", *self.args], env=env, stdin=subprocess.DEVNULL, stdout=sink,
+                [*where, str(imds), "agent", *self.args], env=env, stdin=subprocess.DEVNULL, stdout=sink,
                 stderr=subprocess.STDOUT,
             )
 
@@ -366,7 +406,7 @@ class H(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     def do_GET(self):
         headers = {k.lower(): v for k, v in self.headers.items()}
-        body = json.dumps({"peer": self.client_address[0], "headers": headers}).encode()
+        body = json.dumps({"peer": self.client_address[0], "path": self.path, "headers": headers}).encode()
         self.send_response(200)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
@@ -379,7 +419,7 @@ http.server.ThreadingHTTPServer((sys.argv[1], int(sys.argv[2])), H).serve_foreve
 
 @contextmanager
 def peer_echo(netns: str, host: str, port: int) -> Iterator[None]:
-    """Inside ``netns``, an HTTP server on host:port answering {"peer": address, "headers": {...}}; stopped by PID."""
+    """Inside ``netns``, an HTTP server on host:port answering {"peer", "path", "headers"}; stopped by PID."""
     process = subprocess.Popen(
         ["ip", "netns", "exec", netns, sys.executable, "-c", _PEER_ECHO, host, str(port)],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,

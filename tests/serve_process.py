@@ -28,7 +28,7 @@ from imds.lab.run import stop
 
 IMDS = Path(sys.executable).parent / "imds"
 ADMIN_TOKEN = "serve-process-token"
-START_TIMEOUT = 20.0
+START_TIMEOUT = 60.0
 STOP_TIMEOUT = 10.0
 
 
@@ -41,9 +41,14 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def clean_env(tmp_path: Path, **extra: str) -> dict[str, str]:
-    """The test's environment minus any IMDS_* setting and proxies, with HOME and XDG_DATA_HOME in tmp."""
+    """The test's environment minus any IMDS_* setting and proxies, with HOME and XDG_DATA_HOME in tmp.
+
+    The Ganeti OS search path is empty (no definitions from this machine's /srv/ganeti/os…)
+    unless ``extra`` says otherwise.
+    """
     env = {k: v for k, v in os.environ.items() if not k.startswith("IMDS_") and "proxy" not in k.lower()}
-    env.update(HOME=str(tmp_path / "home"), XDG_DATA_HOME=str(tmp_path / "xdg"), **extra)
+    env.update(HOME=str(tmp_path / "home"), XDG_DATA_HOME=str(tmp_path / "xdg"), IMDS_GANETI_OS_SEARCH_PATH="")
+    env.update(extra)
     return env
 
 
@@ -67,7 +72,7 @@ class Server:
         """Everything the process wrote so far."""
         return self.log.read_text(errors="replace")
 
-    def wait_healthy(self, *, loaded: bool = True) -> None:
+    def wait_healthy(self, *, loaded: bool = True, timeout: float = START_TIMEOUT) -> None:
         """Block (bounded) until ``/healthz`` answers 200 (and the catalog is loaded); fail with the log otherwise."""
 
         def healthy() -> bool:
@@ -77,7 +82,7 @@ class Server:
                 up = client.get(f"{self.url}/healthz", timeout=1.0).status_code == 200
                 return up and (not loaded or self.loaded(client))
 
-        wait_for(healthy, what="imds serve to be healthy", timeout=START_TIMEOUT,
+        wait_for(healthy, what="imds serve to be healthy", timeout=timeout,
                  ignoring=(httpx.TransportError,), explain=self.output)
 
     def loaded(self, client: httpx.Client) -> bool:
@@ -109,12 +114,16 @@ class Server:
 @contextmanager
 def serving(
     tmp_path: Path, *args: str, host: str = "127.0.0.1", v6: bool = False, loaded: bool = True,
-    source: Path | None = None,
+    source: Path | None = None, environment: dict[str, str | None] | None = None, wrap: tuple[str, ...] = (),
+    start_timeout: float = START_TIMEOUT,
 ) -> Iterator[Server]:
     """``imds serve *args`` on a free port of ``host`` (and of ``[::1]`` with ``v6``), stopped by PID afterwards.
 
     Yields once the server is healthy and (unless ``loaded`` is False) its catalog is loaded.
     ``source``: a ``src`` directory to import imds from instead of this checkout (benchmarks' baselines).
+    ``environment``: variables set over ``clean_env``'s (None: removed); ``wrap``: a command the process
+    runs under, which must ``exec`` it (so the PID stopped is imds's).
+    ``start_timeout``: the bound on that wait (suites that start several servers on a loaded machine).
     """
     port = free_port(host)
     listen = ["--listen", f"{host}:{port}"]
@@ -129,11 +138,16 @@ def serving(
         args = (*args, "--rate-limit", "0")
     log = tmp_path / f"serve-{port}.log"
     program, env = [str(IMDS)], clean_env(tmp_path, IMDS_ADMIN_TOKEN=ADMIN_TOKEN)
+    for name, value in (environment or {}).items():
+        if value is None:
+            env.pop(name, None)
+        else:
+            env[name] = value
     if source is not None:
         program, env["PYTHONPATH"] = [sys.executable, "-m", "imds"], str(source)
     with log.open("wb") as sink:
         process = subprocess.Popen(
-            [*program, "serve", *listen, *args],
+            [*wrap, *program, "serve", *listen, *args],
             env=env,
             stdin=subprocess.DEVNULL,
             stdout=sink,
@@ -141,7 +155,7 @@ def serving(
         )
     server = Server(process, f"http://{host}:{port}", log, v6_url)
     try:
-        server.wait_healthy(loaded=loaded)
+        server.wait_healthy(loaded=loaded, timeout=start_timeout)
         yield server
     finally:
         server.stop()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 import httpx
 from fastapi import APIRouter, FastAPI
@@ -39,6 +40,7 @@ from imds.signing import read_secret
 from imds.store import Store, open_store
 from imds.upstream.auth import ClientCredentials, NoCredentials, OAuth2ClientCredentials, StaticBearer, UpstreamAuth
 from imds.upstream.client import UpstreamClient
+from imds.upstream.destination import DestinationPolicy, fetch_client
 from imds.upstream.oidc import Discovery
 from imds.web.admin.audit import audit_router
 from imds.web.admin.channel import channel_admin_router
@@ -71,8 +73,8 @@ def build_app(
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         async with services.running(background=True):  # the listener answers 503 until the catalog is loaded
             if settings.store.demo:
-                instance_id = await load_demo(services.records)
-                _log.info("demo.loaded", instance_id=instance_id, addresses=["127.0.0.1", "::1"])
+                instance_id, written = await load_demo(services.records)
+                _log.info("demo.loaded", instance_id=instance_id, addresses=["127.0.0.1", "::1"], written=written)
             _log.info("imds.started", version=__version__, instances=len(services.catalog))
             async with metad_serving(services):  # --ganeti-metad-socket (imds.metad)
                 yield
@@ -132,9 +134,14 @@ def _os_gone(os_records: OsRecords) -> Callable[[str, str], None]:
 
 
 def build_services(
-    settings: Settings, *, store: Store | None = None, http: httpx.AsyncClient | None = None
+    settings: Settings, *, store: Store | None = None, http: httpx.AsyncClient | None = None,
+    fetch: httpx.AsyncClient | None = None,
 ) -> Services:
-    """Wire the services for ``settings``. Nothing connects until ``start``."""
+    """Wire the services for ``settings``. Nothing connects until ``start``.
+
+    ``http`` serves operator-configured URLs (lookup, OIDC); ``fetch`` the URLs records name
+    (``os-image``, ``package.url``), under ``--fetch-allow``'s destination policy.
+    """
     if store is None:
         store = open_store(settings.store.db, connect_timeout=settings.store.db_connect_timeout,
                            statement_timeout=settings.store.db_statement_timeout)
@@ -146,7 +153,7 @@ def build_services(
     records = Records(store, catalog, metrics, trusted=settings.callers.trusted_proxy)
     os_records = OsRecords(
         store, catalog, cipher=PrivateCipher.from_file(settings.ganeti.private_key_file),
-        definitions=OsDefinitions.load(settings.ganeti.os_definitions_dir),
+        definitions=OsDefinitions.load(settings.ganeti.os_definitions_dir, settings.ganeti.ganeti_os_search_path),
     )
     catalog.on_os_gone = _os_gone(os_records)  # no secret outlives its record (issue 11)
     return Services(
@@ -160,6 +167,7 @@ def build_services(
         templates=settings.templates.compiled,
         metrics=metrics,
         http=http,
+        fetch=fetch if fetch is not None else fetch_client(destination_policy(settings)),
         tokens=TokenIssuer.load(key_file=settings.ec2.imdsv2_key_file, data_dir=settings.store.key_dir),
         os=os_records,
         limits=limits_of(settings),
@@ -168,21 +176,34 @@ def build_services(
     )
 
 
+def destination_policy(settings: Settings) -> DestinationPolicy:
+    """Where fetches on a record's behalf may connect: public addresses, ``--fetch-allow``, never imds itself."""
+    return DestinationPolicy(allow=settings.ganeti.fetch_allow,
+                             listeners=(*settings.http.listen, *settings.http.admin_listen))
+
+
 def limits_of(settings: Settings) -> Limits:
     """The write limits configured in ``settings``."""
     return Limits.of(settings.limits)
 
 
 def _signed_identity(settings: Settings) -> SignedIdentity:
-    """The proxy secrets, read once here (current first, then the previous during a rotation)."""
-    files = (
-        (settings.callers.proxy_shared_secret_file, "--proxy-shared-secret-file"),
-        (settings.callers.proxy_previous_secret_file, "--proxy-previous-secret-file"),
-    )
-    secrets = [read_secret(path, flag) for path, flag in files if path is not None]
+    """The proxy and fleet secrets, read once here (current first, then the previous during a rotation)."""
     callers = settings.callers
-    return SignedIdentity(callers.trusted_proxy, secrets, window=callers.proxy_signature_window,
+    shared = _secrets((callers.proxy_shared_secret_file, "--proxy-shared-secret-file"),
+                      (callers.proxy_previous_secret_file, "--proxy-previous-secret-file"))
+    fleet = _secrets((callers.proxy_fleet_secret_file, "--proxy-fleet-secret-file"),
+                     (callers.proxy_previous_fleet_secret_file, "--proxy-previous-fleet-secret-file"))
+    if shared and callers.trusted_proxy:
+        # Said once at startup: any holder of this secret (any host) can sign as any instance.
+        _log.warning("serve.proxy_shared_secret", mode="one secret for every host",
+                     advice="give each host its own key: --proxy-fleet-secret-file and imds host-key")
+    return SignedIdentity(callers.trusted_proxy, shared, fleet_secrets=fleet, window=callers.proxy_signature_window,
                           accept_unstamped=callers.accept_unstamped_signatures)
+
+
+def _secrets(*files: tuple[Path | None, str]) -> list[bytes]:
+    return [read_secret(path, flag) for path, flag in files if path is not None]
 
 
 def _channel(settings: Settings, store: Store) -> Channel:

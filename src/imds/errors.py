@@ -22,6 +22,7 @@ for them are chosen in exactly one place, ``imds.web.errors``.
     │   ├── Forbidden            valid credentials without a required scope
     │   └── Refused              a request that is never allowed in this form
     │       ├── BadSignature     a proxy's X-Instance-ID-Signature does not verify
+    │       ├── ForeignHost      a host signed for an instance its record places on another host
     │       └── ProxyNotConfigured  a signed id arrived but no proxy shared secret is configured
     ├── Conflict                 the request conflicts with the service's state or configuration
     │   └── LookupDisabled       a refresh was asked for but no upstream is configured
@@ -188,14 +189,29 @@ class StaleSignature(BadSignature):
         self.instance_id = instance_id
 
 
-class ProxyNotConfigured(Refused):
-    """A signed instance id arrived from a trusted proxy, but ``imds serve`` has no secret to check it."""
+class ForeignHost(Refused):
+    """A host signed (with its own key) for an instance whose record names another host."""
 
-    def __init__(self) -> None:
-        super().__init__(
-            "X-Instance-ID refused: no proxy shared secret configured "
-            "(set --proxy-shared-secret-file / IMDS_PROXY_SHARED_SECRET_FILE)"
-        )
+    def __init__(self, instance_id: str, host: str) -> None:
+        super().__init__(f"instance {instance_id} does not run on host {host} (the record's host differs)")
+        self.instance_id = instance_id
+        self.host = host
+
+
+class ProxyNotConfigured(Refused):
+    """A signed instance id arrived from a trusted proxy, but ``imds serve`` has no secret to check it.
+
+    ``host_keys``: the signature was a host's (``X-Instance-Host``), which needs the fleet secret.
+    """
+
+    def __init__(self, *, host_keys: bool = False) -> None:
+        if host_keys:
+            what = ("a host-signed X-Instance-ID refused: no fleet secret configured "
+                    "(set --proxy-fleet-secret-file / IMDS_PROXY_FLEET_SECRET_FILE)")
+        else:
+            what = ("X-Instance-ID refused: no proxy shared secret configured "
+                    "(set --proxy-shared-secret-file / IMDS_PROXY_SHARED_SECRET_FILE)")
+        super().__init__(what)
 
 
 class Conflict(ImdsError):

@@ -12,6 +12,7 @@ import sys
 import structlog
 
 QUIET_DRIVERS = ("aiosqlite", "sqlalchemy", "asyncpg")
+QUIET_CLIENTS = ("httpx", "httpcore")
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
 
 
@@ -53,6 +54,11 @@ def configure(level: str = "info") -> None:
     # (tests/security/test_secrets_canary.py greps a debug-level log for this).
     for driver in QUIET_DRIVERS:
         logging.getLogger(driver).setLevel(max(numeric, logging.WARNING))
+    # httpx narrates every request at INFO ("HTTP Request: GET ... 200 OK"): an access log of our
+    # own calls (the CLI's --url, the proxy's forwards, upstream lookups), one JSON line each on
+    # the stderr of a command whose answer is on stdout. Failures reach us as exceptions.
+    for client in QUIET_CLIENTS:
+        logging.getLogger(client).setLevel(max(numeric, logging.WARNING))
 
 
 def get(name: str) -> structlog.typing.FilteringBoundLogger:

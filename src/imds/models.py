@@ -70,6 +70,9 @@ JsonObject = dict[str, Any]
 
 METADATA = "metadata"
 USERDATA = "userdata"
+# The metadata document's key naming the host an instance runs on (as Nova's instance.host): set
+# by the source of truth, checked against host-signed proxy claims, never served to the instance.
+RECORD_HOST = "host"
 RECORD_KINDS = (METADATA, USERDATA)
 
 

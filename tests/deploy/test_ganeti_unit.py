@@ -50,6 +50,10 @@ def test_the_unit_takes_metads_socket_and_pid_file():
     assert str(settings.ganeti.ganeti_metad_socket) == "/run/ganeti/socket/ganeti-metad"
     assert settings.http.listen == (("169.254.169.254", 80),)
     assert settings.http.admin_listen == (("127.0.0.1", 8000),)
+    # The node's OS definitions: Ganeti's search path, by default (no IMDS_OS_DEFINITIONS_DIR)
+    assert settings.ganeti.os_definitions_dir is None
+    assert [str(path) for path in settings.ganeti.ganeti_os_search_path] == [
+        "/srv/ganeti/os", "/usr/local/lib/ganeti/os", "/usr/lib/ganeti/os", "/usr/share/ganeti/os"]
     posts = [value for key, value in directives if key == "ExecStartPost"]
     assert posts == ["+/bin/sh -c 'echo \"$MAINPID\" > /run/ganeti/ganeti-metad.pid'"]
     assert ("User", "gnt-metad") in directives

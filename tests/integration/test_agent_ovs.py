@@ -3,13 +3,16 @@
 One OVS, one integration bridge, one agent and three VMs are shared by the module (set-up
 is the slow part); the tests run in file order, the disruptive ones (restarts, unplugging)
 last. The upstream here echoes the headers haproxy forwarded, so each test sees exactly which
-identity the datapath asserted for the asking VM.
+identity the datapath asserted for the asking VM. The switch, the agent and the upstream run
+in a network namespace of their own (the test's "host"), so no other userspace switch on the
+machine (a lab boot, another run) can get in their way.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import pwd
 import signal
 import socket
 import subprocess
@@ -24,12 +27,13 @@ import pytest
 
 from helpers import wait_for
 from imds.signing import sign_stamped
-from ovs_harness import READY_TIMEOUT, AgentProcess, Ovs, Vm, echo_upstream, netns_exec, ovs_daemons, vms
+from ovs_harness import READY_TIMEOUT, AgentProcess, Ovs, Vm, netns_exec, ovs_daemons, peer_echo, vms
 
 SECRET = b"agent-test-shared-secret"
 METADATA = "http://169.254.169.254/metadata"
 METADATA6 = "http://[fe80::a9fe:a9fe%eth0]/metadata"
 PER_SOURCE = 4  # --max-connections-per-source for this module's agent
+UPSTREAM_PORT = 8775  # the echoing upstream, on the host namespace's loopback
 UUID_A = "a0000000-0000-4000-8000-00000000000a"
 UUID_B = "b0000000-0000-4000-8000-00000000000b"
 UUID_C = "c0000000-0000-4000-8000-00000000000c"
@@ -70,7 +74,8 @@ class Host:
 @pytest.fixture(scope="module")
 def host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Host]:
     root = tmp_path_factory.mktemp("ovs")
-    with ovs_daemons(root) as ovs, echo_upstream() as upstream:
+    with ovs_daemons(root, own_netns=True) as ovs, peer_echo(str(ovs.netns), "127.0.0.1", UPSTREAM_PORT):
+        upstream = f"http://127.0.0.1:{UPSTREAM_PORT}"
         t = ovs.tag
         bridge, meta_bridge, tap, netns = f"bi{t}", f"bm{t}", f"tm{t}", f"imdsmeta{t}"
         state = root / "state"
@@ -116,6 +121,72 @@ def test_ipv6_link_local_metadata_address(host):
     """A VM reaching [fe80::a9fe:a9fe] is served as itself too (NA responder, Meta IPv6)."""
     for vm in (host.vms[UUID_A], host.vms[UUID_B]):
         host.wait_served(vm, METADATA6, timeout=20.0)
+
+
+def test_each_read_is_logged_with_its_instance_id_and_never_its_query(host):
+    """A read through the datapath reaches the agent's own log: port, id, tenant, method, path, status, timings.
+
+    The query string (where a token could ride) and the answer's body never do.
+    """
+    vm = host.vms[UUID_A]
+    host.wait_served(vm)
+    status, body = vm.get(f"{METADATA}?token=query-secret-7f3a", timeout=4.0)
+    assert status == 200
+    assert "query-secret-7f3a" in body  # the upstream got it: the request was forwarded whole
+
+    def logged() -> dict[str, object] | None:
+        for line in host.agent.output().splitlines():
+            entry = json.loads(line) if line.startswith("{") else {}
+            if entry.get("event") == "haproxy.request" and entry.get("instance_id") == UUID_A:
+                return entry
+        return None
+
+    entry = wait_for(logged, what="the read in the agent's log", timeout=READY_TIMEOUT)
+    assert (entry["port"], entry["tenant"], entry["method"], entry["path"]) == (vm.port, "tenant-a", "GET", "/metadata")
+    assert entry["status"] == 200
+    assert entry["source"] == _other_config(host, vm)["provider_ip"]
+    assert isinstance(entry["bytes"], int)
+    assert entry["bytes"] > 0
+    assert isinstance(entry["total_ms"], int)
+    assert entry["total_ms"] >= 0
+    assert "query-secret-7f3a" not in host.agent.output()
+    assert "x-instance-id-signature" not in host.agent.output().lower()
+
+
+def test_haproxy_workers_are_not_root_and_see_an_empty_root(host):
+    """The workers (which every VM talks to) run as imds-haproxy, chrooted to an empty directory; the master is root."""
+    master = _haproxy_master(host)
+    assert master is not None
+    workers = _children(master)
+    assert workers
+    expected = pwd.getpwnam("imds-haproxy")
+    for pid in workers:
+        uids = _status(pid, "Uid").split()
+        gids = _status(pid, "Gid").split()
+        assert uids == [str(expected.pw_uid)] * 4, uids
+        assert gids == [str(expected.pw_gid)] * 4, gids
+        root = Path(f"/proc/{pid}/root").readlink()
+        assert root == (host.state / "haproxy-root").resolve()
+        assert list(root.iterdir()) == []
+    assert _status(master, "Uid").split()[0] == "0"
+
+
+def _status(pid: int, field: str) -> str:
+    line = next(x for x in Path(f"/proc/{pid}/status").read_text().splitlines() if x.startswith(f"{field}:"))
+    return line.split(":", 1)[1].strip()
+
+
+def _children(parent: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == parent:
+                found.append(int(entry.name))
+    return found
 
 
 def test_meta_addresses_are_stored_unique_and_in_range(host):

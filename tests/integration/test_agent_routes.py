@@ -6,12 +6,14 @@ What a real guest does in the lab (``imds lab boot --ipv6-only``, ``--route``), 
   datasource) — through its router, as a SLAAC guest does (the address is not on-link), and
   on-link (the agent answers its neighbour solicitation) — and gets ITS instance id with an
   IMDSv2 token, the way back answering from ``fd00:ec2::254``;
-- a VM reaches 169.254.169.254 through its default gateway or via the DHCP port's address
-  (Neutron's scenarios a and b): the packet carries that next hop's MAC, not the agent's, and
-  is taken all the same.
+- a VM reaches 169.254.169.254 through its default gateway (Neutron's scenario a: the packet
+  carries the router's MAC, not the agent's, and is taken all the same);
+- a VM told to reach it via the DHCP port's address (scenario b) after that port is gone: the
+  agent answers the VM's real ARP (and, for IPv6, its neighbour solicitation) for that next hop
+  itself (``--metadata-next-hop``), so the read works with no DHCP port at all.
 
-The next hops are static neighbour entries with MACs no port owns: whatever the destination
-MAC, the egress rule (port + source MAC + metadata address) must take the packet.
+The router is a static neighbour entry with a MAC no port owns (a live router answers its ARP);
+the DHCP port's address has no entry and no owner: only the agent can answer for it.
 """
 
 from __future__ import annotations
@@ -35,7 +37,9 @@ AWS6 = "http://[fd00:ec2::254]"
 BASE = "http://169.254.169.254"
 ROUTER6, ROUTER6_MAC = "fd00:231::1", "02:00:00:00:99:06"
 GATEWAY, GATEWAY_MAC = "10.0.0.1", "02:00:00:00:99:01"
-DHCP_PORT, DHCP_PORT_MAC = "10.0.0.2", "02:00:00:00:99:02"
+DHCP_PORT = "10.0.0.2"  # the DHCP port's address: the port is gone, nothing owns it
+DHCP_PORT6 = "fd00:231::2"
+AGENT_MAC = "fa:16:ee:00:00:01"  # tap-meta's (the gateway of the provider range): what the agent answers with
 
 
 @dataclass
@@ -72,6 +76,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             "--ovsdb", f"unix:{ovs.db_sock}", "--integration-bridge", bridge, "--metadata-bridge", meta_bridge,
             "--meta-port", tap, "--meta-netns", netns, "--upstream", server.url, "--shared-secret-file", str(secret),
             "--state-dir", str(root / "state"),
+            "--metadata-next-hop", DHCP_PORT, "--metadata-next-hop", DHCP_PORT6,
         ], root / "agent.log")
         try:
             with vms(v6, v4):
@@ -80,8 +85,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
                 netns_exec(v6.name, "ip", "-6", "neigh", "replace", ROUTER6, "lladdr", ROUTER6_MAC, "dev", "eth0",
                            "nud", "permanent")
                 netns_exec(v6.name, "ip", "-6", "route", "add", "default", "via", ROUTER6, "dev", "eth0")
-                for hop, mac in ((GATEWAY, GATEWAY_MAC), (DHCP_PORT, DHCP_PORT_MAC)):
-                    netns_exec(v4.name, "ip", "neigh", "replace", hop, "lladdr", mac, "dev", "eth0", "nud", "permanent")
+                netns_exec(v4.name, "ip", "neigh", "replace", GATEWAY, "lladdr", GATEWAY_MAC, "dev", "eth0", "nud",
+                           "permanent")
                 agent.start()
                 wait_for(lambda: v4.get(f"{BASE}/latest/api/token", *_PUT, timeout=3.0)[0] == 200,
                          what="the agent serving", timeout=40)
@@ -131,16 +136,42 @@ def test_ipv6_only_vm_reaches_aws_ipv6_address_on_link(stack):
         netns_exec(vm.name, "ip", "-6", "route", "del", "fd00:ec2::254/128", "dev", "eth0")
 
 
-@pytest.mark.parametrize(("hop", "mac"), [(GATEWAY, GATEWAY_MAC), (DHCP_PORT, DHCP_PORT_MAC)],
-                         ids=["default-gateway", "dhcp-port"])
-def test_metadata_through_a_next_hop_whatever_its_mac(stack, hop, mac):
-    """Neutron's scenarios a and b: 169.254.169.254 via the gateway or the DHCP port's address."""
+def test_metadata_through_the_default_gateway_whatever_its_mac(stack):
+    """Neutron's scenario a: 169.254.169.254 via the router, whose MAC the packet carries."""
     vm = stack.v4
-    netns_exec(vm.name, "ip", "route", "replace", "169.254.169.254/32", "via", hop, "dev", "eth0")
+    netns_exec(vm.name, "ip", "route", "replace", "169.254.169.254/32", "via", GATEWAY, "dev", "eth0")
     try:
-        route = netns_exec(vm.name, "ip", "route", "get", "169.254.169.254")
-        assert f"via {hop}" in route
-        assert mac in netns_exec(vm.name, "ip", "neigh", "show", hop, "dev", "eth0")
+        assert f"via {GATEWAY}" in netns_exec(vm.name, "ip", "route", "get", "169.254.169.254")
+        assert GATEWAY_MAC in netns_exec(vm.name, "ip", "neigh", "show", GATEWAY, "dev", "eth0")
         assert _instance_id(vm, BASE) == (200, UUID_4)
     finally:
         netns_exec(vm.name, "ip", "route", "replace", "169.254.169.254/32", "dev", "eth0")
+
+
+def test_metadata_via_a_dhcp_port_that_is_gone(stack):
+    """Scenario b with no DHCP port alive: the VM's own ARP for the next hop is answered by the agent."""
+    vm = stack.v4
+    netns_exec(vm.name, "ip", "neigh", "flush", "dev", "eth0", "to", DHCP_PORT)
+    netns_exec(vm.name, "ip", "route", "replace", "169.254.169.254/32", "via", DHCP_PORT, "dev", "eth0")
+    try:
+        assert DHCP_PORT not in netns_exec(vm.name, "ip", "neigh", "show", "dev", "eth0")  # nothing pinned
+        assert _instance_id(vm, BASE) == (200, UUID_4)
+        learned = netns_exec(vm.name, "ip", "neigh", "show", DHCP_PORT, "dev", "eth0")
+        assert f"lladdr {AGENT_MAC}" in learned  # a real ARP exchange, answered by the flows
+        assert "PERMANENT" not in learned
+    finally:
+        netns_exec(vm.name, "ip", "route", "replace", "169.254.169.254/32", "dev", "eth0")
+
+
+def test_ipv6_via_a_next_hop_that_is_gone(stack):
+    """The IPv6-only VM told to reach fd00:ec2::254 via fd00:231::2 (no one there): the agent's NA answers."""
+    vm = stack.v6
+    netns_exec(vm.name, "ip", "-6", "neigh", "flush", "dev", "eth0", "to", DHCP_PORT6)
+    netns_exec(vm.name, "ip", "-6", "route", "replace", "fd00:ec2::254/128", "via", DHCP_PORT6, "dev", "eth0")
+    try:
+        assert _instance_id(vm, AWS6) == (200, UUID_6)
+        learned = netns_exec(vm.name, "ip", "-6", "neigh", "show", DHCP_PORT6, "dev", "eth0")
+        assert f"lladdr {AGENT_MAC}" in learned
+        assert "PERMANENT" not in learned
+    finally:
+        netns_exec(vm.name, "ip", "-6", "route", "del", "fd00:ec2::254/128", "dev", "eth0")

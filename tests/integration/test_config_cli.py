@@ -24,6 +24,25 @@ def test_config_show_lists_values_with_their_source_and_masks_secrets(tmp_path):
     assert any(line.split()[:2] == ["admin_token", "file"] for line in table.stdout.splitlines())
 
 
+def test_config_show_prints_the_data_dir_and_database_it_will_use(tmp_path):
+    """Not given, data_dir and db show what imds derives (XDG_DATA_HOME/imds, an SQLite file in it), not "-"."""
+    derived = run_imds(tmp_path, "config", "show", "-o", "json")
+    assert derived.returncode == 0, derived.stderr
+    rows = {row["name"]: (row["value"], row["source"]) for row in json.loads(derived.stdout)}
+    data = tmp_path / "xdg" / "imds"
+    assert rows["data_dir"] == (str(data), "default")
+    assert rows["db"] == (f"sqlite:///{data / 'imds.db'}", "default")
+    other = tmp_path / "elsewhere"
+    table = run_imds(tmp_path, "config", "show", "--data-dir", str(other))
+    lines = {line.split()[0]: line.split()[1:] for line in table.stdout.splitlines()}
+    assert lines["data_dir"] == ["flag", str(other)]
+    assert lines["db"] == ["default", f"sqlite:///{other / 'imds.db'}"]
+    assert not other.exists()  # showing creates nothing
+    given = run_imds(tmp_path, "config", "show", "-o", "json", IMDS_DB="postgres://imds:pw@db.example/fleet")
+    rows = {row["name"]: (row["value"], row["source"]) for row in json.loads(given.stdout)}
+    assert rows["db"] == ("postgresql://imds:***@db.example/fleet", "env")  # as used: libpq's alias resolved
+
+
 def test_an_unknown_key_is_a_usage_error_naming_key_and_file(tmp_path):
     path = tmp_path / "imds.toml"
     path.write_text("listen_on = 1\n")

@@ -15,6 +15,7 @@ import pytest
 
 from factories import new_id
 from imds.store import open_store
+from imds.store.sql.engine import connector_for
 from imds.store.sql.listen import FeedListener
 from imds.store.sql.store import SqlStore
 
@@ -63,7 +64,7 @@ async def test_own_commits_are_not_heard_and_another_replicas_are(postgres_url: 
 
 
 async def test_a_failed_own_commit_wakes_the_follower() -> None:
-    listener = FeedListener("postgresql://imds@127.0.0.1:1/unused")  # never connects: the wake logic alone
+    listener = FeedListener(connector_for("postgresql://imds@127.0.0.1:1/unused"))  # never connects: the wake logic
     listener._wake = wakes = CountingEvent()
     listener.expect(41)
     listener.expect(42)

@@ -22,7 +22,15 @@ import pytest
 from factories import new_id, next_ipv4
 from fake_upstream import FakeUpstream, running_upstream
 from ganeti_data import os_body, put_os
-from helpers import admin_client, client_from, make_settings, push_record, running_app
+from helpers import (
+    LOOPBACK_FETCH_ARGS,
+    LOOPBACK_FETCHES,
+    admin_client,
+    client_from,
+    make_settings,
+    push_record,
+    running_app,
+)
 from imds.services.ganeti.image import CHUNK
 from serve_process import client_at, serving
 
@@ -145,7 +153,8 @@ async def test_a_url_image_is_fetched_with_the_package_credentials_of_its_origin
     package = {"url": f"{upstream.base}/pkg/site.tar.gz", "username": "u", "password": "p:w"}
     other_origin = upstream.base.replace("127.0.0.1", "localhost")
     ip = next_ipv4()
-    async with running_app(make_settings(os_image_max_bytes=BIG)) as app, admin_client(app) as admin:
+    async with running_app(make_settings(os_image_max_bytes=BIG, fetch_allow=LOOPBACK_FETCHES)) as app, \
+            admin_client(app) as admin:
         instance_id = await push_record(admin, [ip])
         results = []
         for url in (f"{upstream.base}/img/debian.img", f"{other_origin}/img/debian.img",
@@ -159,7 +168,8 @@ async def test_a_url_image_is_fetched_with_the_package_credentials_of_its_origin
     assert "the image URL answered 404" in results[2].text
     calls = upstream.log("/img/")
     assert [c.basic_auth() for c in calls] == [("u", "p:w"), None, ("u", "p:w")]
-    async with running_app(make_settings(os_image_max_bytes=BIG - 1)) as app, admin_client(app) as admin:
+    async with running_app(make_settings(os_image_max_bytes=BIG - 1, fetch_allow=LOOPBACK_FETCHES)) as app, \
+            admin_client(app) as admin:
         instance_id = await push_record(admin, [ip])
         await put_os(admin, with_image(instance_id, f"{upstream.base}/img/debian.img"))
         async with client_from(app, ip) as guest:
@@ -196,7 +206,7 @@ def test_an_image_over_the_cap_mid_stream_aborts_the_connection(tmp_path: Path):
     """A real imds serve: no declared length, 8 MiB against a 4 MiB cap: the client sees a cut response, an error."""
     data = image_bytes(BIG)
     with undeclared_upstream(data) as url, serving(tmp_path, "--db", "memory://", "--os-image-max-bytes",
-                                                   str(BIG // 2)) as server:
+                                                   str(BIG // 2), *LOOPBACK_FETCH_ARGS) as server:
         instance_id = new_id()
         server.post("/device-metadata", {"id": instance_id, "ipAddresses": [GUEST], "metadata": {"id": instance_id}})
         server.post("/device-os", with_image(instance_id, url))
@@ -209,7 +219,7 @@ def test_an_image_over_the_cap_mid_stream_aborts_the_connection(tmp_path: Path):
                     received += chunk
         assert BIG // 4 <= len(received) <= BIG // 2  # bytes went out before the cap was reached, never more
     # Under the cap the same stream ends cleanly, whole.
-    with undeclared_upstream(data) as url, serving(tmp_path, "--db", "memory://") as server:
+    with undeclared_upstream(data) as url, serving(tmp_path, "--db", "memory://", *LOOPBACK_FETCH_ARGS) as server:
         instance_id = new_id()
         server.post("/device-metadata", {"id": instance_id, "ipAddresses": [GUEST], "metadata": {"id": instance_id}})
         server.post("/device-os", with_image(instance_id, url))

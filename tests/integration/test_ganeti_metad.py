@@ -9,7 +9,6 @@ differences docs/ganeti.md lists ("imds in place of ganeti-metad"), each asserte
 
 from __future__ import annotations
 
-import gzip
 import io
 import json
 import shutil
@@ -29,7 +28,8 @@ from serve_process import Server, client_at, serving
 
 INSTANCE_IP, STRANGER_IP, MOVED_IP = "127.0.0.5", "127.0.0.6", "127.0.0.7"
 SCRIPTS = ("create", "export", "import", "rename")  # no "verify": both answer 404 for it
-PARAMETERS = ("dhcp", "os-install-package", "root-password", "api-key")
+PARAMETERS = ("dhcp", "os-install-package", "os-package", "root-password", "api-key")
+NODE_PACKAGES = ("/ganeti/latest/os/os-install-package", "/ganeti/latest/os/package")
 PUBLIC = "/ganeti/latest/os/parameters.json"
 
 
@@ -54,13 +54,17 @@ def os_definition(base: Path) -> Path:
     return definition.parent
 
 
-def instance_spec(install_package: Path) -> dict[str, Any]:
-    """One instance with a plain NIC first and its communication NIC second (ganeti_push.py's input)."""
+def instance_spec(install_package: Path, package: Path | None = None) -> dict[str, Any]:
+    """One instance with a plain NIC first and its communication NIC second (ganeti_push.py's input).
+
+    Its OS parameters name the node's files as Ganeti does: ``os-install-package`` (and ``os-package``).
+    """
     instance_id = str(uuid.uuid4())
     return {
         "instance": {"name": "vm1.example.com", "uuid": instance_id, "os": "debootstrap", "primary_node": "node1",
                      "hypervisor": "kvm", "admin_state": "up", "admin_state_source": "admin",
-                     "osparams": {"dhcp": "yes", "os-install-package": str(install_package)}},
+                     "osparams": {"dhcp": "yes", "os-install-package": str(install_package),
+                                  **({"os-package": str(package)} if package is not None else {})}},
         "nics": [
             {"name": "eth0", "ip": "192.0.2.10", "mac": "aa:00:00:00:00:01", "uuid": str(uuid.uuid4())},
             {"name": f"ganeti:communication:{instance_id}", "ip": INSTANCE_IP, "mac": "aa:00:00:00:00:02",
@@ -86,7 +90,22 @@ def members(archive: bytes) -> dict[str, bytes]:
 
 def imds_args(base: Path, os_dir: Path, imds_root: Path) -> tuple[str, ...]:
     return ("--db", f"sqlite:///{base / 'imds.db'}", "--os-definitions-dir", str(os_dir),
-            "--ganeti-metad-socket", str(imds_root / SOCKET), "--log-level", "debug")
+            "--ganeti-metad-socket", str(imds_root / SOCKET), "--log-level", "debug",
+            "--ganeti-os-package-dir", str(base / "node-files"))
+
+
+def node_files(base: Path, os_dir: Path) -> tuple[Path, Path]:
+    """The install package (the OS definition as a tar.gz, as Ganeti's node daemon makes one) and a package."""
+    directory = base / "node-files"
+    directory.mkdir()
+    install_package, package = directory / "install.tar.gz", directory / "site.tar.gz"
+    with tarfile.open(install_package, "w:gz") as tar:
+        tar.add(os_dir / "debootstrap", arcname="debootstrap")
+    motd = base / "motd"
+    motd.write_text("personalized\n")
+    with tarfile.open(package, "w:gz") as tar:
+        tar.add(motd, arcname="etc/motd")
+    return install_package, package
 
 
 def assert_kept_secret(base: Path, imds: Server) -> None:
@@ -100,16 +119,15 @@ def assert_kept_secret(base: Path, imds: Server) -> None:
 def test_imds_answers_as_ganeti_metad(base: Path) -> None:
     """Same pushes, same reads: equal where docs/ganeti.md says nothing, its listed differences otherwise."""
     os_dir = os_definition(base)
-    install_package = base / "install.tar.gz"
-    with tarfile.open(install_package, "w:gz") as tar:
-        tar.add(os_dir / "debootstrap", arcname="debootstrap")
-    spec = instance_spec(install_package)
+    install_package, package = node_files(base, os_dir)
+    spec = instance_spec(install_package, package)
     metad_root, imds_root = node_root(base / "metad"), node_root(base / "imds")
     with metad_running(metad_root, os_dir) as metad, serving(base, *imds_args(base, os_dir, imds_root)) as imds:
         # The push: the client sees the same answers from both (metad answers updateConfig with []).
         assert push(metad_root, spec) == push(imds_root, spec) == {"echo": "ping", "result": []}
         assert_same_reads(metad.url, imds.url)
-        assert_documented_differences(metad.url, imds.url, install_package)
+        assert_node_packages_alike(metad.url, imds.url, install_package, package)
+        assert_documented_differences(metad.url, imds.url)
         assert_audited(imds, spec["instance"]["uuid"])
         assert_skipped_alike(metad_root, imds_root, imds)
         assert unterminated(metad_root / SOCKET) == b""  # metad closes without a word
@@ -118,7 +136,8 @@ def test_imds_answers_as_ganeti_metad(base: Path) -> None:
         served = read(metad.url, PUBLIC).json()
     assert_kept_secret(base, imds)
     assert served == {"dhcp": ["yes", "public"], "os-install-package": [str(install_package), "public"],
-                      "root-password": ["hunter2-private", "private"], "api-key": ["s3cr3t-secret", "secret"]}
+                      "os-package": [str(package), "public"], "root-password": ["hunter2-private", "private"],
+                      "api-key": ["s3cr3t-secret", "secret"]}
     # After a restart metad has forgotten everything; imds keeps public and private parameters, not secrets.
     with metad_running(metad_root, os_dir) as metad, serving(base, *imds_args(base, os_dir, imds_root)) as imds:
         assert read(metad.url, PUBLIC).status_code == 404
@@ -138,6 +157,7 @@ def assert_moves_alike(metad_root: Path, imds_root: Path, metad: str, imds: str,
     moved["nics"][1]["ip"] = MOVED_IP
     moved["instance"]["os"] = "debootstrap+default"
     moved["instance"]["osparams"]["root-password"] = "public-too"
+    del moved["instance"]["osparams"]["os-package"]
     assert push(metad_root, moved)["result"] == push(imds_root, moved)["result"] == []
     # The old address: metad's map only grows, imds's address list is replaced.
     assert read(metad, PUBLIC).status_code == 200
@@ -150,6 +170,11 @@ def assert_moves_alike(metad_root: Path, imds_root: Path, metad: str, imds: str,
     assert theirs.content.count(b'"root-password"') == 2
     assert ours.content.count(b'"root-password"') == 1
     assert ours.json()["root-password"] == theirs.json()["root-password"] == ["hunter2-private", "private"]
+    # os/package without an "os-package" parameter: metad's handler throws (500), imds has none to serve (404).
+    theirs, ours = (read(url, "/ganeti/latest/os/package", source=MOVED_IP) for url in (metad, imds))
+    assert theirs.status_code == 500
+    assert b"Could not find OS package" in theirs.content
+    assert (ours.status_code, ours.content) == (404, b"404 - Not Found")
 
 
 def assert_same_reads(metad: str, imds: str) -> None:
@@ -181,24 +206,20 @@ def assert_same_reads(metad: str, imds: str) -> None:
         assert ours.json() == {"message": "method not allowed"}, (method, path)
 
 
-def assert_documented_differences(metad: str, imds: str, install_package: Path) -> None:
+def assert_node_packages_alike(metad: str, imds: str, install_package: Path, package: Path) -> None:
+    """os/os-install-package and os/package: the node's files the parameters name, the same from both."""
+    for path, file in zip(NODE_PACKAGES, (install_package, package), strict=True):
+        theirs, ours = read(metad, path), read(imds, path)
+        assert (ours.status_code, ours.content) == (theirs.status_code, theirs.content) == (200, file.read_bytes())
+        assert ours.headers["content-type"] == theirs.headers["content-type"], path
+    assert members(read(imds, NODE_PACKAGES[1]).content) == {"motd": b"personalized\n"}
+
+
+def assert_documented_differences(metad: str, imds: str) -> None:
     """Each row of docs/ganeti.md's table, as listed there."""
     # parameters.json: metad sends no content type, imds application/json.
     assert "content-type" not in read(metad, PUBLIC).headers
     assert read(imds, PUBLIC).headers["content-type"] == "application/json"
-    # os/os-install-package: metad serves the node's file named by the parameter, imds its own archive of
-    # the same OS definition (from --os-definitions-dir).
-    theirs, ours = (read(url, "/ganeti/latest/os/os-install-package") for url in (metad, imds))
-    assert (theirs.status_code, theirs.content) == (200, install_package.read_bytes())
-    assert ours.status_code == 200
-    assert gzip.decompress(ours.content)  # a gzip archive, whose scripts are the definition's
-    assert {name: members(ours.content)[name] for name in SCRIPTS} == {
-        name: members(theirs.content)[name] for name in SCRIPTS}
-    # os/package without an "os-package" parameter: metad's handler throws (500), imds has none to serve (404).
-    theirs, ours = (read(url, "/ganeti/latest/os/package") for url in (metad, imds))
-    assert theirs.status_code == 500
-    assert b"Could not find OS package" in theirs.content
-    assert (ours.status_code, ours.content) == (404, b"404 - Not Found")
     # read/write: metad's stubs answer 200 with nothing; imds's are the instance<->host channel.
     theirs, ours = (read(url, "/ganeti/latest/read") for url in (metad, imds))
     assert (theirs.status_code, theirs.content) == (200, b"")
@@ -220,7 +241,8 @@ def assert_documented_differences(metad: str, imds: str, install_package: Path) 
     # Listings: metad has none, imds lists os/.
     theirs, ours = (read(url, "/ganeti/latest/os") for url in (metad, imds))
     assert theirs.status_code == 404
-    assert (ours.status_code, ours.text) == (200, "environment\nos-install-package\nparameters.json\nscripts/")
+    listed = "environment\nos-install-package\npackage\nparameters.json\nscripts/"
+    assert (ours.status_code, ours.text) == (200, listed)
 
 
 def unterminated(path: Path) -> bytes:

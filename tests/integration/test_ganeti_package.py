@@ -13,7 +13,7 @@ import pytest
 from factories import next_ipv4
 from fake_upstream import FakeUpstream, running_upstream
 from ganeti_data import os_body, put_os
-from helpers import admin_client, client_from, make_settings, push_record, running_app
+from helpers import LOOPBACK_FETCHES, admin_client, client_from, make_settings, push_record, running_app
 from serve_process import free_port
 
 pytestmark = pytest.mark.anyio
@@ -37,6 +37,27 @@ def archive(*members: tuple[str, str, str], compress: bool = True) -> bytes:
     return gzip.compress(raw.getvalue(), mtime=0) if compress else raw.getvalue()
 
 
+def path_max_escape() -> bytes:
+    """CVE-2025-4517's construction: links to long directories, a link past PATH_MAX, ``escape`` through it."""
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        path, component = "", "d" * 247
+        for step in "abcdefghijklmnop":
+            directory = tarfile.TarInfo(f"{path}{component}")
+            directory.type = tarfile.DIRTYPE
+            tar.addfile(directory)
+            link = tarfile.TarInfo(f"{path}{step}")
+            link.type, link.linkname = tarfile.SYMTYPE, component
+            tar.addfile(link)
+            path = f"{path}{component}/"
+        for name, target in (("a/b/c/d/e/f/g/h/i/j/k/l/m/n/o/p/" + "l" * 254, "/".join([".."] * 16)),
+                             ("escape", "a/b/c/d/e/f/g/h/i/j/k/l/m/n/o/p/" + "l" * 254 + "/../tmp")):
+            link = tarfile.TarInfo(name)
+            link.type, link.linkname = tarfile.SYMTYPE, target
+            tar.addfile(link)
+    return gzip.compress(raw.getvalue(), mtime=0)
+
+
 GOOD = archive(("dir", "etc", ""), ("file", "etc/motd", "hello"), ("sym", "etc/link", "motd"),
                ("sym", "etc/up", "../etc/motd"), ("hard", "etc/again", "etc/motd"))
 
@@ -55,7 +76,8 @@ async def serve_package(upstream: FakeUpstream, data: Any, *, status: int = 200,
     if auth:
         package.update(username="pkg-user", password="pkg-pass:with:colons")
     ip = next_ipv4()
-    async with running_app(make_settings(os_package_max_bytes=max_bytes)) as app, admin_client(app) as admin:
+    settings = make_settings(os_package_max_bytes=max_bytes, fetch_allow=LOOPBACK_FETCHES)
+    async with running_app(settings) as app, admin_client(app) as admin:
         instance_id = await push_record(admin, [ip])
         await put_os(admin, os_body(instance_id, package=package))
         async with client_from(app, ip) as guest:
@@ -80,7 +102,10 @@ async def test_a_good_package_is_streamed_with_credentials_from_memory(upstream)
     (archive(("sym", "etc/out", "../../root")), "symbolic link 'etc/out' points outside the archive"),
     (archive(("hard", "etc/h", "../outside")), "hard link 'etc/h' points outside the archive"),
     (archive(("hard", "etc/h", "/etc/passwd")), "hard link 'etc/h' points outside the archive"),
-    (archive(("fifo", "pipe", "")), "member 'pipe' is a device or FIFO"),
+    (archive(("fifo", "pipe", "")), "member 'pipe' is a device, FIFO or other special file"),
+    (path_max_escape(), "symbolic link 'escape' points outside the archive"),
+    (archive(("sym", "l", "d/../etc/passwd"), ("sym", "d", "sub/.."), ("dir", "sub", "")),
+     "symbolic link 'l' points outside the archive once unpacked"),
     (archive(("file", "plain", "x"), compress=False), "not a gzip-compressed tar archive"),
     (b"not an archive at all", "not a gzip-compressed tar archive"),
     (GOOD[: len(GOOD) // 2], "not a gzip-compressed tar archive"),
@@ -103,7 +128,7 @@ async def test_size_cap_and_upstream_failures(upstream):
     status, body = await serve_package(upstream, b"", status=302)
     assert (status, body) == (502, b"502 - Bad Gateway: package refused: the package URL answered 302")
     ip = next_ipv4()
-    async with running_app() as app, admin_client(app) as admin:
+    async with running_app(make_settings(fetch_allow=LOOPBACK_FETCHES)) as app, admin_client(app) as admin:
         instance_id = await push_record(admin, [ip])
         closed = f"http://127.0.0.1:{free_port()}/p.tgz"
         await put_os(admin, os_body(instance_id, package={"url": closed}))

@@ -52,10 +52,11 @@ def expected(machine, capsys):
 
 @pytest.fixture
 def image(tmp_path):
-    """What an image carries: imds/__init__.py and imds/guest/*.py, nothing else."""
+    """What an image carries: imds/__init__.py, imds/tarball.py and imds/guest/*.py, nothing else."""
     root = tmp_path / "image"
     (root / "imds" / "guest").mkdir(parents=True)
-    shutil.copy(SOURCE / "__init__.py", root / "imds" / "__init__.py")
+    for leaf in ("__init__.py", "tarball.py"):
+        shutil.copy(SOURCE / leaf, root / "imds" / leaf)
     for module in (SOURCE / "guest").glob("*.py"):
         shutil.copy(module, root / "imds" / "guest" / module.name)
     return root
@@ -69,7 +70,7 @@ def test_system_python_imports_only_the_standard_library(image):
     """/usr/bin/python3 -I -S imports every guest module from the image copy; no non-stdlib module loads."""
     code = (
         "import sys; sys.path.insert(0, sys.argv[1]);"
-        "import imds.guest.cli, imds.guest.testing, imds.guest.sources, imds.guest.apply;"
+        "import imds.guest.cli, imds.guest.testing, imds.guest.sources, imds.guest.apply, imds.guest.ganeti;"
         "print(imds.__file__);"
         "print(sorted({m.split('.')[0] for m in sys.modules} - set(sys.stdlib_module_names) - {'__main__'}))"
     )
@@ -137,7 +138,7 @@ def test_python_m_from_metadata_url_is_idempotent(tmp_path):
     assert rules.stat().st_mtime_ns == mtime
     assert log.read_text().splitlines() == [
         "control --reload",
-        "trigger --action=add --subsystem-match=block --subsystem-match=net",
+        "trigger --action=change --subsystem-match=block --subsystem-match=net",
     ]
     assert server.requests == ["/openstack/latest/meta_data.json"] * 2
 

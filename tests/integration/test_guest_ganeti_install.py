@@ -35,6 +35,7 @@ import pytest
 from fake_upstream import FakeUpstream, running_upstream
 from ganeti_metad import SOCKET, node_root, push, require_ganeti
 from guest_zipapp import build_documented_zipapp
+from helpers import LOOPBACK_FETCH_ARGS
 from netns_guest import Guest, netns_guest, run
 from serve_process import Server, serving
 
@@ -42,17 +43,20 @@ SYSTEM_PYTHON = "/usr/bin/python3"
 TOOLS = ("ip", "losetup", "mke2fs", "mount", "umount")
 GREETING = "hello from the 'install' $HOME"
 CREATE = """#!/bin/sh
-# exits OSP_EXIT_STATUS when set; otherwise writes INSTANCE_NAME and OSP_GREETING onto DISK_0_PATH's filesystem
-# (or OSP_ROOT_DEVICE's, when the root filesystem is elsewhere)
+# exits OSP_EXIT_STATUS when set; OSP_WIPE: zeroes the start of DISK_0_PATH (no filesystem left) and exits 0;
+# OSP_FORMAT: makes a new ext4 filesystem on DISK_0_PATH first (as an installer that formats does);
+# then writes INSTANCE_NAME and OSP_GREETING onto DISK_0_PATH's filesystem (or OSP_ROOT_DEVICE's)
 set -eu
 if [ -n "${OSP_EXIT_STATUS:-}" ]; then echo "failing on purpose" >&2; exit "$OSP_EXIT_STATUS"; fi
+if [ -n "${OSP_WIPE:-}" ]; then dd if=/dev/zero of="$DISK_0_PATH" bs=1M count=4 conv=fsync 2>/dev/null; exit 0; fi
+if [ -n "${OSP_FORMAT:-}" ]; then mke2fs -q -F -t ext4 -L formatted "$DISK_0_PATH"; fi
 mnt=$(mktemp -d)
 mount "${OSP_ROOT_DEVICE:-$DISK_0_PATH}" "$mnt"
 printf '%s\\n%s\\n' "$INSTANCE_NAME" "$OSP_GREETING" > "$mnt/created-by-script"
 umount "$mnt"
 rmdir "$mnt"
 """
-PARAMETERS = ("os-image", "os-package", "greeting", "exit-status", "root-device")
+PARAMETERS = ("os-image", "os-package", "greeting", "exit-status", "root-device", "format", "wipe")
 
 
 @pytest.fixture(autouse=True)
@@ -144,7 +148,7 @@ def installing(base: Path, guest: Guest, parameters: dict[str, str], package_url
     """`imds serve`; Ganeti's client pushes the instance; the admin API switches its OS record to ``install``."""
     root = node_root(base / "node")
     args = ("--db", f"sqlite:///{base / 'imds.db'}", "--os-definitions-dir", str(os_definitions(base)),
-            "--ganeti-metad-socket", str(root / SOCKET))
+            "--ganeti-metad-socket", str(root / SOCKET), *LOOPBACK_FETCH_ARGS)
     with serving(base, *args, host=guest.host) as server:
         instance_id = str(uuid.uuid4())
         spec = {
@@ -190,12 +194,13 @@ def guest_install(guest: Guest, zipapp: Path, server: Server, disk: str,
                "--disk", disk, "--url", server.url, *args, check=False, timeout=120)
 
 
-def read_disk(device: str, mountpoint: Path, *names: str) -> list[str]:
-    """The files, read from the device mounted read-only on ``mountpoint`` (unmounted afterwards)."""
+def read_disk(device: str, mountpoint: Path, *names: str) -> list[Any]:
+    """The files (a directory: its entries' names), read from the device mounted read-only on ``mountpoint``."""
     mountpoint.mkdir()
     run("mount", "-o", "ro", device, str(mountpoint))
     try:
-        return [(mountpoint / name).read_text() for name in names]
+        return [[p.name for p in (mountpoint / name).iterdir()] if (mountpoint / name).is_dir()
+                else (mountpoint / name).read_text() for name in names]
     finally:
         run("umount", str(mountpoint), check=False)
 
@@ -225,7 +230,7 @@ def test_install_writes_image_package_and_script_output(base, guest, loop, upstr
         assert read_disk(loop, base / "disk", "marker") == ["from the image\n"]
         assert read_disk(root, base / "root", "etc/imds-package", "created-by-script") == [
             "from the package\n", f"vm1.example.com\n{GREETING}\n"]
-    assert [e["state"] for e in posted if e["state"] != "mode"] == ["started", "image", "package", "script",
+    assert [e["state"] for e in posted if e["state"] != "mode"] == ["started", "image", "script", "package",
                                                                      "succeeded"]
     assert (posted[-1]["state"], posted[-1]["message"]) == ("mode", "run")  # the service's own: the mode ended
     assert mode == "run"
@@ -264,3 +269,40 @@ def test_a_mounted_disk_is_not_overwritten(base, guest, loop, upstream):
     assert done.returncode == 1, done.stderr
     assert [e["state"] for e in posted] == ["started", "failed"]
     assert f"cannot open {loop} for writing: Device or resource busy" in posted[-1]["message"]
+
+
+def test_the_package_survives_a_create_that_formats_the_disk(base, guest, loop, upstream):
+    """A create that makes a new filesystem over the image's: the package is unpacked onto it afterwards, and stays."""
+    upstream.answer("/images/root.img", 200, ext4_image(base), content_type="application/octet-stream")
+    upstream.answer("/pkg/site.tar.gz", 200, package(), content_type="application/gzip")
+    parameters = {"os-image": f"{upstream.base}/images/root.img", "os-package": f"{upstream.base}/pkg/site.tar.gz",
+                  "greeting": GREETING, "format": "yes"}
+    zipapp = build_documented_zipapp(base / "checkout")
+    with installing(base, guest, parameters, parameters["os-package"]) as (server, instance_id):
+        done = guest_install(guest, zipapp, server, loop)
+        posted = events(server, instance_id)
+    assert done.returncode == 0, done.stderr
+    assert [e["state"] for e in posted if e["state"] != "mode"] == ["started", "image", "script", "package",
+                                                                     "succeeded"]
+    assert read_disk(loop, base / "disk", "etc/imds-package", "created-by-script") == [
+        "from the package\n", f"vm1.example.com\n{GREETING}\n"]
+    assert run("blkid", "-p", "-o", "value", "-s", "LABEL", loop).stdout.strip() == "formatted"  # create's own
+    assert sorted(read_disk(loop, base / "again", ".")[0]) == ["created-by-script", "etc", "lost+found"]
+
+
+def test_a_root_filesystem_that_cannot_be_mounted_fails_clearly(base, guest, loop, upstream):
+    """A create that leaves no filesystem: failed, naming the device and that none was found; exit status 1."""
+    upstream.answer("/images/root.img", 200, ext4_image(base), content_type="application/octet-stream")
+    upstream.answer("/pkg/site.tar.gz", 200, package(), content_type="application/gzip")
+    parameters = {"os-image": f"{upstream.base}/images/root.img", "os-package": f"{upstream.base}/pkg/site.tar.gz",
+                  "greeting": GREETING, "wipe": "yes"}
+    zipapp = build_documented_zipapp(base / "checkout")
+    with installing(base, guest, parameters, parameters["os-package"]) as (server, instance_id):
+        done = guest_install(guest, zipapp, server, loop)
+        posted = events(server, instance_id)
+        mode = record(server, instance_id)["mode"]
+    assert done.returncode == 1, done.stderr
+    assert [e["state"] for e in posted] == ["started", "image", "script", "failed"]
+    assert posted[-1]["message"].startswith(
+        f"the root filesystem cannot be mounted for os-package: mount {loop} (no filesystem found on it) on ")
+    assert mode == "install"

@@ -1,7 +1,9 @@
 """A hollow deployment's environment starts ``imds serve``.
 
-Its database URL (``?sslmode=``), listen address, templates and grace period work through hollow's
-``METADATASERVICE_*`` names alone (plus the admin token imds needs where hollow's admin API was open).
+Its listen address, templates and grace period work through hollow's ``METADATASERVICE_*`` names
+(plus the admin token imds needs where hollow's admin API was open, and ``IMDS_DB``: hollow's
+CockroachDB settings are refused, see tests/unit/test_hollow_config.py); a PostgreSQL URL in
+hollow's quickstart style (``?sslmode=disable``) works as it is.
 """
 
 from __future__ import annotations
@@ -15,17 +17,16 @@ import pytest
 import sqlalchemy as sa
 
 from imds.config import load
-from imds.store.sql.engine import create_engine
-from imds.store.sql.listen import plain_dsn
+from imds.store.sql.engine import connector_for, create_engine
 from serve_process import ADMIN_TOKEN, IMDS, Server, clean_env, free_port, stop_process
 
 INSTANCE = "3f2504e0-4f89-11d3-9a0c-0305e82c3301"
 
 
 @pytest.mark.postgres
-def test_hollow_crdb_uri_with_sslmode_connects(postgres_server) -> None:
-    """The engine and the feed listener both connect with hollow's quickstart-style URL (sslmode=disable)."""
-    url = load(environ={"METADATASERVICE_CRDB_URI": postgres_server.url() + "?sslmode=disable"}).store.db
+def test_quickstart_style_url_with_sslmode_connects(postgres_server) -> None:
+    """The engine and the feed listener's connector both connect with a hollow-quickstart-style URL (sslmode)."""
+    url = load(environ={"IMDS_DB": postgres_server.url() + "?sslmode=disable"}).store.db
     assert url.endswith("?sslmode=disable")
 
     async def run() -> tuple[int, int]:
@@ -35,7 +36,7 @@ def test_hollow_crdb_uri_with_sslmode_connects(postgres_server) -> None:
                 through_engine = (await conn.execute(sa.text("SELECT 1"))).scalar_one()
         finally:
             await engine.dispose()
-        listener = await asyncpg.connect(plain_dsn(url))
+        listener = await connector_for(url).connect()
         try:
             return through_engine, await listener.fetchval("SELECT 2")
         finally:
@@ -51,7 +52,7 @@ def test_quickstart_environment_serves(postgres_empty_url: str, tmp_path) -> Non
     env = clean_env(
         tmp_path,
         METADATASERVICE_OIDC_ENABLED="false",
-        METADATASERVICE_CRDB_URI=postgres_empty_url + "?sslmode=disable",
+        IMDS_DB=postgres_empty_url + "?sslmode=disable",
         METADATASERVICE_LISTEN=f"127.0.0.1:{port}",
         METADATASERVICE_METADATA_PHONE_HOME_URL="http://phone.example/{{.facility}}",
         METADATASERVICE_SHUTDOWN_GRACE_PERIOD="2s",
@@ -82,7 +83,7 @@ def test_quickstart_environment_serves(postgres_empty_url: str, tmp_path) -> Non
 
 async def _revision(url: str) -> str | None:
     """The Alembic revision the database at ``url`` is at."""
-    conn = await asyncpg.connect(plain_dsn(url))
+    conn = await asyncpg.connect(url)
     try:
         revision: str | None = await conn.fetchval("SELECT version_num FROM alembic_version")
     finally:

@@ -1,12 +1,16 @@
 """One real guest: ``imds lab boot`` boots a Debian VM under QEMU through the agent's datapath.
 
 The guest image is built from Debian packages once and cached in the repository's
-``.cache/lab`` (gitignored), keyed by its recipe, so later runs reuse it. The boot is EC2 with
-IMDSv2 required, over IPv4: the guest's tap is plugged into userspace OVS the way os-vif plugs
-a Nova port, dnsmasq gives it an address and the on-link route to 169.254.169.254, and
-cloud-init's EC2 datasource reads its record through ``imds agent``'s haproxy from the lab's
-own ``imds serve``. The serial console is the witness: the hostname from the record and the
-userdata's marker must appear on it. Afterwards nothing the run made may be left.
+``.cache/lab`` (gitignored), keyed by its recipe, so later runs reuse it. The boot is OpenStack
+over IPv4: the guest's tap is plugged into userspace OVS the way os-vif plugs a Nova port,
+dnsmasq gives it an address and the route to 169.254.169.254 via the DHCP port (as Neutron's
+DHCP agent), and cloud-init's OpenStack datasource reads its record through ``imds agent``'s
+haproxy from the lab's own ``imds serve``, then applies the *static* network imds derived from
+the record (``network_data.json``), which drops the DHCP lease. The guest must still read its
+metadata after cloud-init finished (the late read): the derived network carries the route
+itself. The serial console is the witness: the hostname from the record, the userdata's
+marker and the late read's ``LAB-LATE ok`` must appear on it. Afterwards nothing the run made
+may be left.
 
 The same boot also installs through the Ganeti paths (``--ganeti-install``, a few seconds more):
 the guest writes the lab's ext4 image onto its second disk with the guest tool's zipapp, the
@@ -16,6 +20,7 @@ events and the OS record's mode come back, and the disk file holds the instance 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -24,12 +29,12 @@ import pytest
 
 from imds.lab.run import tool_env
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1000)]
 
 REPO = Path(__file__).parents[2]
 CACHE = REPO / ".cache" / "lab"
 IMDS = Path(sys.executable).parent / "imds"
-HOSTNAME = "lab-ec2-guest"
+HOSTNAME = "lab-os-guest"
 
 
 def _leftovers() -> list[str]:
@@ -44,38 +49,47 @@ def _leftovers() -> list[str]:
     return found
 
 
-def test_ec2_guest_applies_hostname_and_userdata_through_the_agent(tmp_path: Path) -> None:
-    """cloud-init chooses Ec2, reads its record with IMDSv2 through the datapath and applies it."""
+def test_openstack_guest_reads_its_metadata_late_through_the_derived_static_network(tmp_path: Path) -> None:
+    """cloud-init picks OpenStack, applies the derived static network, and the guest still reads metadata after."""
     before = _leftovers()
     out = tmp_path / "run"
     done = subprocess.run(
-        [str(IMDS), "lab", "boot", "--flavor", "ec2", "--hostname", HOSTNAME, "--out", str(out),
-         "--image-dir", str(CACHE), "--timeout", "420", "--ganeti-install"],
-        capture_output=True, text=True, timeout=840, check=False, cwd=REPO,
+        [str(IMDS), "lab", "boot", "--flavor", "openstack", "--hostname", HOSTNAME, "--out", str(out),
+         "--image-dir", str(CACHE), "--timeout", "600", "--ganeti-install"],
+        capture_output=True, text=True, timeout=900, check=False, cwd=REPO,
     )
     serial = (out / "serial.log").read_text(errors="replace") if (out / "serial.log").exists() else ""
     assert done.returncode == 0, f"{done.stderr[-3000:]}\n--- serial ---\n{serial[-4000:]}"
     result = json.loads((out / "result.json").read_text())
 
     assert f"LAB-MARKER host={HOSTNAME}" in serial
-    assert "Datasource DataSourceEc2" in serial
+    assert "Datasource DataSourceOpenStackLocal" in serial
     assert result["passed"] is True
-    assert result["datasource"] == "DataSourceEc2Local"  # AWS identified from SMBIOS: the init-local crawl
+    assert result["datasource"] == "DataSourceOpenStackLocal"  # OpenStack identified from SMBIOS: init-local
     assert result["hostname_seen"] is True
     assert result["accel"] in ("kvm", "tcg")
     if result["accel"] == "tcg" and Path("/dev/kvm").exists():
         assert result["kvm_failure"]  # KVM was tried first and given up for a reason
+    assert (result["route"], result["network_data"]) == ("dhcp", "static")
 
     requests = result["requests"]
     paths = [r["path"] for r in requests]
-    assert "/latest/api/token" in paths  # IMDSv2: the token came first ...
-    assert any(p.endswith("/meta-data/instance-id") for p in paths)
-    assert any(p.endswith("/user-data") and r["status"] == 200 for p, r in zip(paths, requests, strict=True))
-    assert all(r["status"] != 401 for r in requests)  # ... and every read carried it (required here)
+    derived = [p for p in paths if p.startswith("/openstack/") and p.endswith("/network_data.json")]
+    assert derived  # cloud-init read the derived network ...
+    # ... applied it (eth0 static, the lease gone) with the route imds put in it: via the DHCP port.
+    assert re.search(r"ci-info: \|\s+\d+\s+\|\s+169\.254\.169\.254\s+\|\s+10\.231\.0\.1\s+\|", serial), serial[-3000:]
+    # The late read: after cloud-init finished, the guest read its own meta_data.json over the network.
+    assert "LAB-LATE ok http://169.254.169.254/openstack/latest/meta_data.json" in serial
+    assert result["late_read"]["passed"] is True
+    late = [r for r in requests if r["path"] == "/openstack/latest/meta_data.json" and r["status"] == 200]
+    assert late
+    assert any(r["path"].endswith("/user_data") and r["status"] == 200 for r in requests)
 
     seconds = result["seconds"]
-    # runcmd (the marker) runs in cloud-init's final stage, before its closing banner.
+    # runcmd (the marker) runs in cloud-init's final stage, before its closing banner; the late read after it.
     assert 0 < seconds["first_metadata_request"] < seconds["marker"] <= seconds["cloud-init final"]
+    assert seconds["cloud-init final"] <= seconds["late read"]
+    assert late[-1]["t"] >= seconds["cloud-init final"] - 5  # serve's clock: the late read's request
     # The datapath saw the first packet when serve saw the first request (polled, so within seconds).
     assert abs(seconds["first_metadata_packet"] - seconds["first_metadata_request"]) < 5
     assert result["cleanup_failures"] == []

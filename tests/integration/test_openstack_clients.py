@@ -233,7 +233,8 @@ def test_openstack_datasource_crawls_and_converts_the_network(crawled):
     assert [(s["type"], s["address"]) for s in config["bond0"]["subnets"]] == [
         ("static", "40.91.78.229"), ("static6", "2001:0db8:8583:0000::9"), ("static", "10.70.17.9")]
     assert config["bond0"]["subnets"][0]["routes"] == [
-        {"network": "0.0.0.0", "netmask": "0.0.0.0", "gateway": "40.91.78.228"}]  # noqa: S104 - a route
+        {"network": "0.0.0.0", "netmask": "0.0.0.0", "gateway": "40.91.78.228"},  # noqa: S104 - a route
+        {"network": "169.254.169.254", "netmask": "255.255.255.255", "gateway": "40.91.78.228"}]  # metadata
 
 
 def test_read_config_drive_reads_the_extracted_drive(crawled):

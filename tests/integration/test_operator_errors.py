@@ -6,12 +6,13 @@ server started here is stopped by its PID.
 
 from __future__ import annotations
 
+import json
 import subprocess
 
 import pytest
 
 from imds.config import load
-from serve_process import IMDS, Server, clean_env, free_port, run_imds
+from serve_process import IMDS, Server, clean_env, free_port, run_imds, serving
 
 DEMO_ID = "cc40301c-4038-4011-af55-6eae3ba60246"
 
@@ -74,9 +75,69 @@ def test_an_unsupported_scheme_says_which_are(tmp_path):
 def test_configdrive_on_an_unmigrated_database_says_to_upgrade(tmp_path):
     """An empty SQLite file: "not migrated" with the command that fixes it, not "OperationalError"."""
     empty = tmp_path / "empty.db"
+    empty.touch()  # an empty file is an empty SQLite database
     ran = run_imds(tmp_path, "configdrive", "build", "--db", f"sqlite:///{empty}", "--instance", DEMO_ID, "-o", "x.iso")
     line = one_error_line(ran, "database read failed", str(empty), "is not migrated", "imds db upgrade")
     assert "OperationalError" not in line
+
+
+READERS = (("list",), ("get", DEMO_ID), ("explain", "127.0.0.1"), ("export", "-"), ("db", "current"),
+           ("configdrive", "build", "--instance", DEMO_ID, "-o", "x.iso"))
+
+
+@pytest.mark.parametrize("where", ["missing-dir", "existing-dir"])
+def test_a_read_on_a_missing_sqlite_file_names_it_and_creates_nothing(tmp_path, where):
+    """A typo'd path: every read-only command says which file is missing and the fix; no file or directory appears."""
+    folder = tmp_path / ("typo" if where == "missing-dir" else "data")
+    if where == "existing-dir":
+        folder.mkdir()
+    path = folder / "imds.db"
+    for args in READERS:
+        ran = run_imds(tmp_path, *args, "--db", f"sqlite:///{path}")
+        one_error_line(ran, f"SQLite database {path}: no such file", "--db", "imds db upgrade")
+    assert folder.exists() == (where == "existing-dir")
+    assert not path.exists()
+
+
+def test_a_missing_directory_in_db_is_refused_by_serve_and_import_but_made_by_db_upgrade(tmp_path):
+    """``serve`` (which migrates) and ``import`` name the missing directory; ``imds db upgrade`` makes it on purpose."""
+    path = tmp_path / "typo" / "imds.db"
+    url = f"sqlite:///{path}"
+    served = run_imds(tmp_path, "serve", "--db", url, "--listen", f"127.0.0.1:{free_port()}")
+    one_error_line(served, f"SQLite database {path}: directory {path.parent} does not exist", "--db")
+    records = tmp_path / "fleet.jsonl"
+    records.write_text(json.dumps({"id": DEMO_ID, "ipAddresses": ["10.9.8.7"], "metadata": {"a": 1}}) + "\n")
+    imported = run_imds(tmp_path, "import", str(records), "--db", url)
+    assert imported.returncode == 1, imported.stderr
+    assert f"directory {path.parent} does not exist" in imported.stderr.splitlines()[-1], imported.stderr
+    assert not path.parent.exists()
+    upgraded = run_imds(tmp_path, "db", "upgrade", "--db", url)
+    assert (upgraded.returncode, upgraded.stdout) == (0, "database upgraded to head\n"), upgraded.stderr
+    assert path.is_file()
+
+
+def test_serve_creates_a_new_file_in_an_existing_directory(tmp_path):
+    """A new database in an existing directory is a first start, not a typo: serve creates and migrates it.
+
+    (A missing data directory is made too: ``test_serve_socket``'s server starts on one.)
+    """
+    existing = tmp_path / "existing"
+    existing.mkdir()
+    with serving(tmp_path, "--db", f"sqlite:///{existing / 'fresh.db'}", loaded=False) as server:
+        assert server.process.poll() is None
+    assert (existing / "fresh.db").is_file()
+
+
+@pytest.mark.parametrize("url", ["sqlite:/var/lib/imds/imds.db", "sqlite:imds.db", "sqlite://imds.db", "sqlite://"])
+def test_a_malformed_sqlite_url_is_one_usage_line(tmp_path, url):
+    """SQLAlchemy's "Could not parse" (or a traceback) becomes the form to write, as a usage error."""
+    for args in (("list",), ("db", "upgrade"), ("serve",)):
+        ran = run_imds(tmp_path, *args, "--db", url)
+        assert ran.returncode == 2, ran.stderr
+        assert f"Error: --db / IMDS_DB: {url!r} is not an SQLite URL" in ran.stderr
+        assert "sqlite:////absolute/path.db" in ran.stderr
+        assert "Traceback" not in ran.stderr
+        assert "SQLAlchemy" not in ran.stderr
 
 
 @pytest.mark.parametrize("configured", [False, True])

@@ -3,9 +3,10 @@
 The commands are read from the Markdown files' ```sh blocks, so the docs cannot drift. The
 server is command 1 of the README's setup (``IMDS_ADMIN_TOKEN=dev-token bash scripts/serve
 --demo``) with HOME in the test's tmp dir; the only change to the commands is the port (8000
-becomes a free one, on 127.0.0.1 and [::1]), so the test never collides with a server someone
-runs by hand. The commands run in a directory where ``.venv`` and ``src`` are this checkout's
-(they are run from the checkout). ``curl`` is wrapped to fail on HTTP errors and record them.
+becomes a free one, on 127.0.0.1 and [::1], given as the README says: ``--port N``), so the test
+never collides with a server someone runs by hand. The commands run in a directory where
+``.venv`` and ``src`` are this checkout's (they are run from the checkout). ``curl`` is
+wrapped to fail on HTTP errors and record them.
 
 The README's tour runs block by block, as a reader runs it in several terminals: its change
 watch (the block with ``wait_for_change``) runs in the background, and the next block (the
@@ -124,6 +125,7 @@ def run_tour(walk: Walk, server: Server) -> tuple[str, str, str]:
         assert ran.returncode == 0, f"{block}\n{ran.stdout[-3000:]}\n{ran.stderr[-3000:]}"
         if "imds explain" in block:
             explained = ran.stdout
+            assert ran.stderr == "", ran.stderr  # the answer only: no log line (httpx's request line was one)
         else:
             output += ran.stdout
         if waiting is not None:  # this block is the write that ends the wait
@@ -147,7 +149,7 @@ def test_the_tour_and_the_walks_work_as_written(tmp_path):
     log = tmp_path / "serve.log"
     with log.open("wb") as sink:
         process = subprocess.Popen(
-            ["bash", "scripts/serve", "--demo", "--listen", f"127.0.0.1:{port}", "--listen", f"[::1]:{port}"],
+            ["bash", "scripts/serve", "--demo", "--port", str(port)],  # the README's answer to a busy port 8000
             cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=sink, stderr=subprocess.STDOUT,
             start_new_session=True,
         )

@@ -106,6 +106,7 @@ def test_list_shows_every_instance_the_same_both_ways(fleet):
         "metadata": False, "userdata_bytes": len(BINARY),
     }
     assert json.loads(by_url.output) == json.loads(by_db.output)
+    assert by_url.stderr == ""  # JSON on stdout and nothing else: no log line per HTTP request
     table = invoke("list", "--data-dir", fleet["data"])
     assert table.output.splitlines()[0].split() == ["ID", "HOSTNAME", "ADDRESSES", "METADATA", "USERDATA"]
     line = next(line for line in table.output.splitlines() if line.startswith(fleet["both"]))

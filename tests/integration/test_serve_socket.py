@@ -119,6 +119,23 @@ def test_demo_mode_serves_the_demo_instance_to_loopback(tmp_path):
         assert server.process.wait(timeout=STOP_TIMEOUT) == 0, server.output()
 
 
+def test_a_demo_restart_on_the_same_database_writes_nothing(tmp_path):
+    """The second --demo start finds the demo records as they were: the audit log keeps the first start's two."""
+    data = tmp_path / "data"
+    for start in range(2):
+        with serving(tmp_path, "--demo", "--data-dir", str(data)) as server, client_at() as client:
+            assert client.get(f"{server.url}/metadata").json()["id"] == DEMO_ID
+            audit = client.get(f"{server.url}/audit", params={"instance": DEMO_ID}, headers=AUTH)
+            assert audit.status_code == 200, audit.text
+            entries = [(e["subject"], e["kind"]) for e in audit.json()["entries"]]
+            assert entries == [("demo", "metadata"), ("demo", "userdata")], (start, entries)
+            code, _ = server.terminate()
+            assert code == 0, server.output()
+        loaded = [line for line in server.output().splitlines() if '"demo.loaded"' in line]
+        assert len(loaded) == 1, server.output()
+        assert ('"written": []' in loaded[0]) == (start == 1), loaded
+
+
 def test_sigterm_exits_zero_promptly_and_acknowledged_writes_survive_a_restart(tmp_path):
     """A write that got its 200 is served after SIGTERM (exit 0, quickly) and a fresh start on the same data dir."""
     data = tmp_path / "data"

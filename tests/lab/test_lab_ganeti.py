@@ -28,7 +28,7 @@ from cloudinit_guard import run_cloud_init
 from guest_zipapp import build_documented_zipapp
 from imds.cli import cli
 from imds.lab import boot as lab_boot
-from imds.lab import ganeti
+from imds.lab import datapath, ganeti
 from imds.lab import image as lab_image
 from imds.lab.boot import Options, refusal
 from imds.lab.console import Console
@@ -261,17 +261,16 @@ def verdict_of(installing: Installing, console: Path) -> dict[str, Any]:
     return installing.verdict(reader.install_exit)
 
 
-def test_an_installing_guest_keeps_its_dhcp_route_to_metadata():
-    """With --ganeti-install (IPv4) network_data.json says DHCP, so cloud-init's network config keeps option 121.
+def test_an_installing_guest_keeps_its_route_to_metadata_in_the_derived_network():
+    """The record carries no network_data of its own (the lab's old workaround): imds derives the route.
 
-    Static (the derived form) drops the route to 169.254.169.254 once cloud-init applies it, and
-    an OpenStack guest's install then finds the network unreachable (seen in a real boot).
+    Static without a route to 169.254.169.254 dropped the DHCP lease's once cloud-init applied
+    it, and an OpenStack guest's install found the network unreachable (seen in a real boot).
     """
     guest = lab_boot.Guest("u-1", "52:54:00:00:00:01", "ssh-ed25519 AAAA imds-lab")
-    document = lab_boot._metadata(guest, "lab-guest", ipv6_only=False, dhcp=True)
-    assert network_data(document) == {
-        "links": [{"id": "eth0", "name": "eth0", "type": "phy", "ethernet_mac_address": "52:54:00:00:00:01"}],
-        "networks": [{"id": "network0", "type": "ipv4_dhcp", "link": "eth0"}], "services": []}
-    plain = lab_boot._metadata(guest, "lab-guest", ipv6_only=False)
-    assert "network_data" not in plain
-    assert [n["type"] for n in network_data(plain)["networks"]] == ["ipv4"]  # without it: as before
+    document = lab_boot._metadata(guest, "lab-guest", datapath.Route("dhcp"), dhcp=False)
+    assert "network_data" not in document
+    (network,) = network_data(document)["networks"]
+    assert network["type"] == "ipv4"
+    assert network["routes"] == [{"network": "169.254.169.254", "netmask": "255.255.255.255",
+                                  "gateway": datapath.DHCP_SERVER}]

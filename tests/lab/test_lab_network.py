@@ -115,3 +115,13 @@ def test_dnsmasq_starts_without_the_last_runs_leases(tmp_path, monkeypatch):
     assert started
     assert f"--dhcp-leasefile={leases}" in started[0]
     assert f"--dhcp-host={MAC},{datapath.GUEST_IP}" in started[0]
+
+
+def test_dhcp_gone_needs_the_dhcp_route_and_gives_the_agent_the_dhcp_ports_address(tmp_path):
+    """--dhcp-gone only with --route dhcp over IPv4; the agent then answers ARP for the DHCP port's address."""
+    assert refusal(_options(tmp_path, "openstack", route="dhcp", dhcp_gone=True)) is None
+    assert refusal(_options(tmp_path, "openstack", dhcp_gone=True)) is None  # OpenStack's own route is dhcp
+    for name, other in (("openstack", {"route": "onlink"}), ("openstack", {"route": "gateway"}), ("ec2", {})):
+        assert "--route dhcp" in (refusal(_options(tmp_path, name, dhcp_gone=True, **other)) or "")
+    assert datapath.Route("dhcp", dhcp_gone=True).next_hops == (datapath.DHCP_SERVER,)
+    assert datapath.Route("dhcp").next_hops == ()

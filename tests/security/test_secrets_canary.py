@@ -33,6 +33,7 @@ from cryptography.fernet import Fernet
 
 from factories import new_id
 from fake_upstream import FakeUpstream, running_upstream
+from helpers import LOOPBACK_FETCH_ARGS
 from postgres_server import PostgresServer, find_binaries
 from serve_process import Server, client_at, serving
 
@@ -248,7 +249,8 @@ def loopback_pair() -> tuple[str, str]:
 
 
 def serve_args(db: str, key_file: Path | None) -> list[str]:
-    args = ["--db", db, "--log-level", "debug", "--os-definitions-dir", str(EXAMPLES), "--feed-poll-interval", "0.2"]
+    args = ["--db", db, "--log-level", "debug", "--os-definitions-dir", str(EXAMPLES), "--feed-poll-interval", "0.2",
+            *LOOPBACK_FETCH_ARGS]  # the fake package server is on loopback
     return [*args, "--private-key-file", str(key_file)] if key_file is not None else args
 
 

@@ -23,8 +23,9 @@ from imds.errors import ConfigError
 DOCS = Path(__file__).parents[2] / "docs" / "hollow.md"
 
 # hollow's quickstart.yml + quickstart-auth.yml (its docker-compose files), with lookup and templates.
+# Its CockroachDB (METADATASERVICE_CRDB_URI) is refused (test_cockroachdb_settings_are_refused): imds gets IMDS_DB.
 DEPLOYMENT = {
-    "METADATASERVICE_CRDB_URI": "postgresql://root@crdb:26257/defaultdb?sslmode=disable",
+    "IMDS_DB": "postgresql://imds:pw@db.example:5432/imds?sslmode=disable",
     "METADATASERVICE_OIDC_ENABLED": "true",
     "METADATASERVICE_OIDC_AUDIENCE": "http://127.0.0.1:8000",
     "METADATASERVICE_OIDC_ISSUER": "http://hydra:4444/",
@@ -96,8 +97,8 @@ def test_every_name_has_one_row_and_a_known_fate():
 def test_deployment_environment_resolves_to_imds_settings(runner: CliRunner):
     """A hollow deployment's variables give the imds settings of the same meaning, from the source ``hollow``."""
     rows = show(runner, DEPLOYMENT)
+    assert rows["db"] == ("postgresql://imds:***@db.example:5432/imds?sslmode=disable", "env")
     expected = {
-        "db": "postgresql://root:***@crdb:26257/defaultdb?sslmode=disable",
         "oidc_audience": "http://127.0.0.1:8000",
         "oidc_issuer": "http://hydra:4444/",
         "oidc_jwks_url": "http://hydra:4444/.well-known/jwks.json",
@@ -117,7 +118,7 @@ def test_deployment_environment_resolves_to_imds_settings(runner: CliRunner):
     assert {name: rows[name] for name in expected} == {name: (value, "hollow") for name, value in expected.items()}
     settings = load(environ=DEPLOYMENT)
     assert settings.lookup.lookup_client_secret == "s3cret"
-    assert settings.store.db == DEPLOYMENT["METADATASERVICE_CRDB_URI"]
+    assert settings.store.db == DEPLOYMENT["IMDS_DB"]
     assert [str(net) for net in settings.callers.trusted_proxy] == ["10.0.0.1/32", "10.1.0.0/16"]
     assert settings.http.listen == (("0.0.0.0", 8000),)  # noqa: S104 - hollow's default address, not a bind
 
@@ -152,7 +153,7 @@ def test_hollow_flags_parse(runner: CliRunner):
                 "--lookup-enabled", "--oidc-aud", "aud", "--oidc-jwksuri", "https://jwks/",
                 "--gin-trusted-proxies", "10.0.0.1,10.0.0.2", "--gin-trusted-proxies", "10.0.0.3",
                 "--shutdown-grace-period", "250ms", "--lookup-oidc-scopes", "a,b", "--db-enabled=true",
-                "--debug", "--pretty", "--db-uri", "postgres://u:pw@h/db")
+                "--debug", "--pretty", "--db", "postgres://u:pw@h/db")
     assert rows["lookup_url"] == ("https://env.example/", "hollow")  # the URL is the variable's
     assert rows["oidc_audience"] == ("aud", "flag")
     assert rows["oidc_jwks_url"] == ("https://jwks/", "flag")
@@ -160,7 +161,7 @@ def test_hollow_flags_parse(runner: CliRunner):
     assert rows["shutdown_timeout"] == ("0.25", "flag")
     assert rows["lookup_scope"] == ("a,b", "flag")
     assert rows["log_level"] == ("debug", "flag")
-    assert rows["db"] == ("postgres://u:***@h/db", "flag")
+    assert rows["db"] == ("postgresql://u:***@h/db", "flag")  # as imds serve uses it (libpq's alias resolved)
     shown = runner.invoke(cli, ["serve", "--help"]).output
     assert "--lookup-url" in shown
     assert [name.flag for name in ALIASED if re.search(rf"{re.escape(name.flag or '')}(?![-\w])", shown)] == []
@@ -175,7 +176,6 @@ def test_hollow_flags_parse(runner: CliRunner):
     (["--lookup-enabled=true"], {}, ("--lookup-enabled", "METADATASERVICE_LOOKUP_SERVICE_URL", "--lookup-url")),
     (["--config", "hollow.yml"], {}, ("hollow's YAML", "TOML")),
     ([], {"METADATASERVICE_SHUTDOWN_GRACE_PERIOD": "soon"}, ("METADATASERVICE_SHUTDOWN_GRACE_PERIOD", "Go duration")),
-    ([], {"METADATASERVICE_CRDB_URI": "host=crdb user=root"}, ("METADATASERVICE_CRDB_URI", "--db / IMDS_DB")),
 ])
 def test_refused_values_exit_2_naming_the_imds_equivalent(
     runner: CliRunner, args: list[str], env: dict[str, str], named: tuple[str, ...],
@@ -188,7 +188,7 @@ def test_refused_values_exit_2_naming_the_imds_equivalent(
 def test_oidc_off_with_an_imds_admin_credential_starts(runner: CliRunner):
     """The hollow quickstart (no admin auth) resolves once imds has an admin token of its own."""
     env = {"METADATASERVICE_OIDC_ENABLED": "false", "IMDS_ADMIN_TOKEN": "t",
-           "METADATASERVICE_CRDB_URI": "postgresql://root@crdb:26257/defaultdb?sslmode=disable"}
+           "IMDS_DB": "postgresql://root@db.example:5432/defaultdb?sslmode=disable"}
     assert show(runner, env)["admin_token"] == ("********", "env")
 
 
@@ -201,13 +201,31 @@ def test_lookup_url_without_lookup_enabled_is_dropped(runner: CliRunner):
     assert rows["lookup_url"] == ("https://old.example/", "hollow")
 
 
-def test_database_parts_compose_one_url(runner: CliRunner):
-    """The crdbx host, user, password and params make the --db URL when crdb.uri is unset."""
-    rows = show(runner, {"METADATASERVICE_CRDB_HOST": "crdb:26257", "METADATASERVICE_CRDB_USER": "root",
-                         "METADATASERVICE_CRDB_PASSWORD": "p@ss", "METADATASERVICE_CRDB_PARAMS": "sslmode=disable"})
-    assert rows["db"] == ("postgresql://root:***@crdb:26257/?sslmode=disable", "hollow")
-    assert load(environ={"METADATASERVICE_CRDB_USER": "root", "METADATASERVICE_CRDB_PASSWORD": "p@ss"}).store.db == (
-        "postgresql://root:p%40ss@localhost:26257/")
+@pytest.mark.parametrize(("args", "env", "named"), [
+    ([], {"METADATASERVICE_CRDB_URI": "postgresql://root@crdb:26257/defaultdb?sslmode=disable"},
+     "METADATASERVICE_CRDB_URI"),
+    ([], {"METADATASERVICE_CRDB_URI": "host=crdb user=root"}, "METADATASERVICE_CRDB_URI"),
+    ([], {"METADATASERVICE_CRDB_HOST": "crdb:26257", "METADATASERVICE_CRDB_USER": "root"}, "METADATASERVICE_CRDB_"),
+    ([], {"METADATASERVICE_CRDB_PASSWORD": "p@ss"}, "METADATASERVICE_CRDB_PASSWORD"),
+    ([], {"METADATASERVICE_CRDB_PARAMS": "sslmode=disable"}, "METADATASERVICE_CRDB_PARAMS"),
+    (["--db-uri", "postgres://u:pw@h/db"], {}, "--db-uri / METADATASERVICE_DB_URI"),
+    ([], {"METADATASERVICE_CRDB_URI": "postgresql://root@crdb/db", "IMDS_DB": "postgresql://imds@db/imds"},
+     "METADATASERVICE_CRDB_URI"),
+])
+def test_cockroachdb_settings_are_refused(runner: CliRunner, args: list[str], env: dict[str, str], named: str):
+    """Hollow CockroachDB settings stop serve, db upgrade and config show, naming LISTEN/NOTIFY and the way off."""
+    commands = (["serve"], ["config", "show"]) if args else (["serve"], ["db", "upgrade"], ["config", "show"])
+    for command in commands:  # hollow's flags are serve's (and config show's); its variables every command's
+        result = runner.invoke(cli, [*command, *args], env=env)
+        refused(result, named, "LISTEN/NOTIFY", "imds import --from-hollow", "--db / IMDS_DB")
+        assert "p@ss" not in result.output
+        assert "Traceback" not in result.output
+
+
+def test_cockroachdb_pool_sizes_stay_ignored(runner: CliRunner):
+    """The pool sizes of crdbx are harmless to drop: noted, not refused."""
+    notes = SERVE.aliases_of({}, {"METADATASERVICE_CRDB_CONNECTIONS_MAX_OPEN": "50"}).notes
+    assert any("METADATASERVICE_CRDB_CONNECTIONS_MAX_OPEN ignored" in note for note in notes), notes
 
 
 @pytest.mark.parametrize(("text", "seconds"), [("10s", 10), ("1m30s", 90), ("250ms", 0.25), ("1h", 3600),

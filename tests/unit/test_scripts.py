@@ -92,11 +92,13 @@ def test_serve_installs_once_then_starts_without_pip(tmp_path):
     calls = tmp_path / "calls.log"
     env = {"PATH": f"{shim.parent}:/usr/bin:/bin", "HOME": str(tmp_path), "CALLS": str(calls)}
 
-    def serve(*args: str) -> list[str]:
+    def serve(*args: str, status: int = 0) -> list[str]:
         before = calls.read_text().splitlines() if calls.exists() else []
         done = subprocess.run(["bash", "scripts/serve", *args], cwd=checkout, env=env, capture_output=True,
                               text=True, timeout=60, check=False)
-        assert done.returncode == 0, done.stderr
+        assert done.returncode == status, done.stderr
+        if status:
+            assert done.stderr.startswith("scripts/serve: --port takes a port number"), done.stderr
         return calls.read_text().splitlines()[len(before):]
 
     pip = "python -m pip install -q --disable-pip-version-check -e ."
@@ -109,3 +111,10 @@ def test_serve_installs_once_then_starts_without_pip(tmp_path):
     assert serve() == ["imds serve"]
     shutil.rmtree(checkout / ".venv")
     assert serve() == [pip, "imds serve"]
+    # --port N: the default's two loopback addresses on another port; everything else passes through as given.
+    ports = "--listen 127.0.0.1:8002 --listen [::1]:8002"
+    assert serve("--demo", "--port", "8002") == [f"imds serve --demo {ports}"]
+    assert serve("--port=8002", "--log-level", "debug") == [f"imds serve {ports} --log-level debug"]
+    assert serve("--listen", "127.0.0.5:9000", "--db", "memory://") == ["imds serve --listen 127.0.0.5:9000 --db memory://"]
+    for bad in (("--port",), ("--port", "http"), ("--port=0",), ("--port", "70000")):
+        assert serve("--demo", *bad, status=2) == []  # refused before imds starts

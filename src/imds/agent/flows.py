@@ -22,6 +22,13 @@ IPv6 has two metadata addresses: ``fe80::a9fe:a9fe`` (OpenStack's, cloud-init 23
 ``fd00:ec2::254`` (AWS's, which cloud-init's EC2 datasource asks, also behind a router: it is
 not link-local). The way back answers from the address the request went to.
 
+A guest told to reach 169.254.169.254 *via* an address (the DHCP port's, Neutron's scenario b)
+ARPs for that next hop first. Once the DHCP port is gone nothing would answer, so the agent
+answers ARP (and NDP, for IPv6) for each ``--metadata-next-hop`` itself, with the gateway MAC,
+on every VM port: the packets that follow are taken by the egress rule like any other (it
+matches no destination MAC). Only addresses no live port holds belong there: the answer
+takes every packet the guest sends to that address, not only metadata.
+
 ``--mode inport`` (Dragonflow's scheme) differs only in the source address: ``128.0.0.0 |
 ofport`` instead of the Meta IP, so ``imds proxy --inport`` maps it back to the OVS port.
 
@@ -70,6 +77,19 @@ class Wiring:
     vlan: int  # provider VLAN on the patch link
     gateway: Meta
     mode: Mode = "haproxy"
+    next_hops: tuple[ipaddress.IPv4Address | ipaddress.IPv6Address, ...] = ()  # answered as the gateway
+
+    @property
+    def next_hops4(self) -> list[ipaddress.IPv4Address]:
+        """The IPv4 next hops (ARP answered)."""
+        return [hop for hop in self.next_hops if isinstance(hop, ipaddress.IPv4Address)]
+
+    @property
+    def next_hops6(self) -> list[ipaddress.IPv6Address]:
+        """The IPv6 next hops (neighbour solicitations answered); none in in-port mode (IPv4 only)."""
+        if self.mode == "inport":
+            return []
+        return [hop for hop in self.next_hops if isinstance(hop, ipaddress.IPv6Address)]
 
 
 @dataclass(frozen=True)
@@ -173,6 +193,8 @@ def _port_rules(wiring: Wiring, port: PortFlows) -> list[str]:
         f"{rewrite},set_field:{gw.ip}->ip_dst,mod_vlan_vid:{wiring.vlan},output:{wiring.int_patch}"),
         f"priority={PRIORITY - 10},in_port={port.ofport},ip,nw_dst={METADATA_IP},actions=drop",
     ]
+    rules += [f"{here},arp,arp_op=1,arp_tpa={hop},actions={_arp_reply(gw.mac, hop)}" for hop in wiring.next_hops4]
+    rules += [_na_stage1(here, hop) for hop in wiring.next_hops6]
     if wiring.mode == "haproxy":
         key6 = f"NXM_NX_IPV6_DST[]={port.meta.ip6}"
         for target in METADATA_IPS6:
@@ -199,7 +221,7 @@ def integration_flows(wiring: Wiring, ports: Iterable[PortFlows]) -> list[str]:
         f"table={RETURN_TABLE},priority=0,actions=drop",
     ]
     if wiring.mode == "haproxy":
-        rules += [_na_stage2(target, wiring.gateway.mac) for target in METADATA_IPS6]
+        rules += [_na_stage2(target, wiring.gateway.mac) for target in (*METADATA_IPS6, *wiring.next_hops6)]
     return rules
 
 

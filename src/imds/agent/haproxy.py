@@ -7,7 +7,8 @@ whatever the VM sent, drops every forwarding header the VM sent (``X-Forwarded-F
 the rest of ``imds.services.identity.tokens.FORWARDING_HEADERS``), and forwards to
 ``--upstream``. Anything else gets a 404 from haproxy itself. An IMDSv2 token PUT (any
 path serve takes for the token path) carrying a forwarding header is refused by haproxy
-with serve's own answer (403, ``403 - Forbidden``), before those headers are dropped.
+with serve's own answer (403, ``403 - Forbidden``), in the VM's backend before those
+headers are dropped.
 Each port may hold at most ``--max-connections-per-source`` open connections (one counter
 per port, over its Meta IPv4 and IPv6 alike, in a stick table; sources that are no port's
 share one counter); a connection over it is closed as soon as it is accepted. The
@@ -18,6 +19,16 @@ of it, the id and the tenant, so a captured header is good only within serve's
 (``SIGNING_KEY_ENV``, base64, set by ``Haproxy`` for its child alone), never in the
 config or on disk; the config refuses to load without it. The file is kept mode 0600.
 
+Run by the agent (``Process``), haproxy's workers drop to an unprivileged user and group and
+chroot to an empty directory (the master stays root to bind and reload), and log one JSON
+line per request to the agent (``log fd@N``, a socket the agent reads and re-emits through
+its own log): the VM's port, instance id and tenant (set per backend), its Meta source
+address, method, path (``path``: never the query string, which may carry a token; never a
+body), status, bytes and timings, haproxy's termination state and, when the TLS handshake
+with serve failed, OpenSSL's reason. An ``https://`` upstream is verified against
+``--upstream-ca-file`` (else the system's CAs) and its name, and gets the client
+certificate when one is given (``UpstreamTls``).
+
 haproxy waits ``SERVER_TIMEOUT`` for serve's answer (then 504), except for a change watch
 (any ``wait_for_change`` in the query): that one may be held ``--watch-max-timeout`` plus
 the same margin (``http-request set-timeout server``), so a legitimate long poll is never
@@ -26,9 +37,9 @@ run while haproxy waits on the server, so it needs no such exception.
 
 Usage::
 
-    text = render(Frontend(...), [Backend(...)], upstream)
+    text = render(Frontend(...), [Backend(...)], upstream, Process("imds-haproxy", "/var/lib/imds/agent/empty", 7))
     proxy = Haproxy(  # imds.agent.haproxyctl
-        Path("/usr/sbin/haproxy"), state_dir, secret)
+        Path("/usr/sbin/haproxy"), state_dir, key, log_fd=7)
     proxy.apply(text)        # validates with `haproxy -c`, swaps the file, starts or reloads
 """
 
@@ -59,12 +70,27 @@ def safe_token(value: str) -> bool:
 
 
 @dataclass(frozen=True)
+class UpstreamTls:
+    """How haproxy checks an https:// ``imds serve`` and proves itself to it.
+
+    ``ca_file``: the CA bundle (None: the system's); ``certificate``: a PEM holding the client
+    certificate and its key, or one haproxy finds the key beside as ``<file>.key``; ``insecure``:
+    no verification at all.
+    """
+
+    ca_file: str | None = None
+    certificate: str | None = None
+    insecure: bool = False
+
+
+@dataclass(frozen=True)
 class Upstream:
     """Where haproxy forwards: ``imds serve``."""
 
     host: str
     port: int
     tls: bool = False
+    verify: UpstreamTls = UpstreamTls()
 
     @classmethod
     def parse(cls, url: str) -> Upstream:
@@ -78,16 +104,31 @@ class Upstream:
             port = parts.port or (443 if parts.scheme == "https" else 80)
         except ValueError as exc:
             raise ConfigError(f"--upstream: {url!r} has an invalid port") from exc
+        if not safe_token(parts.hostname) and not _is_ip(parts.hostname):
+            raise ConfigError(f"--upstream: {parts.hostname!r} is not a host name or address")
         return cls(parts.hostname, port, parts.scheme == "https")
 
     @property
     def address(self) -> str:
         """``HOST:PORT`` as haproxy's ``server`` line wants it (IPv6 in brackets)."""
-        try:
-            is_v6 = ipaddress.ip_address(self.host).version == 6
-        except ValueError:
-            is_v6 = False
-        return f"[{self.host}]:{self.port}" if is_v6 else f"{self.host}:{self.port}"
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+@dataclass(frozen=True)
+class Process:
+    """How the agent runs haproxy: the workers' user (and its group), their chroot, the log socket's fd."""
+
+    user: str
+    chroot: str
+    log_fd: int
 
 
 @dataclass(frozen=True)
@@ -100,6 +141,7 @@ class Frontend:
     max_connections_per_source: int = 32
     watch_max_timeout: int = 300  # imds serve's --watch-max-timeout
     server_timeout: int = SERVER_TIMEOUT
+    host: str | None = None  # this host's name when signing with its own key (X-Instance-Host)
 
 
 @dataclass(frozen=True)
@@ -118,23 +160,53 @@ def _bind(frontend: Frontend, address: str) -> str:
     return f"    bind {shown}:{frontend.port}{namespace}"
 
 
+def _server(upstream: Upstream) -> str:
+    """The ``server`` line: plain, or TLS verified against the CA and serve's name (the SNI haproxy sends)."""
+    line = f"    server imds {upstream.address}"
+    if not upstream.tls:
+        return line
+    tls = upstream.verify
+    if tls.insecure:
+        line += " ssl verify none"
+    else:
+        line += f" ssl verify required ca-file {tls.ca_file or '@system-ca'}"
+        # haproxy matches a name against the certificate's DNS names only: an address is not checked.
+        line += "" if _is_ip(upstream.host) else f" verifyhost {upstream.host}"
+    line += "" if _is_ip(upstream.host) else f" sni str({upstream.host})"
+    return line + (f" crt {tls.certificate}" if tls.certificate else "")
+
+
+def _identity_vars(backend: Backend) -> list[str]:
+    """What the request log names: the instance, its tenant and its OVS port (``txn.imds_*``)."""
+    found = [f"    http-request set-var(txn.imds_id) str({backend.instance_id})"]
+    if backend.tenant:
+        found.append(f"    http-request set-var(txn.imds_tenant) str({backend.tenant})")
+    if safe_token(backend.name):
+        found.append(f"    http-request set-var(txn.imds_port) str({backend.name})")
+    return found
+
+
 def _backend(index: int, backend: Backend, upstream: Upstream, frontend: Frontend) -> list[str]:
-    tls = " ssl verify required ca-file @system-ca sni str(" + upstream.host + ")" if upstream.tls else ""
     tenant = (
         f"    http-request set-header X-Tenant-ID {backend.tenant}"
         if backend.tenant
         else "    http-request del-header X-Tenant-ID"
     )
+    host = (f"    http-request set-header X-Instance-Host {frontend.host}" if frontend.host
+            else "    http-request del-header X-Instance-Host")
     return [
         f"backend vm{index}",
         f"    # port {backend.name}",
+        *_identity_vars(backend),
+        _token_put_through_a_proxy(),
         f"    http-request set-header X-Instance-ID {backend.instance_id}",
-        *_signature(backend),
+        *_signature(backend, frontend.host),
         tenant,
+        host,
         *(f"    http-request del-header {name}" for name in FORWARDING_HEADERS),
         f"    http-request del-header {FORWARDING_PREFIX} -m beg",
         _watch_timeout(frontend),
-        f"    server imds {upstream.address}{tls}",
+        _server(upstream),
         "",
     ]
 
@@ -149,12 +221,13 @@ def _signing_key() -> list[str]:
     ]
 
 
-def _signature(backend: Backend) -> list[str]:
-    r"""Stamp the request with haproxy's clock and sign ``"<date>\n<id>\n<tenant>"`` (``imds.signing``).
+def _signature(backend: Backend, host: str | None) -> list[str]:
+    r"""Stamp the request with haproxy's clock and sign ``"<date>\n<id>\n<tenant>[\n<host>]"`` (``imds.signing``).
 
     The date is taken once per request (``txn.imds_ts``), so the header and the signature agree.
+    With a host key (``host``), the host ends the message, as ``X-Instance-Host`` says it.
     """
-    rest = f"\\n{backend.instance_id}\\n{backend.tenant or ''}"
+    rest = f"\\n{backend.instance_id}\\n{backend.tenant or ''}" + (f"\\n{host}" if host else "")
     return [
         "    http-request set-var(txn.imds_ts) date",
         "    http-request set-header X-Instance-ID-Timestamp %[var(txn.imds_ts)]",
@@ -189,30 +262,71 @@ def _per_source_cap(ports: int, limit: int) -> list[str]:
     ]
 
 
-def _token_put_through_a_proxy() -> list[str]:
-    """Refuse a token PUT that carries a forwarding header, as serve would (the backends drop those headers).
+def _token_put_through_a_proxy() -> str:
+    """Refuse a token PUT that carries a forwarding header, as serve would (the backend then drops those headers).
 
     The path is matched decoded (``path,url_dec``), as serve sees it; header names
-    (``req.hdr_names``) match whatever their case and value, an empty one included.
+    (``req.hdr_names``) match whatever their case and value, an empty one included. In the
+    VM's backend, so the refusal is logged with the VM's id like any other request.
     """
     names = "|".join([*FORWARDING_HEADERS, FORWARDING_PREFIX + "[^,]*"])
     status, content_type, body = TOKEN_REFUSED
     refuse = f'http-request return status {status} content-type "{content_type}" string "{body}"'
+    token_path = f"{{ path,url_dec -m reg '^{TOKEN_PATH_PATTERN}\\z' }}"
+    forwarding = f"{{ req.hdr_names -m reg -i (^|,)({names})(,|$) }}"
+    return f"    {refuse} if METH_PUT {token_path} {forwarding}"
+
+
+# One JSON object per request (haproxy's log-format): the agent parses and re-emits it.
+# Every string value is a token the agent checked, an address, or passed through json().
+_LOG_FIELDS = (
+    ('"port"', '"%[var(txn.imds_port)]"'), ('"instance_id"', '"%[var(txn.imds_id)]"'),
+    ('"tenant"', '"%[var(txn.imds_tenant)]"'), ('"source"', '"%ci"'), ('"method"', '"%HM"'),
+    ('"path"', '"%[var(txn.imds_path),json(utf8s)]"'), ('"status"', "%ST"), ('"bytes"', "%B"),
+    ('"request_ms"', "%TR"), ('"connect_ms"', "%Tc"), ('"response_ms"', "%Tr"), ('"total_ms"', "%Ta"),
+    ('"termination"', '"%tsc"'), ('"tls_error"', '"%[ssl_bc_err_str,json(utf8s)]"'),
+)
+LOG_FORMAT = "{" + ",".join(f"{name}:{value}" for name, value in _LOG_FIELDS) + "}"
+LOG_LENGTH = 4096  # bytes of one log line (a longer path is cut, and the line re-emitted as text)
+
+
+def _global(process: Process | None) -> list[str]:
+    """``global``: the connection cap, the signing key, and (run by the agent) user, chroot and log."""
+    lines = ["global", "    maxconn 4096", *_signing_key()]
+    if process is not None:
+        lines += [
+            f"    user {process.user}",
+            f"    group {process.user}",
+            f"    chroot {process.chroot}",
+            f"    log fd@{process.log_fd} len {LOG_LENGTH} format raw local0 info",
+        ]
+    return lines
+
+
+def _logging(process: Process | None) -> list[str]:
+    """The frontend's request log (only when there is a log target) and the path it names."""
+    if process is None:
+        return []
     return [
-        f"    acl token_path path,url_dec -m reg '^{TOKEN_PATH_PATTERN}\\z'",
-        f"    acl forwarding req.hdr_names -m reg -i (^|,)({names})(,|$)",
-        f"    {refuse} if METH_PUT token_path forwarding",
+        "    log global",
+        "    option dontlognull",
+        f"    log-format '{LOG_FORMAT}'",
+        "    http-request set-var(txn.imds_path) path",
     ]
 
 
-def render(frontend: Frontend, backends: Sequence[Backend], upstream: Upstream) -> str:
-    """The whole haproxy config; the same inputs always give the same text (backends sorted by name)."""
+def render(
+    frontend: Frontend, backends: Sequence[Backend], upstream: Upstream, process: Process | None = None
+) -> str:
+    """The whole haproxy config; the same inputs always give the same text (backends sorted by name).
+
+    ``process``: how the agent runs it (unprivileged, chrooted, logging to the agent); None for a
+    config run by hand or in a test, as root, without a request log.
+    """
     ordered = sorted(backends, key=lambda b: b.name)
     lines = [
         "# Written by imds agent: regenerated whenever the VM ports change. Do not edit.",
-        "global",
-        "    maxconn 4096",
-        *_signing_key(),
+        *_global(process),
         "",
         "defaults",
         "    mode http",
@@ -224,10 +338,10 @@ def render(frontend: Frontend, backends: Sequence[Backend], upstream: Upstream) 
         "",
         "frontend metadata",
         *(_bind(frontend, address) for address in frontend.addresses),
+        *_logging(process),
     ]
     lines += [f"    acl vm{index} src {' '.join(backend.sources)}" for index, backend in enumerate(ordered)]
     lines += _per_source_cap(len(ordered), frontend.max_connections_per_source)
-    lines += _token_put_through_a_proxy()
     lines += [f"    use_backend vm{index} if vm{index}" for index in range(len(ordered))]
     lines += [
         "    default_backend unknown",

@@ -18,10 +18,14 @@ from imds.errors import HaproxyFailed
 
 
 class Haproxy:
-    """One haproxy master (``-W -S master.sock``) run as a child of the agent, config under ``state_dir``."""
+    """One haproxy master (``-W -S master.sock``) run as a child of the agent, config under ``state_dir``.
 
-    def __init__(self, binary: str, state_dir: Path, secret: bytes) -> None:
+    ``log_fd``: the agent's end of the request-log socket haproxy inherits (``Process.log_fd``).
+    """
+
+    def __init__(self, binary: str, state_dir: Path, secret: bytes, *, log_fd: int | None = None) -> None:
         self.binary = binary
+        self._pass_fds = () if log_fd is None else (log_fd,)
         # haproxy's environment: ours plus the signing key (never logged, never on disk).
         self._env = {**os.environ, SIGNING_KEY_ENV: base64.b64encode(secret).decode()}
         self.state_dir = state_dir.resolve()
@@ -38,7 +42,7 @@ class Haproxy:
         try:
             result = subprocess.run(  # noqa: S603 - the configured haproxy binary on our own file
                 [self.binary, "-c", "-q", "-f", str(candidate)],
-                capture_output=True, text=True, timeout=30, check=False, env=self._env,
+                capture_output=True, text=True, timeout=30, check=False, env=self._env, pass_fds=self._pass_fds,
             )
         except OSError as exc:
             raise HaproxyFailed(f"cannot run {self.binary}: {exc.strerror}") from exc
@@ -72,6 +76,7 @@ class Haproxy:
             self.process = subprocess.Popen(  # noqa: S603 - the configured haproxy binary
                 [self.binary, "-W", "-S", f"{self.socket},mode,600", "-f", str(self.config)],
                 stdin=subprocess.DEVNULL, stdout=sink, stderr=subprocess.STDOUT, env=self._env,
+                pass_fds=self._pass_fds,
             )
         self._wait_worker(exclude=set())
 

@@ -7,6 +7,10 @@ render haproxy's config (reloaded only when the text changed). ``Agent.run`` cal
 ``ovsdb-client monitor`` reports a change, and every ``check_interval`` counts the agent's
 rules on both bridges: a restarted ovs-vswitchd has none, so they are put back (and
 tap-meta moved back into its namespace).
+
+haproxy runs unprivileged (``imds.agent.haproxyproc``: its workers as ``--haproxy-user``,
+chrooted to an empty directory) and its request log comes back through
+``imds.agent.requestlog`` into the agent's own log.
 """
 
 from __future__ import annotations
@@ -22,12 +26,15 @@ from imds import log
 from imds.agent import flows
 from imds.agent.allocate import Meta, Pool, allocate
 from imds.agent.command import run
-from imds.agent.haproxy import Backend, Frontend, Upstream, render, safe_token
+from imds.agent.haproxy import Backend, Frontend, render, safe_token
 from imds.agent.haproxyctl import Haproxy
+from imds.agent.haproxyproc import process_of, upstream_of
 from imds.agent.metaport import MetaPort
 from imds.agent.ovsdb import Ovsdb, Snapshot, VmPort
+from imds.agent.requestlog import RequestLog
 from imds.config import AgentSettings
 from imds.errors import AgentError, OvsCommandFailed
+from imds.signing import SigningKey
 
 PATCH_INT = "imds-int-patch"  # on the integration bridge
 PATCH_META = "imds-meta-patch"  # on the metadata bridge
@@ -55,11 +62,10 @@ class _Applied:
 class Agent:
     """One host's agent. ``resync()`` once, or ``run()`` until SIGTERM."""
 
-    def __init__(self, settings: AgentSettings, secret: bytes) -> None:
+    def __init__(self, settings: AgentSettings, key: SigningKey) -> None:
         self.settings = settings
-        self.secret = secret
+        self.key = key
         self.pool = Pool.parse(settings.provider_cidr, settings.provider_cidr6, settings.provider_base_mac)
-        self.upstream = Upstream.parse(settings.upstream)
         self.ovsdb = Ovsdb(settings.ovsdb)
         self.log = log.get("agent")
         gw = self.pool.gateway
@@ -70,9 +76,17 @@ class Agent:
             f"{gw.ip}/{self.pool.cidr.prefixlen}",
             None if inport else f"{gw.ip6}/{self.pool.cidr6.prefixlen}",
             (f"{flows.INPORT_BASE}/16",) if inport else (),
+            table=settings.inport_route_table,
         )
         settings.state_dir.mkdir(parents=True, exist_ok=True)
-        self.haproxy = None if inport else Haproxy(settings.haproxy_bin, Path(settings.state_dir), secret)
+        self.upstream = upstream_of(settings)
+        self.haproxy: Haproxy | None = None
+        self.requests: RequestLog | None = None
+        if not inport:
+            self.requests = RequestLog(self.log, enabled=settings.log_level in ("debug", "info"))
+            self.process = process_of(settings, self.requests.haproxy_end)
+            self.haproxy = Haproxy(settings.haproxy_bin, Path(settings.state_dir), key.secret,
+                                   log_fd=self.requests.haproxy_end)
         self.applied = _Applied()
 
     # -- the metadata bridge, patch ports and tap-meta -------------------------------------------
@@ -127,6 +141,7 @@ class Agent:
             vlan=self.settings.provider_vlan_id,
             gateway=self.pool.gateway,
             mode="inport" if self.settings.mode == "inport" else "haproxy",
+            next_hops=self.settings.metadata_next_hop,
         )
         ports = [flows.PortFlows(s.port.ofport, s.port.mac, s.meta) for s in served]
         self._install(self.settings.integration_bridge, flows.integration_flows(wiring, ports), force=force)
@@ -198,8 +213,8 @@ class Agent:
         gw = self.pool.gateway
         frontend = Frontend((str(gw.ip), str(gw.ip6)), namespace=self.settings.meta_netns,
                             max_connections_per_source=self.settings.max_connections_per_source,
-                            watch_max_timeout=self.settings.watch_max_timeout)
-        if self.haproxy.apply(render(frontend, backends, self.upstream)):
+                            watch_max_timeout=self.settings.watch_max_timeout, host=self.key.host)
+        if self.haproxy.apply(render(frontend, backends, self.upstream, self.process)):
             self.log.info("agent.haproxy_applied", backends=len(backends))
 
     # -- watching ----------------------------------------------------------------------------------
@@ -221,6 +236,8 @@ class Agent:
         selector = selectors.DefaultSelector()
         next_check = 0.0
         dirty, force = True, True
+        if self.requests is not None:
+            self.requests.start()
         try:
             while True:
                 if monitor is None or monitor.poll() is not None:
@@ -238,11 +255,18 @@ class Agent:
                     next_check = time.monotonic() + self.settings.check_interval
                     force = force or not self._check()
         finally:
-            if monitor is not None:
-                monitor.terminate()
-                monitor.wait(timeout=10)
-            if self.haproxy is not None:
-                self.haproxy.stop()
+            self._shutdown(monitor)
+
+    def _shutdown(self, monitor: subprocess.Popen[bytes] | None) -> None:
+        """Stop what ``run`` started: the monitor, haproxy, the request log; in-port mode's routing."""
+        if monitor is not None:
+            monitor.terminate()
+            monitor.wait(timeout=10)
+        if self.haproxy is not None:
+            self.haproxy.stop()
+        if self.requests is not None:
+            self.requests.stop()
+        self.meta_port.teardown()  # in-port mode's rules and table: nothing of ours stays in the routing
 
     def _attempt(self, *, force: bool) -> tuple[bool, bool]:
         """One resync; on failure log it and keep (dirty, force) so the next tick retries."""

@@ -12,6 +12,7 @@ from imds.cli.configdrive import configdrive
 from imds.cli.db import db
 from imds.cli.events import events
 from imds.cli.explain import explain
+from imds.cli.hostkey import host_key_command
 from imds.cli.lab import lab
 from imds.cli.proxy import proxy
 from imds.cli.serve import serve
@@ -48,6 +49,7 @@ cli.add_command(transfer.import_)
 cli.add_command(export.export)
 cli.add_command(agent)
 cli.add_command(proxy)
+cli.add_command(host_key_command)  # imds host-key HOST
 cli.add_command(events)
 cli.add_command(explain)  # imds explain IP|ID
 cli.add_command(config)  # imds config show

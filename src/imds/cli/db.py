@@ -28,7 +28,7 @@ def db() -> None:
 @settings_options(_DB_OPTIONS)
 @click.option("--revision", default="head", show_default=True, help="Target revision.")
 def upgrade(revision: str, **flags: Any) -> None:
-    """Apply migrations up to REVISION (creates an SQLite file if needed)."""
+    """Apply migrations up to REVISION (creates an SQLite file, and its directories, if needed)."""
     from imds.services import schema  # noqa: PLC0415 - Alembic loads only for db commands
 
     try:

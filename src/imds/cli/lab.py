@@ -13,6 +13,16 @@ from imds.errors import LabError
 
 CHOICES_FLAVOR = ("ec2", "openstack", "nocloud", "configdrive")
 ROUTES = ("onlink", "dhcp", "gateway")  # imds.lab.flavors.ROUTES (not imported: the lab loads only when it runs)
+SUITES = ("bookworm", "trixie", "sid")  # imds.lab.image.SUITES
+
+
+def _recipe_options(command: Any) -> Any:
+    """``--suite`` and ``--package``: which image recipe (each its own cached image)."""
+    command = click.option("--package", "packages", multiple=True, metavar="NAME",
+                           help="One more Debian package in the image (repeatable; part of the cache key).")(command)
+    return click.option("--suite", type=click.Choice(SUITES), default="bookworm", show_default=True,
+                        help="The Debian suite the image is built from: bookworm (cloud-init 22.4), "
+                             "trixie (25.1) or sid.")(command)
 
 
 def default_image_dir() -> Path:
@@ -30,7 +40,9 @@ def _options(options: Any, flags: dict[str, Any], chosen: Any, userdata: bytes |
     return options(
         flags["flavor"], flags["out"], flags["hostname"], chosen, userdata, flags["marker"], flags["timeout"],
         flags["accel"], IDENTIFY[flags["identify"]], flags["url"], flags["admin_token"], flags["shared_secret_file"],
-        flags["imdsv2"], flags["ipv6_only"], flags["route"], flags["ganeti_install"],
+        flags["imdsv2"], flags["ipv6_only"], flags["route"], flags["ganeti_install"], flags["suite"],
+        flags["network_data"], flags["device_tags"] or flags["hotplug"], flags["hotplug"],
+        dhcp_gone=flags["dhcp_gone"],
     )
 
 
@@ -48,14 +60,15 @@ def image() -> None:
 @click.option("--out", "out", type=click.Path(file_okay=False, path_type=Path), default=default_image_dir,
               show_default="$XDG_CACHE_HOME/imds-lab", help="Cache directory: one subdirectory per recipe.")
 @click.option("--mirror", default=None, help="Debian mirror URL for mmdebstrap (default: its own).")
-def image_build(out: Path, mirror: str | None) -> None:
+@_recipe_options
+def image_build(out: Path, mirror: str | None, suite: str, packages: tuple[str, ...]) -> None:
     """Build the guest image unless the current recipe's is already in OUT; print its path."""
-    from imds.lab.image import build  # noqa: PLC0415 - loads only when the lab runs
+    from imds.lab.image import Recipe, build  # noqa: PLC0415 - loads only when the lab runs
     from imds.lab.run import cleaned_up  # noqa: PLC0415
 
     try:
         with cleaned_up():  # SIGTERM unwinds like Ctrl-C: mmdebstrap is stopped, the half-built tree removed
-            built = build(out, mirror, _say)
+            built = build(out, mirror, _say, Recipe(suite, packages))
     except LabError as exc:
         raise click.ClickException(exc.message) from exc
     click.echo(built.disk.parent)
@@ -88,15 +101,28 @@ IDENTIFY = {"forced": "cmdline", "cmdline": "cmdline", "smbios": "smbios"}
                    "'cmdline' is the same), or the cloud's SMBIOS fields alone.")
 @click.option("--ipv6-only", is_flag=True, default=False,
               help="No IPv4 in the guest: router advertisements (SLAAC) and DHCPv6; metadata at [fd00:ec2::254].")
+@click.option("--network-data", type=click.Choice(("static", "dhcp")), default="static", show_default=True,
+              help="What the guest's record says of its subnet: static addresses with the way to metadata --route "
+                   "set up, or that the subnet has DHCP (network_data.json then says ipv4_dhcp, as Nova's).")
 @click.option("--route", type=click.Choice(ROUTES), default=None, show_default="the flavor's: gateway for ec2, "
-              "else onlink", help="How DHCP gives the way to 169.254.169.254: a default route to the lab's router "
+              "else dhcp", help="How DHCP gives the way to 169.254.169.254: a default route to the lab's router "
               "(gateway), option 121 via the DHCP port (dhcp) or on-link (onlink).")
+@click.option("--dhcp-gone", is_flag=True, default=False,
+              help="With --route dhcp: remove the DHCP port once the guest has its lease; the agent answers ARP "
+                   "for its address (--metadata-next-hop), as after an upgrade that dropped the DHCP ports.")
 @click.option("--ganeti-install", is_flag=True, default=False,
               help="The guest also installs an OS image onto a second, empty disk through the Ganeti paths "
                    "(imds-guest ganeti install); not with configdrive or --url.")
+@click.option("--device-tags", is_flag=True, default=False,
+              help="A tagged NIC and data disk in the record; the guest applies the tags with imds-guest udev "
+                   "(openstack or configdrive).")
+@click.option("--hotplug", is_flag=True, default=False,
+              help="After the boot: a NIC and a tagged disk attached to the running guest (QMP) and the record, "
+                   "configured by cloud-init's hotplug, then detached (openstack, IPv4; implies --device-tags).")
 @click.option("--marker", default="LAB-MARKER", show_default=True, help="The line the userdata prints.")
 @click.option("--imdsv2", type=click.Choice(("required", "optional")), default="required", show_default=True,
               help="The lab's own server: EC2 tokens required or optional.")
+@_recipe_options
 def boot(**flags: Any) -> None:
     """Boot one guest through the datapath; exit 0 when cloud-init applied its hostname and userdata."""
     from imds.lab import image as images  # noqa: PLC0415 - loads only when the lab runs
@@ -111,7 +137,9 @@ def boot(**flags: Any) -> None:
         if reason:  # at once: no image build, no boot
             raise click.UsageError(reason)
         with cleaned_up():  # SIGTERM during a build unwinds like Ctrl-C
-            chosen = images.Image(image_file.resolve()) if image_file else images.build(flags["image_dir"], None, _say)
+            recipe = images.Recipe(flags["suite"], flags["packages"])
+            chosen = (images.Image(image_file.resolve()) if image_file else
+                      images.build(flags["image_dir"], None, _say, recipe))
         result = run_boot(_options(Options, flags, chosen, userdata.read_bytes() if userdata else None), _say)
     except LabError as exc:
         raise click.ClickException(exc.message) from exc

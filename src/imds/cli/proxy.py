@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 import click
@@ -16,7 +15,8 @@ from imds.errors import ConfigError
 from imds.proxy.forward import ForwardPolicy, ProxyApp
 from imds.proxy.identify import Identifier
 from imds.proxy.mapfile import MapIdentifier
-from imds.signing import read_secret
+from imds.proxy.upstream import tls_context
+from imds.signing import signing_key
 
 
 def identifier_for(settings: ProxySettings) -> Identifier:
@@ -33,9 +33,21 @@ def identifier_for(settings: ProxySettings) -> Identifier:
 
 
 def build(settings: ProxySettings) -> ProxyApp:
-    """The proxy app for ``settings``; the secret is read here, once, and never logged."""
-    secret = read_secret(settings.shared_secret_file, "--shared-secret-file")
-    return ProxyApp(identifier_for(settings), secret, settings.fill(ForwardPolicy))
+    """The proxy app for ``settings``; the key is read here, once, and never logged."""
+    logger = log.get("proxy")
+    key = signing_key(shared_secret_file=settings.shared_secret_file, host_key_file=settings.host_key_file,
+                      host_name=settings.host_name)
+    if key.host is None:
+        logger.warning("proxy.shared_secret", mode="one secret for every host",
+                       advice="sign with this host's own key: --host-key-file and --host-name")
+    tls = None
+    if settings.upstream.lower().startswith("https://"):
+        tls = tls_context(ca_file=settings.upstream_ca_file, cert_file=settings.upstream_cert_file,
+                          key_file=settings.upstream_key_file, insecure=settings.upstream_insecure)
+        if settings.upstream_insecure:
+            logger.warning("proxy.upstream_insecure", upstream=settings.upstream,
+                           reason="--upstream-insecure: the upstream's certificate is not verified")
+    return ProxyApp(identifier_for(settings), key, settings.fill(ForwardPolicy), tls=tls)
 
 
 def run(settings: ProxySettings) -> None:
@@ -65,9 +77,7 @@ def run(settings: ProxySettings) -> None:
 def proxy(**flags: Any) -> None:
     """Per-host proxy: identify the calling VM, sign its id, forward to imds serve."""
     settings = resolve_command(PROXY, flags)
-    log.configure(settings.log_level)
-    # httpx narrates every forwarded request at INFO: that is an access log, which the proxy does not keep.
-    logging.getLogger("httpx").setLevel(logging.WARNING)
+    log.configure(settings.log_level)  # httpx's line per forwarded request stays off (an access log)
     try:
         run(settings)
     except ConfigError as exc:

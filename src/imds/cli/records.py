@@ -72,7 +72,7 @@ class Target:
         from imds.services import schema  # noqa: PLC0415 - Alembic loads only when a database is used
 
         try:
-            schema.upgrade(self.db_url)
+            schema.upgrade(self.db_url, data_dir=self.settings.store.data_dir)
         except ImdsError as exc:
             raise click.ClickException(exc.message) from exc
 

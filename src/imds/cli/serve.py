@@ -62,7 +62,7 @@ def run(settings: Settings) -> None:
     if settings.store.migrate and not settings.store.db.startswith("memory://"):
         from imds.services import schema  # noqa: PLC0415 - Alembic loads only when a database is used
 
-        schema.upgrade(settings.store.db)
+        schema.upgrade(settings.store.db, data_dir=settings.store.data_dir)  # a typo in --db is no new database
         logger.info("db.migrated", db=settings.store.db.split(":", 1)[0])
     servers.quiet_server_floods()
     listen = listen_addresses(settings)

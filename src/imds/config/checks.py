@@ -7,15 +7,19 @@ the other values and the environment before the checks run.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from imds.config.agent import AGENT_MODES
-from imds.config.option import redact_url
+from imds.config.database import DatabaseUrlError, parse_database
+from imds.config.hostside import check_host_side
 from imds.config.resolve import Values
 from imds.config.serve import IMDSV2_MODES, MIN_HEADER_BYTES, SERVERS
 from imds.errors import ConfigError
+
+_SQLITE_URL = re.compile(r"sqlite(\+\w+)?:///.+", re.DOTALL)
 
 
 def _positive(value: float) -> bool:
@@ -29,10 +33,10 @@ def store_location(values: Mapping[str, Any], env: Mapping[str, str]) -> dict[st
     db_url = values["db"] or f"sqlite:///{data_dir / 'imds.db'}"
     if db_url.startswith("postgres://"):  # Heroku's and libpq's alias; SQLAlchemy knows only postgresql://
         db_url = "postgresql://" + db_url.removeprefix("postgres://")
-    if not db_url.startswith(("sqlite", "postgresql", "memory://")):
-        msg = (f"--db / IMDS_DB: unsupported database URL scheme in {redact_url(db_url)!r} "
-               "(use sqlite:///PATH, postgresql://USER:PASS@HOST:PORT/DB or memory://)")
-        raise ConfigError(msg)
+    try:
+        parse_database(db_url)  # the one parse of --db: refused here, once, in one line
+    except DatabaseUrlError as exc:
+        raise ConfigError(f"--db / IMDS_DB: {exc.message}") from exc
     return {"data_dir": data_dir, "db": db_url}
 
 
@@ -93,15 +97,17 @@ def check_http(values: Values) -> None:
 
 
 def check_callers(values: Values) -> None:
-    """Rate limit bounds, a positive signature window; the previous proxy secret only beside a current one."""
+    """Rate limit bounds, a positive signature window; a previous proxy or fleet secret only beside a current one."""
     values.require(("rate_limit", "rate_burst", "max_requests_per_source"), lambda n: n >= 0, "must be zero or more")
     values.require(("proxy_signature_window",), _positive, "must be positive")
     if values["rate_limit"] and values["rate_burst"] < 1:
         msg = "--rate-burst / IMDS_RATE_BURST must be at least 1 when --rate-limit is on"
         raise ConfigError(msg)
-    if values["proxy_previous_secret_file"] is not None and values["proxy_shared_secret_file"] is None:
-        msg = "--proxy-previous-secret-file / IMDS_PROXY_PREVIOUS_SECRET_FILE needs --proxy-shared-secret-file"
-        raise ConfigError(msg)
+    for previous, current in (("proxy_previous_secret_file", "proxy_shared_secret_file"),
+                              ("proxy_previous_fleet_secret_file", "proxy_fleet_secret_file")):
+        if values[previous] is not None and values[current] is None:
+            msg = f"--{previous.replace('_', '-')} / IMDS_{previous.upper()} needs --{current.replace('_', '-')}"
+            raise ConfigError(msg)
 
 
 def check_admin(values: Values) -> None:
@@ -123,7 +129,12 @@ def check_channel(values: Values) -> None:
 
 
 def check_store(values: Values) -> None:
-    """Database timeouts are positive."""
+    """An SQLite URL has its path after three slashes; database timeouts are positive."""
+    db = values["db"]
+    if db.startswith("sqlite") and not _SQLITE_URL.fullmatch(db):
+        msg = (f"--db / IMDS_DB: {db!r} is not an SQLite URL: the path follows three slashes "
+               "(sqlite:///relative/path.db, sqlite:////absolute/path.db)")
+        raise ConfigError(msg)
     values.require(("db_connect_timeout", "db_statement_timeout"), _positive, "must be positive")
 
 
@@ -134,14 +145,12 @@ SERVE_CHECKS = (check_limits, check_ec2, check_lookup, check_http, check_callers
 # --- imds proxy and imds agent --------------------------------------------------------------
 
 def check_proxy(values: Values) -> None:
-    """An http:// upstream, the shared secret, exactly one identification mode, positive limits."""
+    """An http(s):// upstream, one signing mode, exactly one identification mode, positive limits."""
     upstream = values["upstream"]
-    if not upstream or not upstream.lower().startswith("http://"):
-        msg = "--upstream / IMDS_PROXY_UPSTREAM: an http://HOST:PORT URL of imds serve is required"
+    if not upstream or not upstream.lower().startswith(("http://", "https://")):
+        msg = "--upstream / IMDS_PROXY_UPSTREAM: an http://HOST:PORT or https://HOST:PORT URL of imds serve is required"
         raise ConfigError(msg)
-    if values["shared_secret_file"] is None:
-        msg = "--shared-secret-file / IMDS_PROXY_SHARED_SECRET_FILE is required"
-        raise ConfigError(msg)
+    check_host_side(values)
     if (values["map"] is None) == (not values["inport"]):
         msg = "exactly one identification mode is required: --map FILE, or --ovsdb unix:PATH --inport"
         raise ConfigError(msg)
@@ -154,11 +163,15 @@ def check_proxy(values: Values) -> None:
 
 
 def check_agent(values: Values) -> None:
-    """The upstream and secret, a known mode, a valid VLAN, positive intervals, Linux-sized port names."""
-    values.require(("upstream", "shared_secret_file"), lambda value: value is not None, "is required")
+    """The upstream, one signing mode, a known mode, a valid VLAN, positive intervals, Linux-sized port names."""
+    values.require(("upstream",), lambda value: value is not None, "is required")
+    check_host_side(values)
     if values["mode"] not in AGENT_MODES:
         raise ConfigError(f"--mode / IMDS_AGENT_MODE: {values['mode']!r} is not one of {', '.join(AGENT_MODES)}")
     values.require(("provider_vlan_id",), lambda vlan: 1 <= vlan <= 4094, "must be 1 to 4094")
+    # Below the main table's rule (32766), above 0 (local): a table of its own for in-port mode.
+    values.require(("inport_route_table",), lambda table: 1 <= table <= 32765 and table not in (253, 254, 255),
+                   "must be 1 to 32765, not a reserved table (253-255)")
     values.require(("check_interval", "max_connections_per_source", "watch_max_timeout"), _positive, "must be positive")
     for name in ("meta_port", "integration_bridge", "metadata_bridge"):
         if not 0 < len(values[name]) <= 15:

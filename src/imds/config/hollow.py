@@ -7,11 +7,13 @@ name hollow documents or reads (its own flags, those of the libraries it registe
 loggingx, and the names of earlier releases), each with its fate:
 
 - ``honour``: the same meaning as an imds option (``imds``); its value is translated where the
-  spellings differ (a Go duration to seconds, ``--debug`` to a log level, the database settings
-  to one ``--db`` URL).
+  spellings differ (a Go duration to seconds, ``--debug`` to a log level).
 - ``ignore``: harmless to drop (pool sizes, retries, log format); ``imds serve`` logs a note.
 - ``refuse``: a value imds cannot honour stops ``imds serve`` at start (exit 2) with a message
-  naming the hollow name and the imds equivalent; other values of it are ignored.
+  naming the hollow name and the imds equivalent; other values of it are ignored. Every
+  database setting (``crdb.uri`` and its parts) is refused: they name hollow's CockroachDB,
+  which has no ``LISTEN``/``NOTIFY`` for imds's change feed; the way off is ``imds import
+  --from-hollow``.
 
 ``hollow_aliases`` turns hollow's flags (hidden ``imds serve`` options) and ``METADATASERVICE_*``
 variables into imds values: the resolver ranks them flag > ``IMDS_*`` > ``METADATASERVICE_*`` >
@@ -24,7 +26,6 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
-from urllib.parse import quote
 
 from imds.config.resolve import Aliases, Values
 from imds.config.serve import OPTIONS
@@ -75,7 +76,8 @@ def _h(flag: str | None, key: str, fate: Fate, imds: str, *note_kind: str) -> Ho
     return HollowName(flag, key, fate, imds, note, kind)  # type: ignore[arg-type]
 
 
-_DB_PARTS = "composed into one --db URL (postgresql://USER:PASSWORD@HOST/?PARAMS) when crdb.uri is unset"
+_CRDB = ("refused: hollow's CockroachDB has no LISTEN/NOTIFY, which imds's change feed needs; give --db a "
+         "PostgreSQL (or SQLite) URL and copy hollow's records with imds import --from-hollow DSN")
 _TRACE = "imds has no OpenTelemetry tracing: ignored (tracing itself, --tracing, is refused)"
 
 HOLLOW: tuple[HollowName, ...] = (
@@ -87,11 +89,8 @@ HOLLOW: tuple[HollowName, ...] = (
     _h("--debug", "logging.debug", "honour", "log_level", "true: --log-level debug", "bool"),
     _h("--pretty", "logging.pretty", "ignore", "log_level", "imds logs one JSON object per line", "bool"),
     # crdbx: the database
-    _h(None, "crdb.uri", "honour", "db", "postgres:// and postgresql:// URLs as they are (sslmode kept)"),
-    _h(None, "crdb.host", "honour", "db", _DB_PARTS),
-    _h(None, "crdb.user", "honour", "db", _DB_PARTS),
-    _h(None, "crdb.password", "honour", "db", _DB_PARTS),
-    _h(None, "crdb.params", "honour", "db", _DB_PARTS),
+    *(_h(None, key, "refuse", "db", _CRDB) for key in ("crdb.uri", "crdb.host", "crdb.user", "crdb.password",
+                                                       "crdb.params")),
     _h(None, "crdb.connections.max_open", "ignore", "db", "imds sizes its own pool"),
     _h(None, "crdb.connections.max_idle", "ignore", "db", "imds sizes its own pool"),
     _h(None, "crdb.connections.max_lifetime", "ignore", "db", "imds sizes its own pool"),
@@ -148,7 +147,7 @@ HOLLOW: tuple[HollowName, ...] = (
         (None, "tracing.otlp.certificate"), (None, "tracing.otlp.headers"), (None, "tracing.otlp.compression"),
         (None, "tracing.otlp.timeout"), ("--tracing-endpoint", "tracing.endpoint"))),
     # earlier releases' names
-    _h("--db-uri", "db.uri", "honour", "db", "hollow's earlier name for crdb.uri"),
+    _h("--db-uri", "db.uri", "refuse", "db", f"hollow's earlier name for crdb.uri: {_CRDB}"),
     _h("--db-conns-max-open", "db.connections.max_open", "ignore", "db", "imds sizes its own pool"),
     _h("--db-conns-max-idle", "db.connections.max_idle", "ignore", "db", "imds sizes its own pool"),
     _h("--db-conns-max-lifetime", "db.connections.max_lifetime", "ignore", "db", "imds sizes its own pool",
@@ -231,15 +230,10 @@ def translate(given: Mapping[str, str]) -> tuple[Translated, list[str]]:
             _refuse(name, text)
         if name.fate == "honour" and name.imds in _DIRECT:
             values[name.imds] = (_DIRECT[name.imds](name, text), frozenset({key}))
-        elif name.fate == "ignore" or (name.fate == "refuse" and key != "oidc.enabled"):
+        elif name.fate == "ignore" or (name.fate == "refuse" and key not in _ALWAYS_REFUSED):
             notes.append(f"{name.named} ignored: {name.note}")
     if go_bool(BY_KEY["logging.debug"], given.get("logging.debug", "false")):
         values["log_level"] = ("debug", frozenset({"logging.debug"}))
-    db_keys = [key for key in ("crdb.uri", "db.uri") if given.get(key)][:1] or [
-        key for key in _DB_PARTS_KEYS if given.get(key)]
-    if db_keys:
-        url = given[db_keys[0]] if db_keys[0] in {"crdb.uri", "db.uri"} else _composed_db(given)
-        values["db"] = (_db_url(BY_KEY[db_keys[0]], url), frozenset(db_keys))
     values.update(_lookup(given, notes))
     return values, notes
 
@@ -275,27 +269,18 @@ def _refuse(name: HollowName, text: str) -> None:
     elif name.key == "crdb.enabled" and not go_bool(name, text):
         raise ConfigError(f"{name.named}=false: imds always keeps records; use --db memory:// / "
                           "IMDS_DB=memory:// to keep them in memory only (with --lookup-url to fetch them)")
+    elif name.key in _CRDB_KEYS and text.strip():
+        raise ConfigError(f"{name.named}: imds cannot keep its records in hollow's CockroachDB: it has no "
+                          "LISTEN/NOTIFY, which imds's change feed needs. Give --db / IMDS_DB a PostgreSQL (or "
+                          "SQLite) URL, copy hollow's records over with `imds import --from-hollow DSN` "
+                          "(docs/hollow.md), and unset this setting")
     elif name.key == "tracing.enabled" and go_bool(name, text):
         raise ConfigError(f"{name.named}=true: imds has no OpenTelemetry tracing; its metrics are at /metrics "
                           "(--metrics-public / IMDS_METRICS_PUBLIC) and --log-level / IMDS_LOG_LEVEL sets its logs")
 
 
-_DB_PARTS_KEYS = ("crdb.host", "crdb.user", "crdb.password", "crdb.params")
-
-
-def _composed_db(given: Mapping[str, str]) -> str:
-    """The URL crdbx makes from its parts (``Config.GetURI``): postgresql://USER:PASSWORD@HOST/?PARAMS."""
-    user, password = quote(given.get("crdb.user", ""), safe=""), quote(given.get("crdb.password", ""), safe="")
-    creds = f"{user}:{password}@" if password else (f"{user}@" if user else "")
-    params = given.get("crdb.params", "")
-    return f"postgresql://{creds}{given.get('crdb.host') or 'localhost:26257'}/" + (f"?{params}" if params else "")
-
-
-def _db_url(name: HollowName, url: str) -> str:
-    if not url.startswith(("postgres://", "postgresql://")):
-        raise ConfigError(f"{name.named}: give a postgresql://USER:PASS@HOST:PORT/DB URL "
-                          "(imds's --db / IMDS_DB; a key=value DSN is not read)")
-    return url
+_CRDB_KEYS = frozenset({"crdb.uri", "crdb.host", "crdb.user", "crdb.password", "crdb.params", "db.uri"})
+_ALWAYS_REFUSED = _CRDB_KEYS | {"oidc.enabled"}  # refused or checked whatever the value: no "ignored" note
 
 
 def _lookup(given: Mapping[str, str], notes: list[str]) -> Translated:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Self, TypeVar
 
+from imds.config.database import redact
 from imds.errors import ConfigError
 from imds.templates import compile_template
 
@@ -115,6 +116,18 @@ def networks(option: Option, values: tuple[str, ...]) -> tuple[Network, ...]:
     return tuple(found)
 
 
+def addresses(option: Option, values: tuple[str, ...]) -> tuple[ipaddress.IPv4Address | ipaddress.IPv6Address, ...]:
+    """``parse`` for IP addresses (IPv4 or IPv6, no prefix)."""
+    found = []
+    for value in values:
+        try:
+            found.append(ipaddress.ip_address(value))
+        except ValueError as exc:
+            msg = f"{option.named}: {value!r} is not an IP address"
+            raise ConfigError(msg) from exc
+    return tuple(found)
+
+
 def directories(option: Option, values: tuple[str, ...]) -> tuple[Path, ...]:
     """``parse`` for absolute directory paths."""
     found = []
@@ -157,13 +170,8 @@ def template(option: Option, source: str | None) -> str | None:
 
 
 def redact_url(url: str) -> str:
-    """Hide the password in a database URL."""
-    scheme, sep, rest = url.partition("://")
-    if not sep or "@" not in rest:
-        return url
-    creds, _, host = rest.rpartition("@")
-    user = creds.split(":", 1)[0]
-    return f"{scheme}://{user}:***@{host}"
+    """Hide the password in a database URL (in its user part or a ``password=`` parameter)."""
+    return redact(url)
 
 
 # --- from flag, variable or file text to the row's kind, and from the kind to the field -------

@@ -1,6 +1,7 @@
 """``imds proxy``'s options (``PROXY_OPTIONS``, flags generated the same way, env vars IMDS_PROXY_*) and settings.
 
-One group, ``proxy``; its checks are ``imds.config.checks.check_proxy``.
+One group, ``proxy``; its checks are ``imds.config.checks.check_proxy``. The signing and TLS rows
+are shared with ``imds agent`` (``imds.config.hostside``).
 """
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from imds.config.hostside import HostSide, host_side_rows
 from imds.config.option import Group, Option, Rows, listen
 
 _proxy = Rows("proxy", "IMDS_PROXY_")
@@ -16,9 +18,9 @@ PROXY_OPTIONS: tuple[Option, ...] = (
     _proxy("listen", "list", ("169.254.169.254:80",),
         "HOST:PORT to listen on (repeatable; [v6]:PORT, [fe80::a9fe:a9fe%IFACE]:PORT; env: comma-separated).",
         parse=listen),
-    _proxy("upstream", "str", None, "Base URL of imds serve, e.g. http://10.0.0.2:8000 (required)."),
-    _proxy("shared_secret_file", "path", None,
-        "File holding the secret that signs X-Instance-ID (the one imds serve checks; required)."),
+    _proxy("upstream", "str", None,
+        "Base URL of imds serve, e.g. http://10.0.0.2:8000 or https://imds.internal:8443 (required)."),
+    *host_side_rows(_proxy),
     _proxy("map", "path", None,
         "Identify VMs by source IP from this file (JSON or lines; see README), reloaded on SIGHUP or change."),
     _proxy("map_poll_interval", "float", 2.0, "Seconds between checks of the --map file for changes (0: SIGHUP only)."),
@@ -42,12 +44,11 @@ PROXY_OPTIONS: tuple[Option, ...] = (
 
 
 @dataclass(frozen=True, repr=False)
-class ProxySettings(Group, rows=PROXY_OPTIONS):
+class ProxySettings(Group, HostSide, rows=PROXY_OPTIONS):
     """Validated configuration of ``imds proxy`` (the ``proxy`` group). Build it with ``load_proxy``."""
 
     listen: tuple[tuple[str, int], ...]
     upstream: str
-    shared_secret_file: Path
     map: Path | None
     map_poll_interval: float
     inport: bool

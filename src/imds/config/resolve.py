@@ -211,14 +211,20 @@ def effective(
     """(name, value as shown, source) for the config file and every option of ``command``, secrets masked.
 
     Runs ``load_command`` first, so a configuration the command would refuse is refused here too.
+    A value the command derives (``imds serve``'s data directory and database URL) is shown as
+    derived, i.e. what the command will use, with the source of the value it was derived from.
     """
     env = os.environ if environ is None else environ
     flags = flags or {}
     load_command(command, flags, env)
     path, path_source = config_path(flags, env)
     values = layered(flags, env, command.table, command.aliases_of(flags, env))
+    derived: Mapping[str, Any] = {}
+    if command.derive is not None:
+        derived = command.derive({option.name: typed(option, values[option.name][0]) for option in command.table}, env)
     rows = [(CONFIG_OPTION.name, str(path) if path is not None else "-", path_source)]
-    rows += [(option.name, _shown(option, values[option.name][0]), values[option.name][1]) for option in command.table]
+    rows += [(option.name, _shown(option, derived.get(option.name, values[option.name][0])), values[option.name][1])
+             for option in command.table]
     return rows
 
 

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 from imds.config.option import Option, Rows, directories, flavors, listen, networks, redact_url, template
 
+# Ganeti's OS search path (its configure default, constants.OS_SEARCH_PATH of Ganeti 3.0), in order
+GANETI_OS_SEARCH_PATH = ("/srv/ganeti/os", "/usr/local/lib/ganeti/os", "/usr/lib/ganeti/os", "/usr/share/ganeti/os")
+
 _http, _store, _callers, _templates = map(Rows, ("http", "store", "callers", "templates"))
 _admin, _ec2, _lookup, _limits = map(Rows, ("admin", "ec2", "lookup", "limits"))
 _logging, _ganeti, _channel, _gce = map(Rows, ("logging", "ganeti", "channel", "gce"))
@@ -24,7 +27,8 @@ OPTIONS: tuple[Option, ...] = (
         "Directory for the embedded database and generated keys "
         "(default: $XDG_DATA_HOME/imds or ~/.local/share/imds)."),
     _store("db", "str", None,
-        "Database URL: sqlite:///PATH, postgresql://USER:PASS@HOST:PORT/DB or memory:// "
+        "Database URL: sqlite:///PATH, postgresql://USER:PASS@HOST:PORT/DB (several servers: "
+        "HOST1:PORT1,HOST2:PORT2 or ?host=H1,H2&port=P1,P2; imds uses the read-write one) or memory:// "
         "(default: an SQLite file in the data directory).", redact=redact_url),
     _store("migrate", "bool", True,  # noqa: FBT003 - a table row, not a call site
         "Apply database migrations at startup."),
@@ -32,9 +36,15 @@ OPTIONS: tuple[Option, ...] = (
         "CIDR of a proxy whose X-Forwarded-For is believed (repeatable; default: none).",
         env="IMDS_TRUSTED_PROXIES", parse=networks),
     _callers("proxy_shared_secret_file", "path", None,
-        "File holding the secret a trusted proxy signs X-Instance-ID with (unset: signed ids are refused)."),
+        "File holding the one secret every trusted proxy signs X-Instance-ID with (weaker than host keys: "
+        "see --proxy-fleet-secret-file; unset: such signatures are refused)."),
     _callers("proxy_previous_secret_file", "path", None,
         "The previous proxy secret, still accepted during a rotation (remove it when every proxy has the new one)."),
+    _callers("proxy_fleet_secret_file", "path", None,
+        "File holding the fleet secret each host's signing key is derived from (imds host-key; a host-signed "
+        "X-Instance-ID is refused without it)."),
+    _callers("proxy_previous_fleet_secret_file", "path", None,
+        "The previous fleet secret: host keys derived from it are still accepted during a rotation."),
     _callers("proxy_signature_window", "int", 30,
         "Seconds X-Instance-ID-Timestamp may be from this server's clock (an older, replayed signature is refused)."),
     _callers("accept_unstamped_signatures", "bool", False,  # noqa: FBT003 - a table row, not a call site
@@ -95,7 +105,7 @@ OPTIONS: tuple[Option, ...] = (
     _admin("metrics_public", "bool", False,  # noqa: FBT003 - a table row, not a call site
         "Serve /metrics without a token (hollow-compatible scraping); off: it needs a metrics or read scope."),
     _store("demo", "bool", False,  # noqa: FBT003 - a table row, not a call site
-        "Load a demo instance bound to 127.0.0.1 and ::1 at startup."),
+        "Load a demo instance bound to 127.0.0.1 and ::1 at startup (written only where the stored one differs)."),
     _logging.log_level_row(),
     _logging("log_instance_reads", "bool", False,  # noqa: FBT003 - a table row, not a call site
         "Log every instance read (off by default)."),
@@ -108,7 +118,11 @@ OPTIONS: tuple[Option, ...] = (
         "Fernet keys (one per line; the first encrypts, all decrypt) encrypting private OS parameters at rest."),
     _ganeti("os_definitions_dir", "path", None,
         "Directory of Ganeti OS definitions (DIR/<os>/create, export, import, rename, verify, parameters.list, "
-        "ganeti_api_version)."),
+        "ganeti_api_version); when given, the only one, and a broken definition stops the start."),
+    _ganeti("ganeti_os_search_path", "list", GANETI_OS_SEARCH_PATH,
+        "Directory searched for Ganeti OS definitions when --os-definitions-dir is not given (repeatable, in order; "
+        "env: comma-separated; default: Ganeti's search path). The first directory holding an OS name wins; missing "
+        "directories and broken definitions are skipped with a warning, as a Ganeti node does.", parse=directories),
     _ganeti("os_param_max_bytes", "int", 4096, "Largest OS parameter value accepted, in bytes (UTF-8)."),
     _ganeti("os_package_max_bytes", "int", 64 * 1024 * 1024,
         "Largest personalization package fetched for /ganeti/.../os/package, in bytes (held in memory, "
@@ -117,9 +131,18 @@ OPTIONS: tuple[Option, ...] = (
     _ganeti("ganeti_os_image_dir", "list", (),
         "Directory under which an os-image node path may be served as /ganeti/.../os/image (repeatable; "
         "env: comma-separated; default: none, node paths are refused).", parse=directories),
+    _ganeti("ganeti_os_package_dir", "list", (),
+        "Directory under which an os-package or os-install-package node path (Ganeti's, as ganeti-metad serves "
+        "them) may be served as /ganeti/.../os/package and os/os-install-package (repeatable; env: comma-separated; "
+        "default: none, os-package node paths are refused and os-install-package is the loaded OS definition).",
+        parse=directories),
     _ganeti("os_image_max_bytes", "int", 16 << 30,
         "Largest OS image streamed for /ganeti/.../os/image, in bytes (never held whole); an image found larger "
         "mid-stream is cut by aborting the connection, never ended as a short 200."),
+    _ganeti("fetch_allow", "list", (),
+        "Network (CIDR) that a URL from a record (os-image, package.url) may reach although not public: loopback, "
+        "private, link-local… (repeatable; env: comma-separated; default: none, public addresses only; the metadata "
+        "addresses and this server's own listeners never).", parse=networks),
     _ganeti("ganeti_metad_socket", "path", None,
         "Unix socket taking ganeti-metad's place: Ganeti's node daemon pushes instances here (Luxi, mode 0600)."),
     # The instance<->host channel and change watch (README: "The instance↔host channel").

@@ -43,6 +43,8 @@ class CallerSettings(Group, rows=OPTIONS):
     trusted_proxy: tuple[Network, ...]
     proxy_shared_secret_file: Path | None
     proxy_previous_secret_file: Path | None
+    proxy_fleet_secret_file: Path | None
+    proxy_previous_fleet_secret_file: Path | None
     proxy_signature_window: int
     accept_unstamped_signatures: bool
     instance_auth: frozenset[str]
@@ -156,11 +158,14 @@ class GanetiSettings(Group, rows=OPTIONS):
 
     private_key_file: Path | None
     os_definitions_dir: Path | None
+    ganeti_os_search_path: tuple[Path, ...]
     os_param_max_bytes: int
     os_package_max_bytes: int
     os_package_timeout: float
     ganeti_os_image_dir: tuple[Path, ...]
+    ganeti_os_package_dir: tuple[Path, ...]
     os_image_max_bytes: int
+    fetch_allow: tuple[Network, ...]
     ganeti_metad_socket: Path | None
 
 

@@ -77,16 +77,21 @@ def _sync_directory(directory: Path) -> None:
 
 
 def reload_commands(udevadm: str, subsystems: Iterable[str]) -> list[list[str]]:
-    """``udevadm control --reload``, then one ``trigger --action=add`` over ``subsystems`` (if any)."""
+    """``udevadm control --reload``, then one ``trigger --action=change`` over ``subsystems`` (if any).
+
+    ``change``, not ``add``: udev applies the rules (properties, symlinks) on either, but an ``add``
+    replayed for every NIC is taken for a NIC plugged in by listeners such as cloud-init's hotplug
+    hook, which then refreshes the network once per interface (``lo`` included, failing each time).
+    """
     commands = [[udevadm, "control", "--reload"]]
     matches = [f"--subsystem-match={name}" for name in sorted(set(subsystems))]
     if matches:
-        commands.append([udevadm, "trigger", "--action=add", *matches])
+        commands.append([udevadm, "trigger", "--action=change", *matches])
     return commands
 
 
 def reload_udev(udevadm: str, subsystems: Iterable[str]) -> None:
-    """Ask udev to reread its rules and replay ``add`` for ``subsystems``; ApplyError on failure."""
+    """Ask udev to reread its rules and replay ``change`` for ``subsystems``; ApplyError on failure."""
     for command in reload_commands(udevadm, subsystems):
         if (why := failure(command, UDEVADM_TIMEOUT)) is not None:
             raise ApplyError(f"`{' '.join(command)}` failed: {why}")

@@ -1,11 +1,13 @@
 """``ganeti install``: a Ganeti OS installation run inside an install appliance or the instance.
 
-Reads ``os/parameters.json`` and ``os/environment``, posts ``started``, then, as the
-parameters say: writes ``os/image`` onto the first disk (``os-image``), unpacks
-``os/package`` over the first disk's root filesystem (``os-package``), runs the OS
-definition's ``create`` from ``os/os-install-package`` with the served environment and
-``DISK_<n>_PATH`` naming the ``--disk`` devices; and posts ``succeeded`` (which ends the
-install mode on the service) or ``failed``. Exit status: see ``OK``…``UNREPORTED``.
+Reads ``os/parameters.json`` and ``os/environment``, posts ``started``, then, in Ganeti's
+order ("the package is overlaid on the instance filesystem after the scripts that created
+it"), as the parameters say: writes ``os/image`` onto the first disk (``os-image``), runs
+the OS definition's ``create`` from ``os/os-install-package`` with the served environment
+and ``DISK_<n>_PATH`` naming the ``--disk`` devices, then mounts the root filesystem
+``create`` left and unpacks ``os/package`` over it (``os-package``); and posts
+``succeeded`` (which ends the install mode on the service) or ``failed``. Exit status: see
+``OK``…``UNREPORTED``.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -24,13 +27,14 @@ from pathlib import Path
 from imds.guest.errors import GuestError, InstallError, NotServed, ServiceError
 from imds.guest.ganeti_files import CHUNK, copy_image, parse_environment, reread_partitions, safe_extract
 from imds.guest.ganeti_http import MAX_DOCUMENT, Service, read_body
-from imds.guest.process import failure
+from imds.guest.process import failure, output
 
 OK, FAILED, NOT_STARTED, UNREPORTED = 0, 1, 2, 3
 DEFAULT_URL = "http://169.254.169.254"
 PROGRESS_BYTES = 64 * 1024 * 1024
 HOOKS_PATH = "/sbin:/bin:/usr/sbin:/usr/bin"  # the PATH Ganeti gives OS scripts (constants.HOOKS_PATH)
 MOUNT_TIMEOUT = 120.0
+MOUNT_OPTIONS = "nosuid,nodev,noexec"  # the instance's filesystem is written, never run from, in the appliance
 NODE_TIMEOUT = 10.0  # seconds a --root-device node may take to appear after the image
 _DISK_PATH = re.compile(r"DISK_(\d+)_PATH")  # fullmatch
 
@@ -46,8 +50,8 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="install the OS the metadata service describes onto the given disks",
         description=(
             "Read the Ganeti OS parameters and environment from the metadata service, write os-image "
-            "onto the first disk, unpack os-package over its root filesystem, run the OS definition's "
-            "create script, and report each step through /ganeti/latest/write. Exit status: 0 installed "
+            "onto the first disk, run the OS definition's create script, then unpack os-package over the "
+            "root filesystem create left, and report each step through /ganeti/latest/write. Exit status: 0 installed "
             "(succeeded reported), 1 a step failed (failed reported), 2 nothing was done, 3 installed but "
             "succeeded could not be reported."
         ),
@@ -114,9 +118,9 @@ def run(options: argparse.Namespace, report: Report) -> int:
         report(note)
     if options.dry_run:
         return _dry_run(service, plan, options, report)
-    steps = [name for name, wanted in (("image", plan.image), ("package", plan.package)) if wanted]
+    steps = [name for name, wanted in (("image", plan.image), ("OS create", True), ("package", plan.package)) if wanted]
     try:
-        service.event("started", message=f"ganeti install onto {options.disk[0]}: {' + '.join([*steps, 'OS create'])}")
+        service.event("started", message=f"ganeti install onto {options.disk[0]}: {' + '.join(steps)}")
     except GuestError as exc:
         report(f"error: {exc}; nothing was done")
         return NOT_STARTED
@@ -160,31 +164,37 @@ def read_plan(service: Service, disks: list[str]) -> Plan:
 
 
 def script_environment(plan: Plan) -> dict[str, str]:
-    """What ``create`` runs with: Ganeti's PATH and LC_ALL, then the served (and adjusted) environment."""
-    return {"PATH": HOOKS_PATH, "LC_ALL": "C", **plan.environment}
+    """What ``create`` runs with: Ganeti's PATH, then the served (and adjusted) environment.
+
+    Nothing else: Ganeti's node daemon runs OS scripts with ``reset_env=True`` (no ``LC_ALL``, nothing inherited).
+    """
+    return {"PATH": HOOKS_PATH, **plan.environment}
 
 
 def _install(service: Service, plan: Plan, options: argparse.Namespace, work: Path, report: Report) -> None:
+    """Image → create → package: the package is overlaid on what the scripts made, so its files win and stay."""
     first = options.disk[0]
     if plan.image:
         _image(service, first, options.progress_bytes, report)
     else:
         report("image: skipped (no os-image parameter)")
-    if plan.package:
-        archive = _download(service, "os/package", work / "package.tar.gz")
-        device = options.root_device or first
-        with _root(device, options.root) as root:
-            count = safe_extract(archive, root)
-        service.event("package", message=f"unpacked {count} entries of os/package over {options.root or device}")
-        report(f"package: unpacked {count} entries")
-    else:
-        report("package: skipped (no os-package parameter)")
+    # Both archives are fetched (and the definition checked) before anything runs: a package that
+    # cannot be had fails the install before create changes the disk.
+    archive = _download(service, "os/package", work / "package.tar.gz") if plan.package else None
     create = _definition(service, work)
     if create is None:
         report("create: skipped (no OS definition with a create script)")
+    else:
+        service.event("script", message=f"running {create.parent.name}/create")
+        _run_create(create, script_environment(plan), report)
+    if archive is None:
+        report("package: skipped (no os-package parameter)")
         return
-    service.event("script", message=f"running {create.parent.name}/create")
-    _run_create(create, script_environment(plan), report)
+    device = options.root_device or first
+    with _root(device, options.root) as root:
+        count = safe_extract(archive, root)
+    service.event("package", message=f"unpacked {count} entries of os/package over {options.root or device}")
+    report(f"package: unpacked {count} entries")
 
 
 def _image(service: Service, device: str, every: int, report: Report) -> None:
@@ -232,8 +242,9 @@ def _root(device: str, given: Path | None) -> Iterator[Path]:
     _wait_for_node(device)
     mountpoint = Path(tempfile.mkdtemp(prefix="imds-ganeti-root-"))
     try:
-        if (why := failure(["mount", device, str(mountpoint)], MOUNT_TIMEOUT)) is not None:
-            msg = f"mounting {device} on {mountpoint}: {why} (a partitioned disk: mount its root, pass --root)"
+        if (why := failure(["mount", "-o", MOUNT_OPTIONS, device, str(mountpoint)], MOUNT_TIMEOUT)) is not None:
+            msg = (f"the root filesystem cannot be mounted for os-package: mount {device} ({_filesystem(device)}) "
+                   f"on {mountpoint}: {why} (a partitioned disk: pass --root-device with its root partition)")
             raise InstallError(msg)
         try:
             yield mountpoint
@@ -243,6 +254,14 @@ def _root(device: str, given: Path | None) -> Iterator[Path]:
     finally:
         with contextlib.suppress(OSError):  # still mounted: leave the directory and what is in it
             mountpoint.rmdir()
+
+
+def _filesystem(device: str) -> str:
+    """What is on ``device`` as blkid sees it: ``ext4 filesystem``, ``no filesystem found on it``."""
+    found = output(["blkid", "-p", "-o", "value", "-s", "TYPE", device], MOUNT_TIMEOUT)
+    if found is None:
+        return "no filesystem found on it" if shutil.which("blkid") else "blkid is not available to tell its type"
+    return f"{found} filesystem" if found else "no filesystem found on it"
 
 
 def _wait_for_node(device: str) -> None:
@@ -301,10 +320,7 @@ def _dry_run(service: Service, plan: Plan, options: argparse.Namespace, report: 
     device = options.root_device or first
     where = f"over {options.root}" if options.root else f"over {device}'s root filesystem (mounted on a temporary dir)"
     image, package = service.url("os/image"), service.url("os/package")
-    lines = [
-        f"image: write {image} onto {first}" if plan.image else "image: skipped (no os-image parameter)",
-        f"package: unpack {package} {where}" if plan.package else "package: skipped (no os-package parameter)",
-    ]
+    lines = [f"image: write {image} onto {first}" if plan.image else "image: skipped (no os-image parameter)"]
     with tempfile.TemporaryDirectory(prefix="imds-ganeti-") as work:
         try:
             create = _definition(service, Path(work))
@@ -312,6 +328,7 @@ def _dry_run(service: Service, plan: Plan, options: argparse.Namespace, report: 
             report(f"error: {exc}")
             return NOT_STARTED
         lines.append(f"create: run {create.parent.name}/create" if create else "create: skipped (no create script)")
+    lines.append(f"package: unpack {package} {where}" if plan.package else "package: skipped (no os-package parameter)")
     names = sorted(script_environment(plan))
     shown = [f"{n}={plan.environment[n]}" if _DISK_PATH.fullmatch(n) else n for n in names]
     lines.append(f"environment: {' '.join(shown)}")

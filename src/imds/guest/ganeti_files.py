@@ -2,12 +2,9 @@
 
 - ``parse_environment``: ``os/environment``'s ``KEY=value`` lines (values quoted as
   ``shlex.quote`` quotes them; a quoted value may span lines) → a dict.
-- ``safe_extract``: a tar.gz unpacked under a directory, refusing — before anything is
-  written — absolute names, ``..`` components, device and FIFO members and links whose
-  target leaves the tree; while extracting, a member whose path resolves outside the
-  directory through a symbolic link already there (an absolute link on the target root,
-  ``/var/run -> /run``) is refused too. tarfile's ``data`` filter is applied on a python
-  that has it (3.11.4+); the checks here do not depend on it.
+- ``safe_extract``: a tar.gz unpacked under a directory by ``imds.guest.unpack`` (the rules the
+  service checks packages with: nothing leaves the root, set-id bits dropped, special
+  files refused, all or nothing), the same on every python.
 - ``copy_image``: a response streamed onto a block device or file from offset 0, then
   ``fsync``; a body shorter than its ``Content-Length`` is an error. A block device is
   opened ``O_EXCL``, so a disk that is mounted (or otherwise held) is refused; afterwards
@@ -20,15 +17,14 @@ import errno
 import fcntl
 import http.client
 import os
-import posixpath
 import re
 import shlex
 import stat
-import tarfile
-import zlib
 from collections.abc import Callable
 from pathlib import Path
 
+from imds import tarball
+from imds.guest import unpack
 from imds.guest.errors import InstallError, ServiceError
 
 CHUNK = 1024 * 1024
@@ -53,64 +49,15 @@ def parse_environment(text: str, where: str) -> dict[str, str]:
     return environment
 
 
-def _escapes(path: str) -> bool:
-    normal = posixpath.normpath(path)
-    return path.startswith("/") or normal == ".." or normal.startswith("../")
-
-
-def member_problem(member: tarfile.TarInfo) -> str | None:
-    """Why this member must not be unpacked, or None (the same rules the service applies to packages)."""
-    shown = repr(member.name[:_SHOWN])
-    if member.name.startswith("/"):
-        return f"member {shown} has an absolute path"
-    if ".." in member.name.split("/"):
-        return f"member {shown} has a '..' component"
-    if member.issym():
-        target = posixpath.join(posixpath.dirname(member.name), member.linkname)
-        if member.linkname.startswith("/") or _escapes(target):
-            return f"symbolic link {shown} points outside the archive ({member.linkname[:_SHOWN]!r})"
-    if member.islnk() and _escapes(member.linkname):
-        return f"hard link {shown} points outside the archive ({member.linkname[:_SHOWN]!r})"
-    if not (member.isfile() or member.isdir() or member.issym() or member.islnk()):
-        return f"member {shown} is a device, FIFO or other special file"
-    return None
-
-
 def safe_extract(archive: Path, target: Path) -> int:
-    """Unpack the tar.gz ``archive`` under ``target``; the number of members; InstallError when refused."""
-    root = target.resolve()
+    """Unpack the tar.gz ``archive`` under ``target`` (``imds.tarball``'s rules); the number of members.
+
+    InstallError when refused or failed: then nothing of the archive is left under ``target``.
+    """
     try:
-        with tarfile.open(archive, mode="r:gz") as tar:
-            members = tar.getmembers()
-            for member in members:
-                if (problem := member_problem(member)) is not None:
-                    raise InstallError(f"{archive.name} refused: {problem}; nothing was unpacked")
-            for member in members:
-                _extract_one(tar, member, root)
-    except (tarfile.TarError, EOFError, zlib.error) as exc:
-        msg = f"{archive.name}: not a gzip-compressed tar archive, or a truncated one ({exc})"
-        raise InstallError(msg) from exc
-    except OSError as exc:
-        raise InstallError(f"{archive.name}: unpacking under {target}: {exc}") from exc
-    return len(members)
-
-
-def _extract_one(tar: tarfile.TarFile, member: tarfile.TarInfo, root: Path) -> None:
-    """One member, after checking where its path resolves to now (links unpacked or already there)."""
-    path = root / member.name
-    # A link member replaces what is there: only its directory must stay inside. Anything else is
-    # written through what is there, so the whole path must resolve inside.
-    resolved = (path.parent if member.issym() or member.islnk() else path).resolve()
-    if not resolved.is_relative_to(root):
-        msg = f"member {member.name[:_SHOWN]!r} would be written outside the target, at {resolved}"
-        raise InstallError(msg)
-    if member.islnk() and not (root / member.linkname).resolve().is_relative_to(root):
-        msg = f"hard link {member.name[:_SHOWN]!r} resolves outside the target"
-        raise InstallError(msg)
-    if hasattr(tarfile, "data_filter"):
-        tar.extract(member, root, filter="data")
-    else:  # python < 3.11.4: the checks above are all there is
-        tar.extract(member, root)
+        return unpack.unpack(archive, target)
+    except tarball.ArchiveError as exc:
+        raise InstallError(f"{archive.name} refused: {exc}; nothing of it was left under {target}") from exc
 
 
 def copy_image(

@@ -27,15 +27,21 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from imds.errors import LabError
-from imds.lab import datapath
+from imds.lab import datapath, devices, hotplug
 from imds.lab.console import Console
+from imds.lab.dhcpgone import DhcpGone
 from imds.lab.flavors import METADATA_URL, METADATA_URL6, Flavor, flavor
-from imds.lab.ganeti import CONSOLE, SCRIPT, Install, Installing, guest_script, guest_zipapp
+from imds.lab.ganeti import CONSOLE, SCRIPT, Install, Installing, fresh_disk, guest_script, guest_zipapp
 from imds.lab.image import Image
+from imds.lab.late import CONSOLE as LATE
+from imds.lab.late import SCRIPT as LATE_SCRIPT
+from imds.lab.late import late_script
 from imds.lab.qemu import Machine, Qemu, accelerators
 from imds.lab.run import Cleanup, cleaned_up, sh, write_private
 from imds.lab.server import Server, own_server, remote_server
 from imds.lab.userdata import MARKER, lab_userdata
+
+OLD_CLOUD_INIT = ("bookworm",)  # suites whose cloud-init (22.4) has no IPv6 metadata address for OpenStack
 
 
 @dataclass
@@ -58,6 +64,11 @@ class Options:
     ipv6_only: bool = False  # no IPv4 in the guest: router advertisements and DHCPv6 only
     route: str | None = None  # onlink, dhcp or gateway (None: the flavor's own)
     ganeti_install: bool = False  # the guest installs an OS image onto a second disk through the Ganeti paths
+    suite: str = "bookworm"  # the Debian suite of the built image (what its cloud-init can do)
+    network_data: str = "static"  # what the record says of the subnet: static (with the way to metadata) or dhcp
+    device_tags: bool = False  # a tagged NIC and disk; the guest applies the tags with imds-guest udev
+    hotplug: bool = False  # after the boot: a NIC and a disk attached to the running guest, then detached
+    dhcp_gone: bool = False  # --route dhcp: the DHCP port is removed after the lease (imds.lab.dhcpgone)
 
 
 @dataclass
@@ -89,38 +100,55 @@ def addresses(guest: Guest, *, ipv6_only: bool) -> list[str]:
     return [datapath.GUEST_IP]
 
 
-def _metadata(guest: Guest, hostname: str, *, ipv6_only: bool, dhcp: bool = False) -> dict[str, Any]:
-    if ipv6_only:
+def _metadata(guest: Guest, hostname: str, route: datapath.Route, *, dhcp: bool, nic: str = "eth0") -> dict[str, Any]:
+    """The record: its addresses say how the guest reached metadata at boot, which the derived networks keep.
+
+    ``dhcp``: the subnet has DHCP (imds derives ``ipv4_dhcp``/``ipv6_dhcp``, as Nova); otherwise each
+    address is static with the way ``route`` set up: on-link, via the DHCP port, or via the gateway
+    (IPv6-only: via dnsmasq's address, the advertised router's). ``nic`` names the NIC (cloud-init
+    renames it so when the guest's kernel named it otherwise).
+    """
+    if route.ipv6_only:
         network = datapath.NETWORK6
         listed = [{"address": address, "network": str(network.network_address), "cidr": network.prefixlen,
                    "address_family": 6, "public": False} for address in addresses(guest, ipv6_only=True)]
+        way: dict[str, Any] = {"metadata_route": datapath.DHCP_SERVER6}
     else:
         listed = [{"address": datapath.GUEST_IP, "netmask": str(datapath.NETWORK.netmask),
                    "network": str(datapath.NETWORK.network_address), "cidr": datapath.NETWORK.prefixlen,
                    "address_family": 4, "public": False}]
-    document: dict[str, Any] = {
+        way = {"gateway": {"metadata_route": "gateway", "gateway": datapath.GATEWAY},
+               "dhcp": {"metadata_route": datapath.DHCP_SERVER}}.get(route.route, {"metadata_route": "onlink"})
+    for item in listed:
+        item.update({"dhcp": True} if dhcp else way)
+    return {
         "id": guest.uuid, "hostname": hostname, "ssh_keys": [guest.key], "plan": "lab.small", "facility": "lab1",
-        "network": {"interfaces": [{"name": "eth0", "mac": guest.mac}], "addresses": listed},
+        "network": {"interfaces": [{"name": nic, "mac": guest.mac}], "addresses": listed},
     }
-    if dhcp:  # network_data.json says DHCP (as Nova's does for a subnet with DHCP): the option-121 route stays
-        document["network_data"] = {
-            "links": [{"id": "eth0", "name": "eth0", "type": "phy", "ethernet_mac_address": guest.mac}],
-            "networks": [{"id": "network0", "type": "ipv4_dhcp", "link": "eth0"}], "services": []}
-    return document
 
 
 def refusal(options: Options) -> str | None:
     """Why this run cannot be made at all (checked before anything starts), else None."""
     chosen = flavor(options.flavor)
-    if options.ipv6_only and chosen.ipv6_refused:
-        return f"--ipv6-only: flavor {chosen.name} cannot reach metadata without IPv4: {chosen.ipv6_refused}"
-    if options.ipv6_only and options.route not in (None, "gateway"):
-        return f"--ipv6-only: --route {options.route} is IPv4's (IPv6 goes through the advertised router)"
-    if options.ganeti_install and chosen.config_drive:
-        return "--ganeti-install: a config drive guest has no metadata network to install through"
-    if options.ganeti_install and options.url:
-        return "--ganeti-install serves the image from the run directory through the lab's own imds serve: drop --url"
-    return None
+    tagged = options.device_tags or options.hotplug
+    checks = (
+        (options.ipv6_only and chosen.ipv6_refused is not None and options.suite in OLD_CLOUD_INIT,
+         (f"--ipv6-only: flavor {chosen.name} cannot reach metadata without IPv4 on {options.suite}: "
+          f"{chosen.ipv6_refused} (--suite trixie has 25.1)")),
+        (options.ipv6_only and options.route not in (None, "gateway"),
+         f"--ipv6-only: --route {options.route} is IPv4's (IPv6 goes through the advertised router)"),
+        (options.ganeti_install and chosen.config_drive,
+         "--ganeti-install: a config drive guest has no metadata network to install through"),
+        (tagged and chosen.name not in ("openstack", "configdrive"),
+         "--device-tags/--hotplug: device role tags are OpenStack's (flavor openstack or configdrive)"),
+        (options.hotplug and (chosen.config_drive or options.ipv6_only or bool(options.url)),
+         "--hotplug: an OpenStack guest over IPv4 with the lab's own server (a config drive cannot change)"),
+        (options.dhcp_gone and ((options.route or chosen.route) != "dhcp" or options.ipv6_only),
+         "--dhcp-gone removes the DHCP port the guest's route goes through: it needs --route dhcp (IPv4)"),
+        (options.ganeti_install and bool(options.url),
+         "--ganeti-install serves the image from the run directory through the lab's own imds serve: drop --url"),
+    )
+    return next((reason for refused, reason in checks if refused), None)
 
 
 def boot(options: Options, say: Callable[[str], None]) -> dict[str, Any]:
@@ -131,10 +159,13 @@ def boot(options: Options, say: Callable[[str], None]) -> dict[str, Any]:
     out = options.out
     out.mkdir(parents=True, exist_ok=True)
     chosen = flavor(options.flavor)
-    route = datapath.Route(options.route or chosen.route, ipv6_only=options.ipv6_only)
+    route = datapath.Route(options.route or chosen.route, ipv6_only=options.ipv6_only, dhcp_gone=options.dhcp_gone)
     result: dict[str, Any] = {"flavor": chosen.name, "identify": options.identify, "hostname": options.hostname,
                               "ipv6_only": options.ipv6_only, "route": route.name,
-                              "expected_datasource": chosen.datasource, "passed": False}
+                              "network_data": options.network_data,
+                              "expected_datasource": chosen.datasource, "passed": False,
+                              "image": {"suite": options.image.suite, "cloud_init": options.image.cloud_init,
+                                        "key": options.image.key or None}}
     try:
         with cleaned_up() as cleanup:
             try:
@@ -164,29 +195,51 @@ def _run(cleanup: Cleanup, options: Options, way: tuple[Flavor, datapath.Route],
     guest = _guest(chosen, out)
     result["instance_id"] = guest.uuid
     install = Install(out) if options.ganeti_install else None
-    scripts = []
+    scripts = [(LATE_SCRIPT, late_script(chosen, guest.uuid, guest.mac, ipv6=v6))]
+    url = METADATA_URL6 if v6 else METADATA_URL
+    document = _metadata(guest, options.hostname, route, dhcp=options.network_data == "dhcp",
+                         nic=hotplug.BOOT_NIC if options.hotplug else "eth0")
+    tagged = options.device_tags or options.hotplug
+    if tagged:
+        document["devices"] = devices.boot_devices(guest.mac)
+        scripts.append((devices.SCRIPT, devices.devices_script(
+            guest_zipapp(), devices.source(config_drive=chosen.config_drive, metadata_url=url))))
     if install is not None:
         install.build_image(guest.uuid)
-        scripts.append((SCRIPT, guest_script(guest_zipapp(), METADATA_URL6 if v6 else METADATA_URL)))
+        scripts.append((SCRIPT, guest_script(guest_zipapp(), url)))
     server = _server(cleanup, options, install.serve_args() if install else [])
     result["server"] = server.url
-    server.push(guest.uuid, addresses(guest, ipv6_only=v6), _metadata(guest, options.hostname, ipv6_only=v6,
-                                                                 dhcp=options.ganeti_install and not v6),
-                lab_userdata(options.userdata, options.marker, scripts))
+    server.push(guest.uuid, addresses(guest, ipv6_only=v6), document,
+                lab_userdata(options.userdata, options.marker, scripts, [hotplug.USERDATA] if options.hotplug else []))
     say(f"lab: record {guest.uuid} ({options.hostname}) pushed to {server.url}")
     installing = Installing(install, server, guest.uuid) if install else None
     names = datapath.Names(secrets.token_hex(2))
     secret = options.secret_file or out / "shared-secret"
     port = datapath.Guest(guest.uuid, guest.mac, names.tap)
-    switch = datapath.Datapath(cleanup, out, names).build(port, server.url, secret, route)
+    network = datapath.Datapath(cleanup, out, names)
+    switch = network.build(port, server.url, secret, route)
     say(f"lab: datapath up (bridge {names.bridge}, tap {names.tap}, agent + haproxy, dnsmasq; {route.name})")
+    gone = DhcpGone(network, time.time()) if route.dhcp_gone else None
     cdrom = _config_drive(out, guest, server) if chosen.config_drive else None
     machine = Machine(options.image, out, names.tap, guest.mac, tuple(chosen.kernel_args(options.identify, ipv6=v6)),
                       chosen.smbios_arg(options.identify, guest.uuid, ipv6=v6), cdrom,
-                      install.disk if install else None)
+                      install.disk if install else None,
+                      (fresh_disk(out / devices.DISK, 8 << 20), devices.DISK_SERIAL) if tagged else None,
+                      names.qmp if options.hotplug else None)
     qemu = Qemu(machine)
     cleanup.add("stop qemu", qemu.stop)
-    Watch(qemu, options, chosen, server, say, lambda: switch.learned(names.bridge), installing).run(result)
+    watch = Watch(qemu, options, chosen, server, say, lambda: switch.learned(names.bridge), installing,
+                  tick=gone.poll if gone else None)
+    if options.hotplug:
+        watch.hotplug = hotplug.Hotplug(
+            server, guest.uuid, addresses(guest, ipv6_only=v6), document, hotplug.hot_mac(guest.mac),
+            lambda tap, mac, vlan: network.plug(switch, datapath.Guest(guest.uuid, mac, tap), vlan),
+            lambda tap: network.unplug(switch, tap), lambda: switch.ofctl("--no-stats", "dump-flows", names.bridge),
+            names.hot_tap, out, say)
+    watch.run(result)
+    if gone is not None:  # the seed's upgrade case: who answered for the DHCP port's address after it went
+        result["dhcp_gone"] = {"removed_after_s": gone.removed_after, "next_hop_arp_answers": gone.answers()}
+        result["passed"] = result["passed"] and gone.removed_after is not None and gone.answers() > 0
 
 
 def _server(cleanup: Cleanup, options: Options, extra: list[str]) -> Server:
@@ -223,12 +276,16 @@ class Watch:
     say: Callable[[str], None]
     learned: Callable[[], bool]  # whether the datapath has seen the guest's first metadata packet
     installing: Installing | None = None  # --ganeti-install: prepared before each power-on, judged at the end
+    hotplug: hotplug.Hotplug | None = None  # --hotplug: run once the boot has passed, QEMU still running
     first_packet: float | None = None
+    tick: Callable[[], None] | None = None  # called on each look at the console (--dhcp-gone retires the port)
 
     def _console(self) -> Console:
         options = self.options
+        tagged = options.device_tags or options.hotplug
         return Console(self.qemu.machine.serial, options.marker, options.hostname,
-                       install=CONSOLE if self.installing else None)
+                       install=CONSOLE if self.installing else None, late=LATE,
+                       expect_devices=devices.expected(self.qemu.machine.mac) if tagged else ())
 
     def run(self, result: dict[str, Any]) -> None:
         """Boot, watch, and fill ``result``."""
@@ -251,8 +308,12 @@ class Watch:
             self.say(f"lab: KVM cannot run this guest ({failure}); falling back to TCG")
             result.setdefault("kvm_failure", failure)
             qemu.stop()
+        if self.hotplug and outcome == "done" and self.qemu.machine.qmp:
+            result["hotplug"] = self.hotplug.run(self.qemu.machine.qmp, console)
         qemu.stop()
         self._record(result, console, power_on, outcome)
+        if "hotplug" in result:
+            result["passed"] = result["passed"] and result["hotplug"]["passed"]
         if self.installing:  # QEMU has stopped: the second disk is read as it was left
             result["ganeti_install"] = found = self.installing.verdict(console.install_exit)
             result["passed"] = result["passed"] and found["passed"]
@@ -262,10 +323,14 @@ class Watch:
         qemu, datasource = self.qemu, self.chosen.datasource
         while True:
             console.poll()
+            if self.tick is not None:
+                self.tick()
             if self.first_packet is None and self.learned():
                 self.first_packet = time.time()
             if console.done(datasource):
                 return "done"
+            if console.late_reported:
+                return "late read failed"
             if qemu.kvm_failure():
                 return "kvm failed"
             if qemu.exited() is not None:
@@ -286,6 +351,10 @@ class Watch:
             guest_uptime={"stages": console.stages, "final": console.final_uptime},
             requests=requests if self.server.log is not None else None,
         )
+        result["late_read"] = {"passed": "late read" in console.seen, "line": console.late_line,
+                               "routes": console.late_report}
+        if console.expect_devices:
+            result["device_tags"] = {"passed": console.devices_shown(), "devices": sorted(console.devices)}
         packet = round(self.first_packet - power_on, 1) if self.first_packet else None
         result["seconds"]["first_metadata_packet"] = packet  # the agent's flow learned its way back
         result["seconds"]["first_metadata_request"] = requests[0]["t"] if requests else packet

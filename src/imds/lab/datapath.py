@@ -11,7 +11,11 @@
   default route to the router, a namespace answering for the gateway address as Neutron's
   router does); IPv6-only, no DHCPv4 at all but router advertisements (SLAAC on
   fd00:231::/64, dnsmasq the default router) and DHCPv6;
-- ``imds agent`` (which renders and runs haproxy) serving that port from ``--upstream``.
+- ``imds agent`` (which renders and runs haproxy, its workers as ``imds-haproxy``, made here
+  when missing) serving that port from ``--upstream``;
+- with ``Route.dhcp_gone`` (``--route dhcp --dhcp-gone``), the DHCP port goes once the guest
+  has its lease (dnsmasq stopped, its port and namespace removed: the seed's upgrade case) and
+  the agent answers ARP for its address itself (``--metadata-next-hop``).
 
 Every name carries the run's tag, so two runs never collide; each is undone by name or PID.
 One thing is shared by every userspace switch on a host, the ``ovs-netdev`` tap of the netdev
@@ -25,6 +29,7 @@ import os
 import shutil
 import signal
 import socket
+import subprocess
 import sys
 import tempfile
 import uuid as uuidlib
@@ -33,7 +38,7 @@ from pathlib import Path
 
 from imds.agent.flows import LEARN_COOKIE, RETURN_TABLE
 from imds.errors import LabError
-from imds.lab.run import Cleanup, sh, spawn, stop, tool_env, wait_until
+from imds.lab.run import Cleanup, ensure_system_user, sh, spawn, stop, tool_env, wait_until
 
 VLAN = 1
 NETWORK = ipaddress.IPv4Network("10.231.0.0/24")
@@ -47,6 +52,7 @@ RA_LIFETIME = 1800  # seconds the guest keeps dnsmasq as its IPv6 default router
 LAB_COOKIE = 0x4C4142  # "LAB": the lab's own rules on br-int (never the agent's cookie)
 READY_TIMEOUT = 60.0
 OTHER_SWITCH_TIMEOUT = 300.0
+HAPROXY_USER = "imds-haproxy"  # imds agent's default --haproxy-user
 TOOLS = ("ovsdb-server", "ovs-vswitchd", "ovs-vsctl", "ovs-ofctl", "ovsdb-tool", "haproxy", "ip", "dnsmasq")
 
 
@@ -68,10 +74,19 @@ def slaac_address(mac: str) -> str:
 
 @dataclass(frozen=True)
 class Route:
-    """How the guest reaches metadata: ``onlink``, ``dhcp`` (via the DHCP port) or ``gateway``; or IPv6 only."""
+    """How the guest reaches metadata: ``onlink``, ``dhcp`` (via the DHCP port) or ``gateway``; or IPv6 only.
+
+    ``dhcp_gone``: the DHCP port is removed after the lease, and the agent answers for its address.
+    """
 
     route: str = "onlink"
     ipv6_only: bool = False
+    dhcp_gone: bool = False
+
+    @property
+    def next_hops(self) -> tuple[str, ...]:
+        """What the agent answers ARP for (``--metadata-next-hop``): the DHCP port's address once it is gone."""
+        return (DHCP_SERVER,) if self.dhcp_gone else ()
 
     def dnsmasq_args(self, guest_mac: str) -> list[str]:
         """The DHCP (and router advertisement) arguments dnsmasq gets for this guest."""
@@ -149,6 +164,16 @@ class Names:
     def tap(self) -> str:
         """The guest's tap."""
         return f"lvm{self.tag}"
+
+    @property
+    def hot_tap(self) -> str:
+        """The tap of a NIC hot-added to the running guest (--hotplug)."""
+        return f"lvm{self.tag}h"
+
+    @property
+    def qmp(self) -> Path:
+        """QEMU's QMP socket (a short path: a Unix socket's is at most 107 bytes)."""
+        return Path(f"/tmp/imdslab-{self.tag}.qmp")  # noqa: S108 - a socket QEMU creates, named by the run's tag
 
 
 class Switch:
@@ -234,6 +259,8 @@ class Datapath:
     cleanup: Cleanup
     out: Path
     names: Names
+    switch: Switch | None = None
+    dnsmasq: subprocess.Popen[bytes] | None = None  # the DHCP port's (imds.lab.dhcpgone stops it)
 
     def build(self, guest: Guest, upstream: str, secret_file: Path, route: Route) -> Switch:
         """OVS, br-int, dnsmasq's namespace (and the router's) and the guest's tap, plugged; then the agent."""
@@ -251,8 +278,21 @@ class Datapath:
             self._namespace(switch, names.router_netns, names.router_port, GATEWAY)
         self._guest_tap(switch, guest)
         self._dnsmasq(guest, route)
-        self._agent(switch, upstream, secret_file)
+        self._agent(switch, upstream, secret_file, route.next_hops)
+        self.switch = switch
+        # Undone first: the rules with their packet counts, as the guest left them (what matched, what did not).
+        self.cleanup.add("keep the flows", lambda: (self.out / "flows.txt").write_text(
+            switch.ofctl("dump-flows", names.bridge) + switch.ofctl("dump-flows", names.meta_bridge)))
         return switch
+
+    def plug(self, switch: Switch, guest: Guest, vlan: int) -> None:
+        """Another port of a running guest (a NIC about to be hot-added), plugged on ``vlan``."""
+        self._guest_tap(switch, guest, vlan)
+
+    def unplug(self, switch: Switch, tap: str) -> None:
+        """A port unplugged again (its NIC detached): off the bridge, the tap deleted."""
+        switch.vsctl("--if-exists", "del-port", self.names.bridge, tap)
+        sh("ip", "link", "del", tap, check=False)
 
     def _namespace(self, switch: Switch, ns: str, port: str, address: str, address6: str | None = None) -> None:
         """A namespace on the VM VLAN through a veth: the DHCP port, or the router (the kernel answers ARP)."""
@@ -276,15 +316,15 @@ class Datapath:
         self.cleanup.add(f"del-port {port}", lambda: switch.vsctl("--if-exists", "del-port", bridge, port))
         switch.vsctl("add-port", bridge, port, f"tag={VLAN}")
 
-    def _guest_tap(self, switch: Switch, guest: Guest) -> None:
+    def _guest_tap(self, switch: Switch, guest: Guest, vlan: int = VLAN) -> None:
         """The tap QEMU attaches to, plugged as os-vif plugs a Nova port."""
         self.cleanup.command("ip", "link", "del", guest.tap)
         sh("ip", "tuntap", "add", "dev", guest.tap, "mode", "tap")
         sh("ip", "link", "set", guest.tap, "up")
         bridge = self.names.bridge
         self.cleanup.add(f"del-port {guest.tap}", lambda: switch.vsctl("--if-exists", "del-port", bridge, guest.tap))
-        port_id = str(uuidlib.uuid5(uuidlib.NAMESPACE_URL, f"imds-lab:{guest.uuid}"))
-        switch.vsctl("add-port", bridge, guest.tap, f"tag={VLAN}", "--", "set", "Interface", guest.tap,
+        port_id = str(uuidlib.uuid5(uuidlib.NAMESPACE_URL, f"imds-lab:{guest.uuid}:{guest.mac}"))
+        switch.vsctl("add-port", bridge, guest.tap, f"tag={vlan}", "--", "set", "Interface", guest.tap,
                      f"external_ids:iface-id={port_id}", f"external_ids:attached-mac={guest.mac}",
                      f"external_ids:vm-uuid={guest.uuid}", "external_ids:iface-status=active")
 
@@ -307,13 +347,14 @@ class Datapath:
                 "--pid-file=",
                 "--user=root", f"--dhcp-leasefile={out / 'dnsmasq.leases'}", "--log-dhcp",
                 f"--log-facility={out / 'dnsmasq.log'}", *route.dnsmasq_args(guest.mac)]
-        process = self.cleanup.process("dnsmasq", spawn(args, out / "dnsmasq.out"))
+        process = self.dnsmasq = self.cleanup.process("dnsmasq", spawn(args, out / "dnsmasq.out"))
         if process.poll() is not None:
             raise LabError(f"dnsmasq exited {process.returncode}: {_text(out / 'dnsmasq.out')[-1000:]}")
 
-    def _agent(self, switch: Switch, upstream: str, secret_file: Path) -> None:
+    def _agent(self, switch: Switch, upstream: str, secret_file: Path, next_hops: tuple[str, ...]) -> None:
         """``imds agent`` for this switch; its metadata bridge and namespace are undone by name after it stops."""
         names, out = self.names, self.out
+        ensure_system_user(HAPROXY_USER, "imds agent haproxy workers")
         state = (out / "agent").resolve()
         state.mkdir(exist_ok=True)
         self.cleanup.command("ip", "netns", "del", names.meta_netns)
@@ -326,7 +367,7 @@ class Datapath:
                 "--integration-bridge", names.bridge, "--metadata-bridge", names.meta_bridge,
                 "--meta-port", names.meta_port, "--meta-netns", names.meta_netns, "--upstream", upstream,
                 "--shared-secret-file", str(secret_file.resolve()), "--state-dir", str(state),
-                "--check-interval", "0.5"]
+                "--check-interval", "0.5", *(arg for hop in next_hops for arg in ("--metadata-next-hop", hop))]
         log = out / "agent.log"
         agent = spawn(args, log, env=env)
         self.cleanup.add(f"stop imds agent (pid {agent.pid})", lambda: stop(agent, timeout=20.0))

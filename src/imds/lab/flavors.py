@@ -7,16 +7,18 @@ that cloud does (the same values work in libvirt's ``<sysinfo type='smbios'>``; 
 NoCloud over the network also needs its seed URL, which the command line or the SMBIOS
 serial carries.
 
-``--ipv6-only`` (no IPv4 in the guest at all): what cloud-init 22.4 can do, read in its source.
+``--ipv6-only`` (no IPv4 in the guest at all): what cloud-init 22.4 (bookworm) can do, read in its source.
 EC2's datasource lists ``http://[fd00:ec2::254]`` after 169.254.169.254 (and its local stage
 brings the link up for IPv6 when DHCPv4 gets no lease); NoCloud takes any seed URL, so the
 seed names ``[fd00:ec2::254]``; a config drive needs no network. The OpenStack datasource
 knows only ``http://169.254.169.254`` and its local stage runs DHCPv4 alone
-(``fe80::a9fe:a9fe`` came in 23.x): the lab refuses it.
+(``fe80::a9fe:a9fe`` came in 23.x): the lab refuses it on bookworm. cloud-init 25.1 (``--suite
+trixie``) asks ``http://[fe80::a9fe:a9fe%25IFACE]`` first, in its network stage.
 
 ``--route`` is how DHCP tells the guest the way to 169.254.169.254, the three of Neutron's
 metadata spec: ``gateway`` (a default route; the lab's router answers for the gateway address),
-``dhcp`` (option 121 via the DHCP port's address), ``onlink`` (option 121, on-link).
+``dhcp`` (option 121 via the DHCP port's address, what Neutron's DHCP agent hands out for an
+isolated subnet: the default but for EC2), ``onlink`` (option 121, on-link).
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ class Flavor:
     config_drive: bool = False  # attach an ISO 9660 config-2 drive
     uuid_prefix: str = ""  # instance ids start so (AWS's start with "ec2", which cloud-init checks)
     platform: bool = False  # give the SMBIOS fields even with --identify cmdline (the datasource needs them)
-    route: str = "onlink"  # the default --route: 169.254.169.254 on-link (option 121), as Neutron's DHCP
+    route: str = "dhcp"  # the default --route: 169.254.169.254 via the DHCP port (option 121), as Neutron's DHCP agent
     ipv6_refused: str | None = None  # why cloud-init 22.4 cannot read this flavor's metadata over IPv6 alone
 
     def kernel_args(self, identify: str, *, ipv6: bool = False) -> list[str]:

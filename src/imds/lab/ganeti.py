@@ -47,16 +47,18 @@ GUEST_DISK = "/dev/vdb"
 GUEST_TOOL = "/root/imds-guest.pyz"
 OS_TYPE = "imds-lab"
 STATES = ("started", "image", "succeeded", "mode")  # in this order; "mode" is the service's own event
+SHIPPED_LEAVES = ("__init__.py", "tarball.py")  # what imds.guest imports from outside itself
 ENTRY = "import sys\nfrom imds.guest.cli import main\nsys.exit(main())\n"  # docs/guest.md's __main__.py
 
 
 def guest_zipapp() -> bytes:
-    """The guest tool as one file, built as docs/guest.md says: ``imds/__init__.py``, ``imds/guest/*.py``, the entry."""
+    """The guest tool as one file, built as docs/guest.md says: ``imds/{__init__,tarball}.py``, ``imds/guest/*.py``."""
     package = Path(imds.__file__).parent
     with tempfile.TemporaryDirectory(prefix="imds-lab-zipapp-") as work:
         tree = Path(work) / "imds-guest"
         (tree / "imds" / "guest").mkdir(parents=True)
-        shutil.copy(package / "__init__.py", tree / "imds" / "__init__.py")
+        for leaf in SHIPPED_LEAVES:
+            shutil.copy(package / leaf, tree / "imds" / leaf)
         for module in sorted((package / "guest").glob("*.py")):
             shutil.copy(module, tree / "imds" / "guest" / module.name)
         (tree / "__main__.py").write_text(ENTRY)

@@ -1,11 +1,18 @@
 """The lab's guest image, built from Debian packages and cached by what went into it.
 
 ``build`` runs ``mmdebstrap`` (minbase plus systemd, udev, cloud-init, the cloud kernel, a
-DHCP client and ifupdown) into a directory, copies out the kernel and initrd (QEMU boots
+DHCP client, ifupdown and net-tools: cloud-init's ifupdown renderer writes static routes as
+``route(8)`` lines, which fail silently without it) into a directory, copies out the kernel and initrd (QEMU boots
 them directly: no bootloader), and makes a raw ext4 filesystem image of the tree with
 ``mke2fs -d`` (no loop mount). The recipe below — suite, packages, the files written into
 the tree, the image size — is hashed; an image whose hash directory already exists is reused.
 Change the recipe and the next build makes a new one.
+
+``Recipe`` picks the Debian suite (``bookworm``, the default, has cloud-init 22.4; ``trixie``
+25.1; ``sid`` the newest) and any packages beyond the base list (``systemd-imds`` on sid, say):
+both are part of the hash, so each suite and each package set is an image of its own, cached
+side by side as ``debian-SUITE-KEY``. Two builds of one recipe at the same time (two engineers,
+two CI jobs on one cache) take turns on a lock file: the second reuses what the first built.
 
 What the tree gets besides the packages (each met as a pitfall in the first boots):
 
@@ -23,9 +30,11 @@ What the tree gets besides the packages (each met as a pitfall in the first boot
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -33,17 +42,19 @@ import sys
 import time
 from collections.abc import Callable
 from contextlib import suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 from imds.errors import LabError
 from imds.lab.run import sh, spawn, tool_env
 
 RECIPE_VERSION = 1
 SUITE = "bookworm"
+SUITES = ("bookworm", "trixie", "sid")  # Debian 12, 13 and unstable (cloud-init 22.4, 25.1, 26.x)
 PACKAGES = (
     "systemd-sysv", "udev", "cloud-init", "linux-image-cloud-amd64", "iproute2", "isc-dhcp-client",
-    "curl", "ifupdown", "netbase",
+    "curl", "ifupdown", "netbase", "net-tools",
 )
 IMAGE_SIZE = 2 << 30  # sparse: about 450 MB of it is used
 BUILD_TIMEOUT = 1800.0
@@ -77,6 +88,8 @@ class Image:
     kernel: Path | None = None
     initrd: Path | None = None
     key: str = ""
+    suite: str | None = None  # the Debian suite it was built from (None: an operator's --image)
+    cloud_init: str | None = None  # the cloud-init package version in it, when known
 
     @property
     def format(self) -> str:
@@ -87,24 +100,65 @@ class Image:
         return str(info["format"])
 
 
-def recipe() -> dict[str, object]:
-    """Everything the image is made from (its hash names the cached image)."""
-    return {"version": RECIPE_VERSION, "suite": SUITE, "variant": "minbase", "packages": list(PACKAGES),
-            "files": FILES, "size": IMAGE_SIZE}
+@dataclass(frozen=True)
+class Recipe:
+    """What to build: the Debian suite and the packages beyond the base list (both part of the cache key)."""
+
+    suite: str = SUITE
+    extra: tuple[str, ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        """LabError for a suite mmdebstrap is not known to build here, or a package name apt would refuse."""
+        if self.suite not in SUITES:
+            msg = f"unknown suite {self.suite!r}: one of {', '.join(SUITES)}"
+            raise LabError(msg)
+        for name in self.extra:
+            if not _PACKAGE.fullmatch(name):
+                msg = f"--package {name!r} is not a Debian package name"
+                raise LabError(msg)
+
+    @property
+    def packages(self) -> list[str]:
+        """The base packages, then the extra ones (sorted, each once, none repeated from the base)."""
+        return [*PACKAGES, *sorted(set(self.extra) - set(PACKAGES))]
+
+    def describe(self) -> dict[str, object]:
+        """Everything the image is made from (its hash names the cached image)."""
+        return {"version": RECIPE_VERSION, "suite": self.suite, "variant": "minbase", "packages": self.packages,
+                "files": FILES, "size": IMAGE_SIZE}
+
+    @property
+    def key(self) -> str:
+        """16 hex digits of the recipe's SHA-256."""
+        return hashlib.sha256(json.dumps(self.describe(), sort_keys=True).encode()).hexdigest()[:16]
+
+    def directory(self, out: Path) -> Path:
+        """Where this recipe's image is cached under ``out``."""
+        return out / f"debian-{self.suite}-{self.key}"
 
 
-def recipe_key() -> str:
+_PACKAGE = re.compile(r"[a-z0-9][a-z0-9+.-]+")  # Debian policy 5.6.1
+
+
+def recipe(chosen: Recipe | None = None) -> dict[str, object]:
+    """Everything ``chosen`` (default: bookworm, base packages) is made from."""
+    return (chosen or Recipe()).describe()
+
+
+def recipe_key(chosen: Recipe | None = None) -> str:
     """16 hex digits of the recipe's SHA-256."""
-    return hashlib.sha256(json.dumps(recipe(), sort_keys=True).encode()).hexdigest()[:16]
+    return (chosen or Recipe()).key
 
 
-def cached(out: Path) -> Image | None:
-    """The image for the current recipe under ``out``, if it was built."""
-    key = recipe_key()
-    target = out / f"debian-{SUITE}-{key}"
+def cached(out: Path, chosen: Recipe | None = None) -> Image | None:
+    """The image for the recipe under ``out``, if it was built."""
+    chosen = chosen or Recipe()
+    target = chosen.directory(out)
     if not (target / "manifest.json").is_file():
         return None
-    return Image(target / "rootfs.ext4", target / "vmlinuz", target / "initrd.img", key)
+    manifest = json.loads((target / "manifest.json").read_text())
+    return Image(target / "rootfs.ext4", target / "vmlinuz", target / "initrd.img", chosen.key, chosen.suite,
+                 manifest.get("cloud_init"))
 
 
 def _hooks() -> list[str]:
@@ -119,43 +173,76 @@ def _quote(text: str) -> str:
     return "'" + text.replace("'", "'\\''") + "'"
 
 
-def build(out: Path, mirror: str | None = None, say: Callable[[str], None] | None = None) -> Image:
-    """The image for the current recipe under ``out``: reused when present, else built (progress to ``say``)."""
+def build(out: Path, mirror: str | None = None, say: Callable[[str], None] | None = None,
+          chosen: Recipe | None = None) -> Image:
+    """The image for ``chosen`` under ``out``: reused when present, else built (progress to ``say``)."""
     tell = say or (lambda line: print(line, file=sys.stderr))  # noqa: T201 - the default sink is the terminal
-    found = cached(out)
-    if found is not None:
-        tell(f"image: reusing {found.disk.parent} (recipe {found.key})")
-        return found
+    chosen = chosen or Recipe()
+    out.mkdir(parents=True, exist_ok=True)
+    with (out / f".build-{chosen.key}.lock").open("a") as lock:
+        if cached(out, chosen) is None and _held(lock):
+            tell(f"image: another build of recipe {chosen.key} is running; waiting for it")
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        found = cached(out, chosen)
+        if found is not None:
+            tell(f"image: reusing {found.disk.parent} (recipe {found.key})")
+            return found
+        return _build(out, mirror, tell, chosen)
+
+
+def _held(lock: IO[str]) -> bool:
+    """Take the lock without waiting; whether someone else holds it."""
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    return False
+
+
+def _build(out: Path, mirror: str | None, tell: Callable[[str], None], chosen: Recipe) -> Image:
     for tool in ("mmdebstrap", "mke2fs"):
         if shutil.which(tool, path=tool_env()["PATH"]) is None:
             msg = f"{tool} is missing: apt-get install mmdebstrap e2fsprogs (scripts/test does)"
             raise LabError(msg)
-    key = recipe_key()
-    target = out / f"debian-{SUITE}-{key}"
+    key = chosen.key
+    target = chosen.directory(out)
     work = out / f".build-{key}"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     started = time.monotonic()
     try:
         tree = work / "rootfs"
-        _debootstrap(tree, work / "mmdebstrap.log", mirror, tell, started)
+        _debootstrap(tree, work / "mmdebstrap.log", (chosen, mirror), tell, started)
         kernel, initrd = _boot_files(tree, work)
+        version = installed_version(tree, "cloud-init")
         tell(f"image: [{time.monotonic() - started:5.0f}s] mke2fs -d (ext4, {IMAGE_SIZE >> 20} MiB sparse)")
         disk = work / "rootfs.ext4"
         with disk.open("wb") as sparse:
             sparse.truncate(IMAGE_SIZE)
         sh("mke2fs", "-q", "-F", "-t", "ext4", "-L", "imds-lab", "-d", str(tree), str(disk), timeout=600.0)
         shutil.rmtree(tree)
-        manifest = {"recipe": recipe(), "key": key, "kernel": kernel, "initrd": initrd,
-                    "seconds": round(time.monotonic() - started, 1)}
+        manifest = {"recipe": chosen.describe(), "key": key, "kernel": kernel, "initrd": initrd,
+                    "cloud_init": version, "seconds": round(time.monotonic() - started, 1)}
         (work / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
         shutil.rmtree(target, ignore_errors=True)
         work.rename(target)
     except BaseException:
         _remove_build(work)
         raise
-    tell(f"image: [{time.monotonic() - started:5.0f}s] built {target}")
-    return Image(target / "rootfs.ext4", target / "vmlinuz", target / "initrd.img", key)
+    tell(f"image: [{time.monotonic() - started:5.0f}s] built {target} (cloud-init {version})")
+    return Image(target / "rootfs.ext4", target / "vmlinuz", target / "initrd.img", key, chosen.suite, version)
+
+
+def installed_version(tree: Path, package: str) -> str | None:
+    """The version of ``package`` dpkg installed in ``tree`` (its status file), None when absent."""
+    status = tree / "var" / "lib" / "dpkg" / "status"
+    if not status.is_file():
+        return None
+    for stanza in status.read_text(errors="replace").split("\n\n"):
+        fields = dict(line.split(": ", 1) for line in stanza.splitlines() if ": " in line and line[0] != " ")
+        if fields.get("Package") == package and fields.get("Status", "").endswith(" installed"):
+            return fields.get("Version")
+    return None
 
 
 def _remove_build(work: Path) -> None:
@@ -185,11 +272,14 @@ def _stop_group(process: subprocess.Popen[bytes]) -> None:
         return
 
 
-def _debootstrap(tree: Path, log: Path, mirror: str | None, tell: Callable[[str], None], started: float) -> None:
-    args = ["mmdebstrap", "--variant=minbase", f"--include={','.join(PACKAGES)}", *_hooks(), SUITE, str(tree)]
+def _debootstrap(tree: Path, log: Path, source: tuple[Recipe, str | None], tell: Callable[[str], None],
+                 started: float) -> None:
+    chosen, mirror = source
+    packages = chosen.packages
+    args = ["mmdebstrap", "--variant=minbase", f"--include={','.join(packages)}", *_hooks(), chosen.suite, str(tree)]
     if mirror:
         args.append(mirror)
-    tell(f"image: mmdebstrap {SUITE} ({len(PACKAGES)} packages and their dependencies), log {log}")
+    tell(f"image: mmdebstrap {chosen.suite} ({len(packages)} packages and their dependencies), log {log}")
     process = spawn(args, log)
     seen = 0
     deadline = started + BUILD_TIMEOUT

@@ -27,6 +27,7 @@ QEMU = "qemu-system-x86_64"
 KVM_FAILURES = ("KVM internal error", "emulation failure", "failed to initialize kvm", "Could not access KVM",
                 "kvm run failed")
 KVM_PROBE = 15.0
+TAGGED_SLOT = 7  # the tagged disk's PCI slot (QEMU gives the NIC and the -drive disks 2 onwards)
 
 
 def kvm_usable() -> bool:
@@ -53,6 +54,8 @@ class Machine:
     smbios: str | None = None
     cdrom: Path | None = None  # a config drive (attached as a read-only virtio disk)
     second_disk: Path | None = None  # a raw disk right after the root one (/dev/vdb): --ganeti-install's target
+    tagged_disk: tuple[Path, str] | None = None  # (raw file, virtio serial): --device-tags' data disk
+    qmp: Path | None = None  # a QMP socket (--hotplug attaches devices through it)
     memory_mb: int = 1024
     cpus: int = 2
 
@@ -73,10 +76,16 @@ class Machine:
                 "-serial", f"file:{self.serial}",
                 "-drive", f"file={self.overlay},if=virtio,format=qcow2",
                 *(("-drive", f"file={self.second_disk},if=virtio,format=raw") if self.second_disk else ()),
+                # -drive takes no serial; slot 7, after the ones QEMU picks, keeps the root disk /dev/vda
+                *(("-drive", f"file={self.tagged_disk[0]},if=none,id=tagged,format=raw",
+                   "-device", f"virtio-blk-pci,drive=tagged,serial={self.tagged_disk[1]},addr={TAGGED_SLOT:#x}")
+                  if self.tagged_disk else ()),
                 "-netdev", f"tap,id=net0,ifname={self.tap},script=no,downscript=no,vnet_hdr=off",
                 "-device", f"virtio-net-pci,netdev=net0,mac={self.mac}"]
         if accel == "kvm":
             args += ["-cpu", "host"]
+        if self.qmp is not None:
+            args += ["-qmp", f"unix:{self.qmp},server=on,wait=off"]
         if self.smbios:
             args += ["-smbios", self.smbios]
         if self.cdrom is not None:
@@ -104,8 +113,9 @@ class Qemu:
             raise LabError(f"{QEMU} is missing: apt-get install qemu-system-x86 qemu-utils (scripts/test does)")
         self.stop()
         machine = self.machine
-        for stale in (machine.serial, self.stderr):
-            stale.unlink(missing_ok=True)
+        for stale in (machine.serial, self.stderr, machine.qmp):
+            if stale is not None:
+                stale.unlink(missing_ok=True)
         self.overlay()
         self.accel = accel
         self.started = time.monotonic()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import pwd
 import signal
 import subprocess
 import time
@@ -64,6 +65,15 @@ def write_private(path: Path, data: bytes) -> None:
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
     with suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def ensure_system_user(name: str, comment: str) -> None:
+    """A system user and group ``name`` (no home, no login), made when missing, as sysusers.d would."""
+    try:
+        pwd.getpwnam(name)
+    except KeyError:
+        sh("useradd", "--system", "--user-group", "--no-create-home", "--home-dir", "/", "--shell",
+           "/usr/sbin/nologin", "--comment", comment, name)
 
 
 def spawn(args: Sequence[str], log: Path, env: dict[str, str] | None = None,

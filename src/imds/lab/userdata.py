@@ -61,20 +61,27 @@ def with_marker(userdata: bytes, marker: str = MARKER) -> bytes:
     return lab_userdata(userdata, marker)
 
 
-def lab_userdata(userdata: bytes | None, marker: str = MARKER, scripts: Sequence[tuple[str, str]] = ()) -> bytes:
+def lab_userdata(userdata: bytes | None, marker: str = MARKER, scripts: Sequence[tuple[str, str]] = (),
+                 configs: Sequence[str] = ()) -> bytes:
     """What the guest gets: the operator's userdata (or the default) and the lab's ``scripts`` (name, text).
 
     Without operator userdata and scripts: the default cloud-config alone. Otherwise a multipart:
     the operator's userdata (or the default cloud-config, which prints the marker itself), each
     of ``scripts`` as a shell-script part under its name, and, after the operator's userdata,
-    the marker script, whose name sorts last.
+    the marker script, whose name sorts last. ``configs`` are cloud-config parts of the lab's own
+    (each with keys the operator's part is unlikely to set: cloud-init merges them, a list key
+    given twice is replaced).
     """
-    if userdata is None and not scripts:
+    if userdata is None and not scripts and not configs:
         return default_userdata(marker)
     if userdata is not None and userdata.startswith(GZIP_MAGIC):
         userdata = gzip.decompress(userdata)
     outer = MIMEMultipart()
     outer.attach(_part(default_userdata(marker) if userdata is None else userdata))
+    for index, text in enumerate(configs):
+        config = MIMEText(text, "cloud-config", "utf-8")
+        config.add_header("Content-Disposition", "attachment", filename=f"zz-imds-lab-{index}.cfg")
+        outer.attach(config)
     for name, text in scripts:
         outer.attach(_script(name, text))
     if userdata is not None:

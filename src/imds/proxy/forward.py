@@ -5,7 +5,7 @@ Raw ASGI (no framework) on the hot path. For every request:
 - the socket peer (never a header) goes to the ``Identifier``; unknown → 404 with a body,
   without contacting upstream;
 - every copy the VM sent of ``X-Instance-ID``, ``X-Instance-ID-Signature``,
-  ``X-Instance-ID-Timestamp``, ``X-Tenant-ID``
+  ``X-Instance-ID-Timestamp``, ``X-Tenant-ID``, ``X-Instance-Host``
   and of every forwarding header (``imds.services.identity.tokens.FORWARDING_HEADERS``,
   any ``X-Forwarded-*``) is dropped, with the hop-by-hop headers, and the proxy's own are
   added (``X-Forwarded-For`` is the peer alone);
@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import ssl
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
@@ -45,7 +46,14 @@ from imds.proxy.upstream import UpstreamFailed, UpstreamPool
 from imds.services.admission.ratelimit import InFlight
 from imds.services.catalog.addresses import parse_host
 from imds.services.identity.tokens import FORWARDING_HEADERS, FORWARDING_PREFIX, forwarding, is_token_path
-from imds.signing import INSTANCE_ID_HEADER, SIGNATURE_HEADER, TENANT_HEADER, TIMESTAMP_HEADER, sign_stamped
+from imds.signing import (
+    HOST_HEADER,
+    INSTANCE_ID_HEADER,
+    SIGNATURE_HEADER,
+    TENANT_HEADER,
+    TIMESTAMP_HEADER,
+    SigningKey,
+)
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
@@ -60,7 +68,7 @@ HOP_BY_HOP = frozenset(
 # (and so is any other ``X-Forwarded-*``).
 IDENTITY_HEADERS = frozenset(
     {INSTANCE_ID_HEADER.encode(), SIGNATURE_HEADER.encode(), TIMESTAMP_HEADER.encode(), TENANT_HEADER.encode(),
-     *(name.encode() for name in FORWARDING_HEADERS)}
+     HOST_HEADER.encode(), *(name.encode() for name in FORWARDING_HEADERS)}
 )
 _DROPPED = HOP_BY_HOP | IDENTITY_HEADERS | {b"content-length", b"host", b"expect"}
 _FORWARDED_PREFIX = FORWARDING_PREFIX.encode()
@@ -108,16 +116,23 @@ def _reply(status: int, message: str) -> tuple[int, bytes]:
 
 
 class ProxyApp:
-    """``imds proxy``'s ASGI app; ``lifespan`` starts the identifier and the upstream pool."""
+    """``imds proxy``'s ASGI app; ``lifespan`` starts the identifier and the upstream pool.
 
-    def __init__(self, identifier: Identifier, secret: bytes, policy: ForwardPolicy) -> None:
+    ``key`` signs each request (this host's own key, or the shared secret); ``tls`` is the
+    context for an https:// upstream (``imds.proxy.upstream.tls_context``).
+    """
+
+    def __init__(
+        self, identifier: Identifier, key: SigningKey, policy: ForwardPolicy, *, tls: ssl.SSLContext | None = None
+    ) -> None:
         self.identifier = identifier
         self.policy = policy
-        self._secret = secret
+        self._key = key
+        self._host = key.host.encode() if key.host else None
         self._upstream = policy.upstream
         self._in_flight = InFlight(policy.max_requests_per_source)
         self._pool = UpstreamPool(
-            policy.upstream, size=policy.max_connections, connect_timeout=policy.connect_timeout
+            policy.upstream, size=policy.max_connections, connect_timeout=policy.connect_timeout, tls=tls
         )
 
     async def start(self) -> None:
@@ -199,11 +214,13 @@ class ProxyApp:
         headers += [
             (INSTANCE_ID_HEADER.encode(), instance_id.encode()),
             (TIMESTAMP_HEADER.encode(), str(now).encode()),
-            (SIGNATURE_HEADER.encode(), sign_stamped(self._secret, instance_id, now, tenant).encode()),
+            (SIGNATURE_HEADER.encode(), self._key.sign(instance_id, now, tenant).encode()),
             (b"x-forwarded-for", peer.encode()),
         ]
         if identity.tenant_id:
             headers.append((TENANT_HEADER.encode(), identity.tenant_id.encode()))
+        if self._host is not None:
+            headers.append((HOST_HEADER.encode(), self._host))
         return headers
 
     async def _body(self, scope: Scope, receive: Receive) -> bytes | None:

@@ -48,6 +48,7 @@ class Services:
     templates: tuple[Template, ...]
     metrics: Metrics
     http: httpx.AsyncClient
+    fetch: httpx.AsyncClient  # fetches on a record's behalf, under the destination policy (upstream/destination.py)
     tokens: TokenIssuer
     channel: Channel
     os: OsRecords  # Ganeti OS records: always there (no OS definition is loaded without --os-definitions-dir)
@@ -129,6 +130,7 @@ class Services:
                 await task
         self._tasks.clear()
         await self.http.aclose()
+        await self.fetch.aclose()
         await self.store.close()
 
     @contextlib.asynccontextmanager

@@ -127,7 +127,7 @@ def previews(found: Instance, templates: tuple[Template, ...]) -> dict[str, Any]
     doc = found.metadata
     shown: dict[str, Any] = {"json": None, "ec2": None, "openstack": None, "nocloud": None, "ganeti": None}
     if doc is not None:
-        shown["json"] = _clip(metadata_bytes(found, templates))
+        shown["json"] = _clip(metadata_bytes(found, templates, served=True))
         tree = aws_meta_data(doc, found.id)
         shown["ec2"] = {key: _leaf(tree, key) for key in ("instance-id", "local-ipv4", "hostname")}
         openstack = meta_data_document(found, "latest")

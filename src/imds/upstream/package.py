@@ -10,6 +10,7 @@ from __future__ import annotations
 import httpx
 
 from imds.errors import UpstreamError, UpstreamUnavailable
+from imds.upstream.destination import DestinationRefused
 
 
 class PackageDownloader:
@@ -21,7 +22,13 @@ class PackageDownloader:
         self._timeout = timeout
 
     async def get(self, url: str, credentials: tuple[str, str] | None) -> bytes:
-        """The body of a 200 answer (HTTP Basic ``credentials`` when given)."""
+        """The body of a 200 answer (HTTP Basic ``credentials`` when given).
+
+        A body shorter than its ``Content-Length`` (or a chunked one that breaks off) is
+        UpstreamUnavailable saying so; a refused destination (``imds.upstream.destination``)
+        or a URL that does not parse is UpstreamError naming ``package.url``.
+        """
+        data = bytearray()
         try:
             async with self._http.stream(
                 "GET", url, auth=credentials, timeout=self._timeout, follow_redirects=False
@@ -32,11 +39,17 @@ class PackageDownloader:
                 declared = response.headers.get("content-length", "")
                 if declared.isdigit() and int(declared) > self._max:
                     raise UpstreamError(self._too_large())
-                data = bytearray()
                 async for chunk in response.aiter_bytes():
                     data += chunk
                     if len(data) > self._max:
                         raise UpstreamError(self._too_large())
+        except httpx.InvalidURL as exc:
+            raise UpstreamError(f"package refused: package.url is not a valid URL ({exc})") from exc
+        except DestinationRefused as exc:
+            raise UpstreamError(f"package refused: package.url's {exc.message}") from exc
+        except httpx.RemoteProtocolError as exc:
+            msg = f"package cut: the package URL sent {len(data)} bytes and broke off ({exc})"
+            raise UpstreamUnavailable(msg) from exc
         except httpx.HTTPError as exc:
             msg = f"package fetch failed: {type(exc).__name__}"
             raise UpstreamUnavailable(msg) from exc

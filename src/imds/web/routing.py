@@ -14,7 +14,7 @@ from imds.services.catalog.catalog import Entry
 from imds.services.catalog.resolve import Resolver
 from imds.services.identity.identify import caller_address
 from imds.services.identity.proxied import Claim, SignedIdentity
-from imds.signing import INSTANCE_ID_HEADER, SIGNATURE_HEADER, TENANT_HEADER, TIMESTAMP_HEADER
+from imds.signing import HOST_HEADER, INSTANCE_ID_HEADER, SIGNATURE_HEADER, TENANT_HEADER, TIMESTAMP_HEADER
 from imds.web.errors import error_parts
 
 Scope = MutableMapping[str, Any]
@@ -22,7 +22,8 @@ TEXT = b"text/plain; charset=utf-8"
 JSON = b"application/json"
 BINARY = b"application/octet-stream"
 READ_METHODS = frozenset({"GET", "HEAD"})
-_SIGNED = tuple(name.encode() for name in (INSTANCE_ID_HEADER, SIGNATURE_HEADER, TENANT_HEADER, TIMESTAMP_HEADER))
+_SIGNED = tuple(name.encode() for name in (INSTANCE_ID_HEADER, SIGNATURE_HEADER, TENANT_HEADER, TIMESTAMP_HEADER,
+                                           HOST_HEADER))
 _SIGNED_SET = frozenset(_SIGNED)
 
 
@@ -113,7 +114,7 @@ class Locator:
         peer = scope.get("client")
         peer_address = parse_host(peer[0]) if peer else None
         found: dict[bytes, str] = {}
-        for key, value in scope["headers"]:  # one pass for the four headers (the first copy of each)
+        for key, value in scope["headers"]:  # one pass for the five headers (the first copy of each)
             if key in _SIGNED_SET and key not in found:
                 found[key] = value.decode("latin-1")
         values = [found.get(name) for name in _SIGNED]

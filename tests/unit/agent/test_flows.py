@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ipaddress
+
 from imds.agent import flows
 from imds.agent.allocate import Pool
 
@@ -92,3 +94,25 @@ def test_rendering_is_stable():
     """The same ports in any order render the same rules (so unchanged state is not re-applied)."""
     assert flows.integration_flows(WIRING, PORTS) == flows.integration_flows(WIRING, list(reversed(PORTS)))
     assert flows.metadata_flows(WIRING, PORTS) == flows.metadata_flows(WIRING, list(reversed(PORTS)))
+
+
+def test_next_hops_are_answered_as_the_gateway_on_every_vm_port():
+    """--metadata-next-hop: ARP for an IPv4 next hop and NS for an IPv6 one get the gateway MAC, port by port."""
+    hops = (ipaddress.ip_address("10.0.0.2"), ipaddress.ip_address("fd00:231::2"))
+    wiring = flows.Wiring(1, 1, 2, 998, POOL.gateway, next_hops=hops)
+    rules = flows.integration_flows(wiring, PORTS)
+    for ofport in (5, 7):
+        arp = next(r for r in rules if f"in_port={ofport},arp,arp_op=1,arp_tpa=10.0.0.2," in r)
+        assert "set_field:fa:16:ee:00:00:01->arp_sha,set_field:10.0.0.2->arp_spa,IN_PORT" in arp
+        assert any(f"in_port={ofport},icmp6,icmp_type=135,nd_target=fd00:231::2," in r for r in rules)
+    answer = next(r for r in rules if r.startswith("table=211") and "nd_target=fd00:231::2" in r)
+    assert "set_field:fa:16:ee:00:00:01->nd_tll" in answer
+    assert not any("10.0.0.2" in r for r in flows.integration_flows(WIRING, PORTS))  # none unless asked
+
+
+def test_next_hops_in_inport_mode_are_ipv4_only():
+    """In-port mode has no IPv6 path: an IPv6 next hop is not answered there, an IPv4 one is."""
+    hops = (ipaddress.ip_address("10.0.0.2"), ipaddress.ip_address("fd00:231::2"))
+    rules = flows.integration_flows(flows.Wiring(1, 1, 2, 998, POOL.gateway, mode="inport", next_hops=hops), PORTS)
+    assert any("arp_tpa=10.0.0.2" in r for r in rules)
+    assert not any("fd00:231::2" in r for r in rules)

@@ -9,8 +9,22 @@ import subprocess
 
 import pytest
 
-from imds.agent.haproxy import SIGNING_KEY_ENV, Backend, Frontend, Upstream, render, safe_token
+import haproxy_user
+from imds import log
+from imds.agent.haproxy import (
+    LOG_FORMAT,
+    LOG_LENGTH,
+    SIGNING_KEY_ENV,
+    Backend,
+    Frontend,
+    Process,
+    Upstream,
+    UpstreamTls,
+    render,
+    safe_token,
+)
 from imds.agent.haproxyctl import Haproxy
+from imds.agent.requestlog import RequestLog
 from imds.errors import ConfigError, HaproxyFailed
 from imds.services.identity.tokens import FORWARDING_HEADERS, TOKEN_PATH_PATTERN
 
@@ -78,18 +92,20 @@ def test_each_backend_drops_every_forwarding_header_the_vm_sent():
         assert "    http-request del-header x-forwarded- -m beg\n" in backend
 
 
-def test_a_token_put_carrying_a_forwarding_header_is_refused_in_the_frontend():
-    """Before any backend: PUT to serve's token path (decoded) with any listed header name → serve's 403."""
+def test_a_token_put_carrying_a_forwarding_header_is_refused_in_the_vms_backend():
+    """First in each VM's backend: PUT to serve's token path (decoded) with any listed header name → serve's 403."""
     text = render(FRONT, [VM_A], UPSTREAM)
-    frontend = text.split("frontend metadata\n", 1)[1].split("\n\n", 1)[0]
+    backend = text.split("backend vm0\n", 1)[1].split("\n\n", 1)[0]
+    refuse = next(line for line in backend.splitlines() if "http-request return status 403" in line)
+    assert refuse.startswith('    http-request return status 403 content-type "text/plain; charset=utf-8" '
+                             'string "403 - Forbidden" if METH_PUT ')
     # \z, not $: a path ending in a (decoded) newline is not the token path, as on serve.
-    assert f"    acl token_path path,url_dec -m reg '^{TOKEN_PATH_PATTERN}\\z'\n" in frontend
-    names = frontend.split("acl forwarding req.hdr_names -m reg -i (^|,)(", 1)[1].split(")(,|$)\n", 1)[0]
+    assert f"{{ path,url_dec -m reg '^{TOKEN_PATH_PATTERN}\\z' }}" in refuse
+    names = refuse.split("{ req.hdr_names -m reg -i (^|,)(", 1)[1].split(")(,|$) }", 1)[0]
     assert names.split("|") == [*FORWARDING_HEADERS, "x-forwarded-[^,]*"]
-    refuse = ('    http-request return status 403 content-type "text/plain; charset=utf-8" string "403 - Forbidden"'
-              " if METH_PUT token_path forwarding\n")
-    assert refuse in frontend
-    assert frontend.index(refuse) < frontend.index("use_backend vm0")
+    # Before the VM's forwarding headers are dropped, after the vars the request log names it by.
+    assert backend.index("set-var(txn.imds_id)") < backend.index(refuse) < backend.index("del-header x-forwarded-for")
+    assert "http-request return status 403" not in text.split("frontend metadata\n", 1)[1].split("\n\n", 1)[0]
 
 
 def test_rendering_is_deterministic_and_secret_free(haproxy, tmp_path):
@@ -148,3 +164,72 @@ def test_a_change_watch_gets_the_watch_maximum_on_top_of_the_server_timeout(hapr
     assert "    timeout server 30s\n" in text
     assert "    http-request set-timeout server 150s if { url_param(wait_for_change) -m found }\n" in text
     haproxy.check(text)
+
+
+def test_run_by_the_agent_haproxy_drops_to_its_user_chroots_and_logs_each_request(haproxy, tmp_path):
+    """``Process``: user and group, an empty chroot, a log to the agent's descriptor; haproxy -c accepts it."""
+    user = haproxy_user.ensure()
+    root = tmp_path / "empty"
+    root.mkdir()
+    requests = RequestLog(log.get("test"))
+    try:
+        fd = requests.haproxy_end
+        text = render(FRONT, [VM_A, VM_B], UPSTREAM, Process(user, str(root), fd))
+        Haproxy(haproxy.binary, tmp_path, SECRET, log_fd=fd).check(text)
+    finally:
+        requests.stop()
+    head = text.split("\ndefaults\n", 1)[0]
+    for line in (f"    user {user}", f"    group {user}", f"    chroot {root}",
+                 f"    log fd@{fd} len {LOG_LENGTH} format raw local0 info"):
+        assert line + "\n" in head
+    frontend = text.split("frontend metadata\n", 1)[1].split("\n\n", 1)[0]
+    assert f"    log-format '{LOG_FORMAT}'\n" in frontend
+    assert "    http-request set-var(txn.imds_path) path\n" in frontend  # the path: never the query string
+    backend_a = text.split("backend vm0\n", 1)[1].split("\n\n", 1)[0]
+    for name, value in (("imds_id", "uuid-a"), ("imds_tenant", "tenant-a"), ("imds_port", "tap-a")):
+        assert f"    http-request set-var(txn.{name}) str({value})\n" in backend_a
+    assert "set-var(txn.imds_tenant)" not in text.split("backend vm1\n", 1)[1]
+    # Fields the agent reads back: the format names each one once.
+    assert [name for name, _ in (pair.split(":", 1) for pair in LOG_FORMAT[1:-1].split(",") if ":" in pair)] == [
+        '"port"', '"instance_id"', '"tenant"', '"source"', '"method"', '"path"', '"status"', '"bytes"',
+        '"request_ms"', '"connect_ms"', '"response_ms"', '"total_ms"', '"termination"', '"tls_error"']
+
+
+def test_without_a_process_nothing_is_logged_and_no_user_is_named():
+    """A config run by hand or in a test (``process`` None) has no user, chroot or request log."""
+    text = render(FRONT, [VM_A], UPSTREAM)
+    for word in ("    user ", "    chroot ", "log-format", "    log "):
+        assert word not in text
+
+
+def test_a_host_key_signs_with_the_host_at_the_end_and_says_which_host():
+    r"""With ``Frontend.host`` each backend sets X-Instance-Host and signs "<date>\n<id>\n<tenant>\n<host>"."""
+    text = render(Frontend(("240.0.0.1",), host="compute-7"), [VM_A, VM_B], UPSTREAM)
+    backend_a = text.split("backend vm0\n", 1)[1].split("\n\n", 1)[0]
+    assert "    http-request set-header X-Instance-Host compute-7\n" in backend_a
+    assert 'concat("\\nuuid-a\\ntenant-a\\ncompute-7"),hmac(sha256,proc.imds_key)' in backend_a
+    assert 'concat("\\nuuid-b\\n\\ncompute-7")' in text.split("backend vm1\n", 1)[1]
+    shared = render(FRONT, [VM_A], UPSTREAM)
+    assert "    http-request del-header X-Instance-Host\n" in shared  # a VM cannot name a host either
+
+
+@pytest.mark.parametrize(
+    ("url", "tls", "server"),
+    [
+        ("https://imds.internal:8443", UpstreamTls(),
+         ("server imds imds.internal:8443 ssl verify required ca-file @system-ca verifyhost imds.internal "
+          "sni str(imds.internal)")),
+        ("https://imds.internal", UpstreamTls(ca_file="/etc/imds/ca.pem", certificate="/etc/imds/client.pem"),
+         ("server imds imds.internal:443 ssl verify required ca-file /etc/imds/ca.pem verifyhost imds.internal "
+          "sni str(imds.internal) crt /etc/imds/client.pem")),
+        ("https://imds.internal:8443", UpstreamTls(insecure=True),
+         "server imds imds.internal:8443 ssl verify none sni str(imds.internal)"),
+        ("https://10.0.0.2:8443", UpstreamTls(ca_file="/etc/imds/ca.pem"),
+         "server imds 10.0.0.2:8443 ssl verify required ca-file /etc/imds/ca.pem"),
+    ],
+)
+def test_an_https_upstream_is_verified_against_its_ca_and_name(url, tls, server):
+    """The private CA (else the system's), the name haproxy verifies and sends as SNI, the client certificate."""
+    parsed = Upstream.parse(url)
+    upstream = Upstream(parsed.host, parsed.port, tls=True, verify=tls)
+    assert f"    {server}\n" in render(FRONT, [VM_A], upstream) + "\n"

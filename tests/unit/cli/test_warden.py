@@ -44,6 +44,15 @@ def test_a_source_within_budget_keeps_every_connection():
     assert excess(conns, 8, _nobody) == {}
 
 
+@pytest.mark.parametrize("budget", [1, 4, 8])
+def test_exactly_the_budget_is_kept_and_one_more_is_shut(budget):
+    """At the budget nothing is over; at budget + 1 exactly the newest (highest inode) is."""
+    conns = [("10.0.0.1", inode) for inode in range(100, 100 + budget)]
+    assert excess(conns, budget, _nobody) == {}
+    assert excess([*conns, ("10.0.0.1", 100 + budget)], budget, _nobody) == {100 + budget: "10.0.0.1"}
+    assert excess([*conns, ("10.0.0.2", 1)], budget, _nobody) == {}  # another source's connection counts for it
+
+
 def test_the_connections_over_budget_are_the_highest_inodes_of_that_source():
     conns = [("10.0.0.1", inode) for inode in (50, 10, 40, 20, 30)] + [("10.0.0.2", 5), ("10.0.0.2", 6)]
     assert excess(conns, 3, _nobody) == {40: "10.0.0.1", 50: "10.0.0.1"}
@@ -78,20 +87,29 @@ def _listening(host: str, family: int = socket.AF_INET) -> socket.socket:
 
 
 def test_the_dump_lists_accepted_connections_on_our_port_with_their_source_and_inode():
-    """Accepted connections (server side, inode of our socket); a queued one has inode 0 and is not ours."""
+    """Accepted connections (server side, inode of our socket); a queued one has inode 0 and is not ours.
+
+    A half-closed one counts: its client sent FIN (our side is in CLOSE_WAIT) but the server
+    still holds the slot until it closes. One our side shut down (FIN_WAIT) no longer does.
+    """
     with _listening("127.0.0.1") as listener, _listening("127.0.0.1") as other:
         port = listener.getsockname()[1]
-        clients = [socket.create_connection(("127.0.0.1", port), source_address=("127.0.0.2", 0)) for _ in range(3)]
-        accepted = [listener.accept()[0] for _ in range(2)]  # the third waits in the backlog
+        clients = [socket.create_connection(("127.0.0.1", port), source_address=("127.0.0.2", 0)) for _ in range(5)]
+        accepted = [listener.accept()[0] for _ in range(4)]  # the fifth waits in the backlog
+        half_closed, shut_by_us = accepted[2], accepted[3]
+        clients[2].shutdown(socket.SHUT_WR)
+        half_closed.settimeout(5)
+        assert half_closed.recv(1) == b""  # the client's FIN arrived: our side is in CLOSE_WAIT
+        shut_by_us.shutdown(socket.SHUT_RDWR)  # our FIN sent: FIN_WAIT, the server let go
         elsewhere = socket.create_connection(other.getsockname())
         try:
             rows = dump(port, socket.AF_INET)
             kept = list(ours_only(rows, listeners([listener])[socket.AF_INET, port]))
-            inodes = {os.fstat(sock.fileno()).st_ino for sock in accepted}
+            inodes = {os.fstat(sock.fileno()).st_ino for sock in accepted[:3]}
         finally:
             for sock in [*clients, *accepted, elsewhere]:
                 sock.close()
-    assert len(rows) == 3
+    assert len(rows) == 4
     assert {row[3] for row in kept} == inodes
     assert {(row[1], row[2]) for row in kept} == {(bytes([127, 0, 0, 1]), bytes([127, 0, 0, 2]))}
 

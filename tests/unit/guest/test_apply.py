@@ -58,10 +58,10 @@ def test_subsystems_are_read_from_rules_not_comments():
 
 
 def test_reload_commands_trigger_only_the_affected_subsystems():
-    """First ``control --reload``, then one ``trigger --action=add`` limited to the subsystems given."""
+    """First ``control --reload``, then one ``trigger --action=change`` limited to the subsystems given."""
     assert reload_commands("udevadm", {"net", "block"}) == [
         ["udevadm", "control", "--reload"],
-        ["udevadm", "trigger", "--action=add", "--subsystem-match=block", "--subsystem-match=net"],
+        ["udevadm", "trigger", "--action=change", "--subsystem-match=block", "--subsystem-match=net"],
     ]
     assert reload_commands("udevadm", ()) == [["udevadm", "control", "--reload"]]
 
@@ -71,7 +71,7 @@ def test_reload_runs_udevadm(tmp_path):
     log = tmp_path / "log"
     udevadm = write_script(tmp_path / "udevadm", f'echo "$*" >> "{log}"')
     reload_udev(str(udevadm), {"block"})
-    assert log.read_text().splitlines() == ["control --reload", "trigger --action=add --subsystem-match=block"]
+    assert log.read_text().splitlines() == ["control --reload", "trigger --action=change --subsystem-match=block"]
 
 
 def test_failing_udevadm_is_an_apply_error(tmp_path):

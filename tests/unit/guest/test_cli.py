@@ -60,7 +60,7 @@ def test_second_identical_run_changes_nothing_and_does_not_reload(fake, drive, r
     assert first.out == f"wrote {rules_file} (4 tagged devices)\nudev reloaded\n"
     assert udevadm.calls() == [
         "control --reload",
-        "trigger --action=add --subsystem-match=block --subsystem-match=net",
+        "trigger --action=change --subsystem-match=block --subsystem-match=net",
     ]
     os.utime(rules_file, ns=(1_000_000_000, 1_000_000_000))
     before = rules_file.stat()
@@ -81,9 +81,9 @@ def test_changed_tags_rewrite_and_retrigger_old_and_new_subsystems(fake, tmp_pat
     run_udev(fake, "--config-drive", str(make_config_drive(tmp_path / "b", disks_only)), *args)
     assert udevadm.calls() == [
         "control --reload",
-        "trigger --action=add --subsystem-match=net",
+        "trigger --action=change --subsystem-match=net",
         "control --reload",
-        "trigger --action=add --subsystem-match=block --subsystem-match=net",
+        "trigger --action=change --subsystem-match=block --subsystem-match=net",
     ]
     assert 'SUBSYSTEM=="net"' not in rules_file.read_text()
 

@@ -63,7 +63,7 @@ def install(service: FakeService, disk: Path, *args: str) -> int:
 
 
 def test_every_step_in_order(service, disk, root, tmp_path, capsys):
-    """Image → package over --root → create with the served environment and the given disks → succeeded."""
+    """Image → create with the served environment and the given disks → package over --root → succeeded."""
     image = b"IMAGE" * 1000
     service.install({"os-image": "http://images/x.img", "os-package": "http://pkg/site.tar.gz",
                      "target": str(tmp_path)}, {**ENV, "OSP_TARGET": str(tmp_path)})
@@ -72,7 +72,8 @@ def test_every_step_in_order(service, disk, root, tmp_path, capsys):
     service.serve("os/os-install-package", definition())
     second = tmp_path / "second.img"
     assert install(service, disk, "--disk", str(second), "--root", str(root)) == 0
-    assert service.states() == ["started", "image", "package", "script", "succeeded"]
+    assert service.states() == ["started", "image", "script", "package", "succeeded"]
+    assert service.events[0]["message"] == f"ganeti install onto {disk}: image + OS create + package"
     assert disk.read_bytes()[: len(image)] == image
     assert disk.stat().st_size == 4 * MiB  # written from offset 0, never truncated
     assert (root / "etc" / "motd").read_text() == "hello"
@@ -85,6 +86,30 @@ def test_every_step_in_order(service, disk, root, tmp_path, capsys):
     err = capsys.readouterr().err
     assert "create says hello\n" in err  # the script's output reaches our stderr
     assert service.events[1]["message"] == f"{len(image)} bytes written to {disk}, synced"
+
+
+def test_the_package_is_overlaid_after_create(service, disk, root):
+    """A create that empties the root filesystem (as one that formats or debootstraps): the package's files stay."""
+    (root / "from-the-image").write_text("old")
+    wipe = '#!/bin/sh\nrm -rf "$OSP_ROOT"/* && echo made-by-create > "$OSP_ROOT/created"\n'
+    service.install({"os-package": "x", "root": str(root)}, {**ENV, "OSP_ROOT": str(root)})
+    service.serve("os/package", tar_gz(("file", "etc/hostname", "personal\n", 0o644),
+                                       ("file", "created", "pkg", 0o644)))
+    service.serve("os/os-install-package", definition(wipe))
+    assert install(service, disk, "--root", str(root)) == 0
+    assert service.states() == ["started", "script", "package", "succeeded"]
+    assert sorted(path.name for path in root.iterdir()) == ["created", "etc"]
+    assert (root / "etc" / "hostname").read_text() == "personal\n"
+    assert (root / "created").read_text() == "pkg"  # the package's file wins over create's
+
+
+def test_a_package_that_cannot_be_had_stops_before_create(service, disk, root):
+    """os/package missing (404): failed before create ran, so create never touched the disk."""
+    service.install({"os-package": "x", "root": str(root)}, {**ENV, "OSP_ROOT": str(root)})
+    service.serve("os/os-install-package", definition('#!/bin/sh\ntouch "$OSP_ROOT/ran"\n'))
+    assert install(service, disk, "--root", str(root)) == 1
+    assert service.states() == ["started", "failed"]
+    assert not (root / "ran").exists()
 
 
 def test_only_what_the_parameters_ask_for(service, disk):
@@ -211,9 +236,9 @@ def test_dry_run_prints_the_plan_and_changes_nothing(service, disk, capsys):
     assert install(service, disk, "--dry-run") == 0
     out = capsys.readouterr().out.splitlines()
     assert out[:3] == [f"image: write {service.url}/ganeti/latest/os/image onto {disk}",
+                       "create: run tiny/create",
                        (f"package: unpack {service.url}/ganeti/latest/os/package over {disk}'s root filesystem "
-                       "(mounted on a temporary dir)"),
-                       "create: run tiny/create"]
+                       "(mounted on a temporary dir)")]
     assert f"DISK_0_PATH={disk}" in out[3]
     assert service.events == []
     assert disk.read_bytes() == bytes(4 * MiB)

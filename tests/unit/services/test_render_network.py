@@ -36,8 +36,11 @@ def test_the_seed_network_becomes_a_bond_with_static_networks_and_routes():
         ("ipv4", "10.70.17.9", "255.255.255.254", "bond0"),
     ]
     assert [n["routes"] for n in data["networks"]] == [
-        [{"network": "0.0.0.0", "netmask": "0.0.0.0", "gateway": "40.91.78.228"}],  # noqa: S104 - a route
-        [{"network": "::", "netmask": "::", "gateway": "2001:0db8:8583:0000::8"}],
+        [{"network": "0.0.0.0", "netmask": "0.0.0.0", "gateway": "40.91.78.228"},  # noqa: S104 - a route
+         {"network": "169.254.169.254", "netmask": "255.255.255.255", "gateway": "40.91.78.228"}],  # metadata
+        [{"network": "::", "netmask": "::", "gateway": "2001:0db8:8583:0000::8"},
+         {"network": "fd00:ec2::254", "netmask": "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff",
+          "gateway": "2001:0db8:8583:0000::8"}],
         [{"network": "10.0.0.0", "netmask": "255.0.0.0", "gateway": "10.70.17.8"}],  # private_subnets
     ]
     assert data["networks"][0]["network_id"] == "b9c60623-78e0-4010-91ee-f29b23579170"
@@ -87,7 +90,10 @@ def test_network_config_v2_of_the_seed():
                 "parameters": {"mode": "802.3ad", "mii-monitor-interval": 100, "transmit-hash-policy": "layer3+4"},
                 "macaddress": "40:a6:b7:74:9f:10",
                 "addresses": ["40.91.78.229/31", "2001:0db8:8583:0000::9/127", "10.70.17.9/31"],
-                "routes": [{"to": "0.0.0.0/0", "via": "40.91.78.228"}, {"to": "::/0", "via": "2001:0db8:8583:0000::8"},
+                "routes": [{"to": "0.0.0.0/0", "via": "40.91.78.228"},
+                           {"to": "169.254.169.254/32", "via": "40.91.78.228"},
+                           {"to": "::/0", "via": "2001:0db8:8583:0000::8"},
+                           {"to": "fd00:ec2::254/128", "via": "2001:0db8:8583:0000::8"},
                            {"to": "10.0.0.0/8", "via": "10.70.17.8"}],
             },
         },

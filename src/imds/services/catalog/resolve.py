@@ -40,8 +40,10 @@ class Resolver:
         """
         if claim is not None:
             entry = self._catalog.get(claim.instance_id)
-            if entry is not None and not claim.admits(entry.instance):
-                return None
+            if entry is not None:
+                claim.check_host(entry.instance)  # another host's instance: ForeignHost
+                if not claim.admits(entry.instance):
+                    return None
         else:
             entry = self._by_address(kind, address)
         if entry is None or (needs_record and not holds(entry.instance, kind)):
@@ -127,6 +129,8 @@ class Resolver:
             entry = self._catalog.get(claim.instance_id)
         if entry is None and error is not None:
             raise error
+        if entry is not None:
+            claim.check_host(entry.instance)
         if entry is None or not claim.admits(entry.instance):
             # A tenant mismatch answers exactly like an unknown id.
             self._missed(kind, count=count)

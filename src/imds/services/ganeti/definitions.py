@@ -1,6 +1,7 @@
 """Ganeti OS definitions loaded from a directory with Ganeti's OS layout.
 
-``--os-definitions-dir DIR``: each subdirectory ``DIR/<name>`` is one OS, as on a Ganeti
+``--os-definitions-dir DIR`` (or, without it, every directory of ``--ganeti-os-search-path``,
+Ganeti's own search path by default): each subdirectory ``DIR/<name>`` is one OS, as on a Ganeti
 node's OS search path: the scripts ``create``, ``export``, ``import``, ``rename`` (and
 ``verify``), ``ganeti_api_version`` (one integer per line) and ``parameters.list``
 (``NAME description`` per line). Every replica reads the same files at startup, as every
@@ -56,15 +57,43 @@ class OsDefinitions:
         self._by_name = dict(definitions or {})
 
     @classmethod
-    def load(cls, root: Path | None) -> OsDefinitions:
-        """Every OS under ``root``; ConfigError names the first broken one."""
+    def load(cls, root: Path | None, search_path: tuple[Path, ...] = ()) -> OsDefinitions:
+        """Every OS under ``root`` (ConfigError names the first broken one); without ``root``, the search path."""
         if root is None:
-            return cls()
+            return cls.search(search_path)
         if not root.is_dir():
             msg = f"--os-definitions-dir / IMDS_OS_DEFINITIONS_DIR: {root} is not a directory"
             raise ConfigError(msg)
-        found = {d.name: load_definition(d) for d in sorted(root.iterdir()) if d.is_dir() and not d.is_symlink()}
+        found = {d.name: load_definition(d) for d in _definition_dirs(root)}
         _log.info("os_definitions.loaded", directory=str(root), names=sorted(found))
+        return cls(found)
+
+    @classmethod
+    def search(cls, search_path: tuple[Path, ...]) -> OsDefinitions:
+        """Ganeti's way: each OS name from the first directory of ``search_path`` that has it.
+
+        A directory that is missing is skipped; a broken definition is skipped with a warning
+        (and hides the same name further down the path, as on a Ganeti node).
+        """
+        found: dict[str, OsDefinition] = {}
+        seen: set[str] = set()
+        for directory in search_path:
+            try:
+                paths = _definition_dirs(directory) if directory.is_dir() else []
+            except OSError as exc:
+                _log.warning("os_definitions.unreadable", directory=str(directory), problem=exc.strerror or str(exc))
+                continue
+            for path in paths:
+                if path.name in seen:
+                    continue
+                seen.add(path.name)
+                try:
+                    found[path.name] = load_definition(path)
+                except (ConfigError, OSError) as exc:
+                    problem = exc.message if isinstance(exc, ConfigError) else f"{path}: {exc.strerror or exc}"
+                    _log.warning("os_definitions.skipped", name=path.name, problem=problem)
+        if search_path:
+            _log.info("os_definitions.loaded", search_path=[str(d) for d in search_path], names=sorted(found))
         return cls(found)
 
     def __len__(self) -> int:
@@ -77,6 +106,11 @@ class OsDefinitions:
     def get(self, os_type: str) -> OsDefinition | None:
         """The definition for an OS type; ``name+variant`` uses ``name``'s (Ganeti's variants)."""
         return self._by_name.get(os_type) or self._by_name.get(os_type.split("+", 1)[0])
+
+
+def _definition_dirs(root: Path) -> list[Path]:
+    """The OS directories under ``root`` (links to directories are not part of Ganeti's layout here)."""
+    return [d for d in sorted(root.iterdir()) if d.is_dir() and not d.is_symlink()]
 
 
 def load_definition(directory: Path) -> OsDefinition:

@@ -3,14 +3,18 @@
 The public OS parameter ``os-image`` names either an http(s) URL or an absolute path on
 this node (as Ganeti's ``--os-image``). ``ImageSource.open`` checks everything that can
 be checked before the first byte goes out, so a refusal is still an HTTP status whose body
-says why: a node path outside every ``--ganeti-os-image-dir`` (``Refused``, 403), a missing
-or unreadable file (``NotFound``), a URL answering anything but 200 or declaring a length
-over ``--os-image-max-bytes`` (``UpstreamError``, 502). URLs are fetched like the package
-(no redirects followed; the package's credentials, from memory, only for the package URL's
-own origin, never in the URL). The returned ``Image`` yields chunks of at most ``CHUNK``
-bytes; a source that turns out longer than the cap (a URL without a declared length, a
-file that grew) raises ``StreamCut`` mid-stream, and the front then aborts the connection
-rather than end a short body as if it were whole.
+says why: a node path outside every ``--ganeti-os-image-dir``, or not a regular file (a
+FIFO, device, socket: ``Refused``, 403; ``imds.services.ganeti.nodefiles``), a missing or
+unreadable file, a link loop, a URL that does not parse (``NotFound``), a URL whose host
+the destination policy refuses (``imds.upstream.destination``: loopback, link-local, this
+server...), answering anything but 200 or declaring a length over ``--os-image-max-bytes``
+(``UpstreamError``, 502). URLs are fetched like the package (no redirects followed; the
+package's credentials, from memory, only for the package URL's own origin, never in the
+URL). A node file's reads have a deadline each (``--os-package-timeout``). The returned
+``Image`` yields chunks of at most ``CHUNK`` bytes; a source that turns out longer than the
+cap (a URL without a declared length, a file that grew), shorter than it declared, or
+stuck past a read's deadline raises ``StreamCut`` mid-stream, and the front then aborts
+the connection rather than end a short body as if it were whole.
 """
 
 from __future__ import annotations
@@ -21,13 +25,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-import anyio
 import httpx
 
-from imds.errors import NotFound, Refused, StreamCut, UpstreamError, UpstreamUnavailable
+from imds.errors import NotFound, StreamCut, UpstreamError, UpstreamUnavailable
 from imds.services.ganeti.memory import PackageAuth
+from imds.services.ganeti.nodefiles import open_node_file
+from imds.services.ganeti.urls import IMAGE_PARAMETER, url_problem
+from imds.upstream.destination import DestinationRefused
 
-IMAGE_PARAMETER = "os-image"
+IMAGE_DIR_FLAG = "--ganeti-os-image-dir"
 CHUNK = 256 * 1024  # the largest piece of an image in memory at once (per request)
 
 
@@ -61,12 +67,14 @@ class ImageSource:
 
     async def open(self, value: str, *, package_url: str | None, auth: PackageAuth | None) -> Image:
         """The image named by ``value``; an ImdsError saying why it cannot be served (before any byte)."""
+        if (problem := url_problem(value)) is not None:
+            raise NotFound(f"os-image {problem}")
         scheme = urlsplit(value).scheme
         if scheme in {"http", "https"}:
             same_origin = package_url is not None and _origin(package_url) == _origin(value)
-            return await self._url(value, auth if same_origin else None)
+            return await _started(await self._url(value, auth if same_origin else None))
         if value.startswith("/"):
-            return await self._file(value)
+            return await _started(await self._file(value))
         msg = "os-image is neither an http(s) URL nor an absolute node path"
         raise NotFound(msg)
 
@@ -74,28 +82,18 @@ class ImageSource:
         return f"image refused: larger than {self._max} bytes (--os-image-max-bytes)"
 
     async def _file(self, value: str) -> Image:
-        if not self._directories:
-            msg = "os-image names a node path, and no --ganeti-os-image-dir allows node paths"
-            raise Refused(msg)
-        real = Path(await anyio.Path(value).resolve())  # links resolved: a link cannot lead out of the directories
-        if not any(real.is_relative_to(directory) for directory in self._directories):
-            msg = "os-image names a node path outside every --ganeti-os-image-dir"
-            raise Refused(msg)
-        try:
-            handle = await anyio.open_file(real, "rb")
-            size = os.fstat(handle.wrapped.fileno()).st_size
-        except OSError as exc:
-            msg = f"os-image: the node file cannot be read ({type(exc).__name__})"
-            raise NotFound(msg) from exc
+        node = await open_node_file(value, self._directories, field=IMAGE_PARAMETER, flag=IMAGE_DIR_FLAG,
+                                    seconds=self._timeout)
+        size = node.size
         if size > self._max:
-            await handle.aclose()
+            await node.close()
             raise UpstreamError(self._too_large())
 
         async def chunks() -> AsyncGenerator[bytes]:
             sent = 0
             try:
                 while sent < size:
-                    chunk = await handle.read(min(CHUNK, size - sent))
+                    chunk = await node.read(min(CHUNK, size - sent), sent)
                     if not chunk:
                         break
                     sent += len(chunk)
@@ -103,20 +101,31 @@ class ImageSource:
                 if sent != size:  # the file shrank while being sent: a short body must not look whole
                     msg = f"image cut: the node file ended after {sent} of {size} bytes"
                     raise StreamCut(msg)
+            except UpstreamUnavailable as exc:  # a read past its deadline
+                raise StreamCut(f"image cut: {exc.message}") from exc
             finally:
-                await handle.aclose()
+                await node.close()
 
-        return Image(size, chunks(), handle.aclose)
+        return Image(size, chunks(), node.close)
 
-    async def _url(self, url: str, auth: PackageAuth | None) -> Image:
-        credentials = (auth.username.reveal(), auth.password.reveal()) if auth is not None else None
-        # identity: the bytes counted and sent are the image's own, and Content-Length is their length
-        request = self._http.build_request("GET", url, timeout=self._timeout, headers={"accept-encoding": "identity"})
+    async def _send(self, url: str, credentials: tuple[str, str] | None) -> httpx.Response:
+        """The streamed answer to GET ``url``; what went wrong before it, as an ImdsError naming os-image."""
         try:
-            response = await self._http.send(request, auth=credentials, stream=True, follow_redirects=False)
+            # identity: the bytes counted and sent are the image's own, and Content-Length is their length
+            request = self._http.build_request("GET", url, timeout=self._timeout,
+                                               headers={"accept-encoding": "identity"})
+            return await self._http.send(request, auth=credentials, stream=True, follow_redirects=False)
+        except httpx.InvalidURL as exc:
+            raise NotFound(f"os-image is not a valid URL ({exc})") from exc
+        except DestinationRefused as exc:
+            raise UpstreamError(f"image refused: the os-image URL's {exc.message}") from exc
         except httpx.HTTPError as exc:
             msg = f"image fetch failed: {type(exc).__name__}"
             raise UpstreamUnavailable(msg) from exc
+
+    async def _url(self, url: str, auth: PackageAuth | None) -> Image:
+        credentials = (auth.username.reveal(), auth.password.reveal()) if auth is not None else None
+        response = await self._send(url, credentials)
         declared = response.headers.get("content-length", "")
         encoded = response.headers.get("content-encoding", "identity").lower() != "identity"
         length = int(declared) if declared.isdigit() and not encoded else None
@@ -140,7 +149,8 @@ class ImageSource:
                         raise StreamCut(msg)
                     yield chunk
             except httpx.HTTPError as exc:
-                msg = f"image cut: the image URL failed mid-stream ({type(exc).__name__})"
+                declared = f" of {length}" if length is not None else ""
+                msg = f"image cut: the image URL broke off after {sent}{declared} bytes ({type(exc).__name__})"
                 raise StreamCut(msg) from exc
             finally:
                 await response.aclose()
@@ -149,3 +159,27 @@ class ImageSource:
                 raise StreamCut(msg)
 
         return Image(length, chunks(), response.aclose)
+
+
+async def _started(image: Image) -> Image:
+    """``image`` with its first chunk already read: a source that fails before its first byte is still a status.
+
+    (Past the headers a failure can only abort the connection; before the first body byte
+    some servers turn that into a 500 of their own.)
+    """
+    try:
+        first = await anext(image.chunks, None)
+    except BaseException:
+        await image.close()
+        raise
+
+    async def chunks() -> AsyncGenerator[bytes]:
+        try:
+            if first is not None:
+                yield first
+            async for chunk in image.chunks:
+                yield chunk
+        finally:
+            await image.chunks.aclose()
+
+    return Image(image.length, chunks(), image.close)

@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 from imds.errors import InvalidInput, Problem
 from imds.models import OS_MODES, PUBLIC, VISIBILITIES
 from imds.services.ganeti.memory import PackageAuth, Secret
+from imds.services.ganeti.urls import IMAGE_PARAMETER, URL_SCHEMES, url_problem
 from imds.services.records.limits import NOT_TEXT, valid_text
 from imds.services.records.wire import document_timestamp, parse_instance_id
 
@@ -109,26 +110,36 @@ def _parameters(raw: Any, section: str, max_bytes: int, problems: list[Problem])
         if visibility not in VISIBILITIES:
             problems.append(Problem(f"{where}.visibility", f"must be one of {', '.join(VISIBILITIES)}"))
             continue
-        if not isinstance(value, str):
-            problems.append(Problem(f"{where}.value", "must be a string"))
+        if (problem := _value_problem(name, value, max_bytes)) is not None:
+            problems.append(Problem(f"{where}.value", problem))
             continue
-        if not valid_text(value):
-            problems.append(Problem(f"{where}.value", NOT_TEXT))
-            continue
-        if len(value.encode()) > max_bytes:
-            problems.append(Problem(f"{where}.value", f"is longer than {max_bytes} bytes (--os-param-max-bytes)"))
-            continue
-        found[name] = ParamIn(visibility, value if visibility == PUBLIC else Secret(value))
+        text = str(value)  # a string: _value_problem said so
+        found[name] = ParamIn(visibility, text if visibility == PUBLIC else Secret(text))
     return found
+
+
+def _value_problem(name: str, value: Any, max_bytes: int) -> str | None:
+    """Why a parameter's value is refused (a string of valid text, within the limit; an image a good URL), or None."""
+    if not isinstance(value, str):
+        return "must be a string"
+    if not valid_text(value):
+        return NOT_TEXT
+    if len(value.encode()) > max_bytes:
+        return f"is longer than {max_bytes} bytes (--os-param-max-bytes)"
+    if name == IMAGE_PARAMETER:
+        return url_problem(value)
+    return None
 
 
 def _package_url(url: Any) -> str | None:
     """Why the package URL is refused, or None."""
     if isinstance(url, str) and not valid_text(url):
         return NOT_TEXT
-    parts = urlsplit(url) if isinstance(url, str) else None
-    if parts is None or parts.scheme not in {"http", "https"} or not parts.hostname:
+    if not isinstance(url, str) or not url.lower().startswith(URL_SCHEMES):
         return "must be an http:// or https:// URL"
+    if (problem := url_problem(url)) is not None:
+        return problem
+    parts = urlsplit(url)
     if parts.username is not None or parts.password is not None:
         return "must not carry credentials: send package.username/password"
     if not parts.path.endswith(PACKAGE_SUFFIXES):

@@ -1,4 +1,9 @@
-"""The Equinix JSON flavor: the stored metadata document plus template fields."""
+"""The Equinix JSON flavor: the stored metadata document plus template fields.
+
+The document's ``host`` (``imds.models.RECORD_HOST``: where the instance runs, for the
+host-key check) is the one key never served to the instance: a guest has no business knowing
+its hypervisor (the admin API shows the document whole).
+"""
 
 from __future__ import annotations
 
@@ -6,20 +11,26 @@ import json
 import math
 
 from imds.errors import RecordNotFound
-from imds.models import METADATA, USERDATA, Instance, JsonObject
+from imds.models import METADATA, RECORD_HOST, USERDATA, Instance, JsonObject
 from imds.services.records.templates import Template, apply
 
 
-def metadata_document(instance: Instance, templates: tuple[Template, ...]) -> JsonObject:
-    """The metadata as stored, with each template field it lacks filled in."""
+def metadata_document(instance: Instance, templates: tuple[Template, ...], *, served: bool = False) -> JsonObject:
+    """The metadata as stored, with each template field it lacks filled in.
+
+    ``served``: the instance's own view, without ``host`` (the admin API shows it).
+    """
     if instance.metadata is None:
         raise RecordNotFound(METADATA, instance.id)
-    return apply(instance.metadata, templates)
+    document = instance.metadata
+    if served and RECORD_HOST in document:
+        document = {key: value for key, value in document.items() if key != RECORD_HOST}
+    return apply(document, templates)
 
 
-def metadata_bytes(instance: Instance, templates: tuple[Template, ...]) -> bytes:
+def metadata_bytes(instance: Instance, templates: tuple[Template, ...], *, served: bool = False) -> bytes:
     """``metadata_document`` as compact UTF-8 JSON."""
-    return encode(metadata_document(instance, templates))
+    return encode(metadata_document(instance, templates, served=served))
 
 
 def userdata_bytes(instance: Instance) -> bytes:

@@ -8,10 +8,13 @@ is derived from the Equinix ``network`` section:
   bond the interfaces name (``bond_links``: its members; ``bond_mode`` from
   ``network.bonding.mode`` 0-6 as the Linux name, ``802.3ad`` for 4; MAC: ``bonding.mac``).
 - ``networks``: one static ``ipv4``/``ipv6`` network per ``network.addresses`` entry
-  (``enabled: false`` skipped), on the bond, else the bonding MAC's or the first interface;
+  (``enabled: false`` skipped), on the interface its ``interface`` names (a NIC of its own),
+  else on the bond, else the bonding MAC's or the first interface;
   ``netmask`` from ``cidr`` (else ``netmask``). ``routes``: a default route via the
   ``gateway`` for a public (or IPv6) address; for a private one, one route per
-  ``private_subnets`` entry (default ``10.0.0.0/8``).
+  ``private_subnets`` entry (default ``10.0.0.0/8``); and the route to the metadata
+  address, or ``ipv4_dhcp``/``ipv6_dhcp`` for a subnet with DHCP: the rule in
+  ``imds.services.render.metadata_way``.
 - ``services``: ``{"type": "dns", "address": …}`` per ``network.dns`` (or
   ``network.nameservers``) entry.
 
@@ -24,6 +27,7 @@ import ipaddress
 from typing import Any
 
 from imds.models import JsonObject
+from imds.services.render.metadata_way import metadata_route, names_way, subnet_has_dhcp
 
 BOND_MODES = {0: "balance-rr", 1: "active-backup", 2: "balance-xor", 3: "broadcast", 4: "802.3ad",
               5: "balance-tlb", 6: "balance-alb"}
@@ -65,7 +69,7 @@ def derived_network_data(doc: JsonObject) -> JsonObject:
     for bond, members in bonds.items():
         links.append(_bond_link(bond, members, bonding, links))
     carrier = _carrier(links, bonds, bonding)
-    networks = [] if carrier is None else _networks(doc, network, carrier)
+    networks = [] if carrier is None else _networks(doc, network, carrier, {str(link["id"]) for link in links})
     dns = _list(network.get("dns")) or _list(network.get("nameservers"))
     services = [{"type": "dns", "address": a} for a in dns if isinstance(a, str) and a]
     return {"links": links, "networks": networks, "services": services}
@@ -96,9 +100,11 @@ def _carrier(links: list[JsonObject], bonds: dict[str, list[str]], bonding: Json
     return str(links[0]["id"]) if links else None
 
 
-def _networks(doc: JsonObject, network: JsonObject, carrier: str) -> list[JsonObject]:
+def _networks(doc: JsonObject, network: JsonObject, carrier: str, link_ids: set[str]) -> list[JsonObject]:
     private = [s for s in _list(doc.get("private_subnets")) if isinstance(s, str)] or list(_DEFAULT_PRIVATE)
     networks: list[JsonObject] = []
+    dhcp: set[tuple[str, int]] = set()  # (link, family) already said to use DHCP (one network each, as Nova's)
+    statics: dict[int, list[tuple[JsonObject, JsonObject]]] = {4: [], 6: []}  # family -> (address, network)
     for item in _list(network.get("addresses")):
         if not isinstance(item, dict) or not isinstance(item.get("address"), str) or item.get("enabled") is False:
             continue
@@ -107,18 +113,34 @@ def _networks(doc: JsonObject, network: JsonObject, carrier: str) -> list[JsonOb
         except ValueError:
             continue
         v6 = address.version == 6
+        link = item["interface"] if item.get("interface") in link_ids else carrier  # a NIC of its own
+        if subnet_has_dhcp(item):
+            if (link, address.version) not in dhcp:
+                dhcp.add((link, address.version))
+                networks.append(_network_id(item, {"id": f"network{len(networks)}",
+                                                   "type": f"ipv{address.version}_dhcp", "link": link}))
+            continue
         entry: JsonObject = {
             "id": f"network{len(networks)}",
             "type": "ipv6" if v6 else "ipv4",
-            "link": carrier,
+            "link": link,
             "ip_address": item["address"],
             "netmask": _netmask(item, v6),
             "routes": _routes(item, v6, private),
         }
-        if isinstance(item.get("id"), str):
-            entry["network_id"] = item["id"]
-        networks.append(entry)
+        networks.append(_network_id(item, entry))
+        statics[address.version].append((item, entry))
+    for version, found in statics.items():
+        if found and not any(family == version for _, family in dhcp):  # on the address naming it, else the first
+            item, entry = next(((i, e) for i, e in found if names_way(i)), found[0])
+            entry["routes"].append(metadata_route(item, network, v6=version == 6))
     return networks
+
+
+def _network_id(item: JsonObject, entry: JsonObject) -> JsonObject:
+    if isinstance(item.get("id"), str):
+        entry["network_id"] = item["id"]
+    return entry
 
 
 def _netmask(item: JsonObject, v6: bool) -> str:

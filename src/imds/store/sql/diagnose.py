@@ -13,21 +13,22 @@ from pathlib import Path
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError
 
+from imds.config.database import Database, DatabaseUrlError, parse_database, redact
+
 _UPGRADE_HINT = "run `imds db upgrade` with the same --db / --data-dir (imds serve migrates at start-up)"
 
 
 def shown(url: str) -> str:
     """The URL with its password hidden."""
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except ArgumentError:
-        return "(unparsable database URL)"
+    return redact(url)
 
 
 def reason(exc: BaseException) -> str:
     """The driver's own message, first line, without SQLAlchemy's ``(module.Class)`` prefix."""
     source = exc.orig if isinstance(exc, DBAPIError) and exc.orig is not None else exc
-    if isinstance(source, OSError) and source.strerror:
+    if isinstance(source, TimeoutError) and not str(source):
+        text = "no answer in time (the server stopped answering, or a statement ran past --db-statement-timeout)"
+    elif isinstance(source, OSError) and source.strerror:
         text = source.strerror
     else:
         text = next(iter(str(source).splitlines()), "") or type(source).__name__
@@ -37,12 +38,12 @@ def reason(exc: BaseException) -> str:
 def describe(url: str, exc: BaseException) -> str:
     """Which database failed and why, in one line (no password, no SQL)."""
     try:
-        parsed = make_url(url)
-    except ArgumentError:
+        database = parse_database(url)
+    except DatabaseUrlError:
         return f"{reason(exc)} (unparsable database URL)"
-    if parsed.get_backend_name() == "sqlite":
-        return _sqlite(parsed, exc)
-    return _server(parsed, exc)
+    if database.kind == "sqlite":
+        return _sqlite(make_url(url), exc)
+    return _server(database, exc)
 
 
 def is_not_migrated(exc: BaseException) -> bool:
@@ -56,19 +57,33 @@ def not_migrated(url: str, exc: BaseException) -> str:
     return f"the database {shown(url)} is not migrated ({reason(exc)}): {_UPGRADE_HINT}"
 
 
-def sqlite_problem(url: str) -> str | None:
-    """For an SQLite URL whose path cannot work (a directory, or a file where a directory must be), why.
+def sqlite_problem(url: str, *, create: bool = False, data_dir: Path | None = None) -> str | None:
+    """For an SQLite URL whose path cannot work here, why (None: go ahead).
 
-    Checked before connecting: the driver's own failure says only "unable to open database file".
+    Checked before connecting: the driver's own failure says only "unable to open database file",
+    and opening creates the file (and imds its directory). So a reader (``create`` False: the
+    store, ``imds db current|check``) needs the file to exist: a read never creates one. A
+    migration (``create``) may create it; with ``data_dir`` (``imds serve``, ``imds import``) in
+    an existing directory or the data directory only, so a typo in ``--db`` is refused instead of
+    becoming a new, empty database; without (``imds db upgrade``) with its directories too.
     """
     try:
+        if parse_database(url).kind != "sqlite":
+            return None
         parsed = make_url(url)
-    except ArgumentError:
+    except (ArgumentError, DatabaseUrlError):
         return None
-    if parsed.get_backend_name() != "sqlite" or not parsed.database or parsed.database == ":memory:":
+    database = parsed.database
+    if not database or database == ":memory:" or database.startswith("file:"):
         return None
-    path = Path(parsed.database)
+    path = Path(database)
     why = _path_problem(path)
+    if why is None and not create and not path.exists():
+        why = ("no such file (check --db / IMDS_DB and --data-dir / IMDS_DATA_DIR): "
+               "`imds db upgrade` creates it, as `imds serve` does at start-up")
+    elif why is None and data_dir is not None and not path.parent.is_dir() and path.parent != data_dir:
+        why = (f"directory {path.parent} does not exist (check --db / IMDS_DB; "
+               "`imds db upgrade` creates directories)")
     return None if why is None else f"SQLite database {path}: {why}"
 
 
@@ -94,13 +109,14 @@ def _sqlite(parsed: URL, exc: BaseException) -> str:
     return f"SQLite database {database}: {why}"
 
 
-def _server(parsed: URL, exc: BaseException) -> str:
-    where = f"{parsed.get_backend_name()} server {parsed.host or 'localhost'}:{parsed.port or 5432}"
-    who = f"database {parsed.database or '(default)'}, user {parsed.username or '(default)'}"
+def _server(database: Database, exc: BaseException) -> str:
+    """``postgresql server(s) H:P[, ...] (database D, user U): why`` (every server of the URL, as given)."""
+    who = f"database {database.name or '(default)'}, user {database.user or '(default)'}"
     why = reason(exc)
     refused = ("connection refused", "connect call failed")
-    if isinstance(exc, ConnectionRefusedError) or any(text in why.lower() for text in refused):
+    if isinstance(exc, ConnectionRefusedError) or (len(database.servers) == 1 and any(
+            text in why.lower() for text in refused)):
         why = "connection refused: is the server running, and are host and port right?"
-    elif isinstance(exc, OSError) and not isinstance(exc, DBAPIError):
+    elif isinstance(exc, OSError) and not isinstance(exc, DBAPIError | ConnectionError | TimeoutError):
         why = f"cannot connect: {why}"
-    return f"{where} ({who}): {why}"
+    return f"{database.where} ({who}): {why}"

@@ -1,4 +1,4 @@
-"""Engine creation: async drivers, SQLite pragmas and write locking."""
+"""Engine creation: PostgreSQL through a ``Connector``, SQLite with its pragmas and write locking."""
 
 from __future__ import annotations
 
@@ -12,14 +12,10 @@ from sqlalchemy import event
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-_DRIVERS = {"sqlite": "sqlite+aiosqlite", "postgresql": "postgresql+asyncpg", "postgres": "postgresql+asyncpg"}
-
-
-def async_url(url: str) -> str:
-    """Map a plain ``sqlite:///`` or ``postgresql://`` URL onto the async driver imds uses."""
-    parsed = make_url(url)
-    driver = _DRIVERS.get(parsed.drivername, parsed.drivername)
-    return parsed.set(drivername=driver).render_as_string(hide_password=False)
+from imds.config.database import parse_database
+from imds.store.sql.connect import Connector
+from imds.store.sql.health import StoreHealth
+from imds.store.sql.pool import watch_pool
 
 
 def application_name() -> str:
@@ -29,39 +25,54 @@ def application_name() -> str:
 
 def is_sqlite(url: str) -> bool:
     """Whether the URL names an SQLite database."""
-    return make_url(url).get_backend_name() == "sqlite"
+    return parse_database(url).kind == "sqlite"
+
+
+def connector_for(url: str, *, connect_timeout: float = 5.0, statement_timeout: float = 5.0,
+                  quiet: bool = False) -> Connector:
+    """The ``Connector`` for a PostgreSQL URL: its servers, and the session every connection starts.
+
+    The session name lets operators (and tests) find one process's connections;
+    ``statement_timeout`` bounds every statement on the server as ``command_timeout`` does
+    on the client, so a frozen server cannot hold one either. ``quiet``: no ``store.*`` log
+    lines (one-shot commands such as migrations, whose error line says it all).
+    """
+    server_settings = {"application_name": application_name(),
+                       "statement_timeout": str(max(1, int(statement_timeout * 1000)))}
+    database = parse_database(url)
+    return Connector(database, connect_timeout=connect_timeout, statement_timeout=statement_timeout,
+                     server_settings=server_settings, health=StoreHealth(database.where, quiet=quiet))
 
 
 def create_engine(url: str, *, connect_timeout: float = 5.0, statement_timeout: float = 5.0) -> AsyncEngine:
     """An async engine. SQLite gets WAL, foreign keys, full fsync and BEGIN IMMEDIATE.
 
-    Nothing waits on the database without a bound: PostgreSQL connections time out after
-    ``connect_timeout`` (asyncpg's ``timeout``, and the pool checkout), every statement
-    after ``statement_timeout`` (asyncpg's ``command_timeout`` on the client, so a frozen
-    server cannot hold it, and ``statement_timeout`` on the server); SQLite waits for its
-    write lock at most ``statement_timeout`` (the busy timeout).
+    Nothing waits on the database without a bound: PostgreSQL connections are opened by a
+    ``Connector`` (``connect_timeout`` per server, a read-write server only; see ``connect``)
+    and checked out of the pool within ``connect_timeout``, every statement ends after
+    ``statement_timeout``; SQLite waits for its write lock at most ``statement_timeout`` (the
+    busy timeout).
 
     BEGIN IMMEDIATE takes SQLite's write lock when a transaction starts rather than at
     its first write, so two writers never both read and then fail to upgrade their lock.
     ``synchronous=FULL`` makes a commit durable before it returns, which WAL's default
     (NORMAL) does not promise on power loss.
     """
-    full = async_url(url)
-    if not is_sqlite(full):
-        # The session name lets operators (and tests) find one process's connections.
-        server_settings = {
-            "application_name": application_name(),
-            "statement_timeout": str(max(1, int(statement_timeout * 1000))),
-        }
-        full, ssl = _sslmode(full)
-        return create_async_engine(
-            full, pool_pre_ping=True, pool_timeout=connect_timeout,
-            connect_args={"timeout": connect_timeout, "command_timeout": statement_timeout,
-                          "server_settings": server_settings, **ssl},
-        )
-    private_database(make_url(full).database)
-    engine = create_async_engine(full, connect_args={"timeout": statement_timeout})
+    if not is_sqlite(url):
+        return postgresql_engine(connector_for(url, connect_timeout=connect_timeout,
+                                               statement_timeout=statement_timeout, quiet=True))
+    plain = make_url(url).set(drivername="sqlite+aiosqlite")
+    private_database(plain.database)
+    engine = create_async_engine(plain, connect_args={"timeout": statement_timeout})
     _sqlite_session(engine.sync_engine, statement_timeout)
+    return engine
+
+
+def postgresql_engine(connector: Connector) -> AsyncEngine:
+    """An async engine whose pool opens its connections through ``connector`` (see ``pool``)."""
+    engine = create_async_engine("postgresql+asyncpg://", async_creator=connector.connect,
+                                 pool_timeout=connector.connect_timeout)
+    watch_pool(engine.sync_engine, connector)
     return engine
 
 
@@ -78,20 +89,6 @@ def private_database(database: str | None) -> None:
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     with contextlib.suppress(FileExistsError):
         os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))  # an empty file is an empty database
-
-
-def _sslmode(url: str) -> tuple[str, dict[str, str]]:
-    """The URL without libpq's ``?sslmode=`` (as hollow's and most PostgreSQL URLs carry it), and asyncpg's ``ssl``.
-
-    SQLAlchemy hands every query parameter to ``asyncpg.connect`` as a keyword, and asyncpg
-    names it ``ssl`` (taking the same values: disable, prefer, require, verify-ca, verify-full).
-    """
-    parsed = make_url(url)
-    mode = parsed.query.get("sslmode")
-    if mode is None:
-        return url, {}
-    plain = parsed.difference_update_query(["sslmode"]).render_as_string(hide_password=False)
-    return plain, {"ssl": mode if isinstance(mode, str) else mode[-1]}
 
 
 def create_sqlite_write_engine(url: str, *, statement_timeout: float = 5.0) -> sa.Engine:

@@ -7,6 +7,7 @@ loop starts (the CLI does) or from a worker thread.
 from __future__ import annotations
 
 import io
+from pathlib import Path
 from typing import TextIO
 
 from alembic import command
@@ -24,9 +25,12 @@ def alembic_config(url: str, *, stdout: TextIO | None = None) -> Config:
     return config
 
 
-def upgrade(url: str, revision: str = "head") -> None:
-    """Apply migrations up to ``revision``."""
-    _run(lambda: command.upgrade(alembic_config(url), revision), url)
+def upgrade(url: str, revision: str = "head", *, data_dir: Path | None = None) -> None:
+    """Apply migrations up to ``revision``, creating a new SQLite file (and, without ``data_dir``, its directories).
+
+    With ``data_dir`` an SQLite file's directory must exist unless it is that one (see ``sqlite_problem``).
+    """
+    _run(lambda: command.upgrade(alembic_config(url), revision), url, create=True, data_dir=data_dir)
 
 
 def current(url: str) -> str:
@@ -44,12 +48,12 @@ def check(url: str) -> None:
         raise ConfigError(f"schema and migrations differ: {exc}") from exc
 
 
-def _run(action: object, url: str) -> None:
+def _run(action: object, url: str, *, create: bool = False, data_dir: Path | None = None) -> None:
     from sqlalchemy.exc import SQLAlchemyError  # noqa: PLC0415 - keep import cost off the CLI's --help
 
     from imds.store.sql.diagnose import describe, sqlite_problem  # noqa: PLC0415 - imports SQLAlchemy too
 
-    if (problem := sqlite_problem(url)) is not None:
+    if (problem := sqlite_problem(url, create=create, data_dir=data_dir)) is not None:
         raise StoreUnavailable(f"migration failed: {problem}")
 
     try:

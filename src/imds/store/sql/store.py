@@ -8,6 +8,7 @@ Rows become ``imds.models`` values in the modules it delegates to, by concern: `
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -18,16 +19,31 @@ import sqlalchemy as sa
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from imds.config.database import parse_database
 from imds.errors import StoreUnavailable
 from imds.models import AuditEntry, Change, Event, Instance, ProjectAttributes
 from imds.store.interface import StoredInstance
 from imds.store.sql import channel, projects, reads
 from imds.store.sql.diagnose import describe, is_not_migrated, not_migrated, sqlite_problem
-from imds.store.sql.engine import create_engine, create_sqlite_write_engine, is_sqlite
+from imds.store.sql.engine import (
+    connector_for,
+    create_engine,
+    create_sqlite_write_engine,
+    is_sqlite,
+    postgresql_engine,
+)
 from imds.store.sql.group import GroupCommit
 from imds.store.sql.listen import FeedListener
 from imds.store.sql.tx import SqlTx
 from imds.store.sql.writeconn import AsyncWrite, InlineWrite, WriteConnection
+
+PING_WAIT = 1.0  # seconds a ping (``/readyz``) waits for the database at most
+
+
+def _retrieved(done: asyncio.Future[None]) -> None:
+    """Mark a ping's outcome as seen: nobody may be waiting for it any more."""
+    if not done.cancelled():
+        done.exception()
 
 
 class SqlStore:
@@ -40,20 +56,25 @@ class SqlStore:
         self._url = url
         if (problem := sqlite_problem(url)) is not None:
             raise StoreUnavailable(f"cannot open the database: {problem}")
-        try:
-            self._engine = create_engine(url, connect_timeout=connect_timeout, statement_timeout=statement_timeout)
-        except OSError as exc:  # the SQLite file's directory cannot be created
-            raise StoreUnavailable(f"cannot open the database: {describe(url, exc)}") from exc
         self._connect: Callable[[], Awaitable[WriteConnection]]
         self._writer: ThreadPoolExecutor | None = None
         self._write_engine: sa.Engine | None = None
+        self._listener: FeedListener | None = None
+        self._ping_wait = min(PING_WAIT, connect_timeout)
+        self._pinging: asyncio.Future[None] | None = None
         if is_sqlite(url):
+            try:
+                self._engine = create_engine(url, connect_timeout=connect_timeout, statement_timeout=statement_timeout)
+            except OSError as exc:  # the SQLite file's directory cannot be created
+                raise StoreUnavailable(f"cannot open the database: {describe(url, exc)}") from exc
             self._writer = ThreadPoolExecutor(1, thread_name_prefix="imds-sqlite-writer")
             self._write_engine = create_sqlite_write_engine(url, statement_timeout=statement_timeout)
             self._connect = functools.partial(InlineWrite.open, self._write_engine, self._writer)
         else:
+            connector = connector_for(url, connect_timeout=connect_timeout, statement_timeout=statement_timeout)
+            self._engine = postgresql_engine(connector)
             self._connect = functools.partial(AsyncWrite.open, self._engine)
-        self._listener = FeedListener(url) if not is_sqlite(url) else None
+            self._listener = FeedListener(connector)
         make_tx = SqlTx if journal else functools.partial(SqlTx, journaled=False)
         self._group = GroupCommit(self._connect, self._explain, make_tx, notify=self._listener)
 
@@ -132,7 +153,24 @@ class SqlStore:
             return await projects.read(conn, project_ids)
 
     async def ping(self) -> None:
-        """Return when the database answers (a read of the feed head)."""
+        """Return when the database answers (a read of the feed head) within ``PING_WAIT`` seconds.
+
+        One ping at a time: a caller that gives up leaves it running, and the next caller
+        waits for the same one, so a frozen database never piles up pings, and ``/readyz``
+        answers within ``PING_WAIT`` whatever the database does.
+        """
+        if self._pinging is None or self._pinging.done():
+            self._pinging = asyncio.ensure_future(self._ping_once())
+            self._pinging.add_done_callback(_retrieved)
+        try:
+            async with asyncio.timeout(self._ping_wait):
+                await asyncio.shield(self._pinging)
+        except TimeoutError:
+            where = parse_database(self._url).where
+            msg = f"database read failed: {where}: no answer within {self._ping_wait:g} s (still waiting)"
+            raise StoreUnavailable(msg) from None
+
+    async def _ping_once(self) -> None:
         async with self._read() as conn:
             await reads.position(conn)
 
@@ -142,7 +180,11 @@ class SqlStore:
             return await reads.audit_entries(conn, instance_id, after, limit)
 
     async def close(self) -> None:
-        """Stop the listener, roll back an open group, release both engines."""
+        """Stop the listener and a ping, roll back an open group, release both engines."""
+        if self._pinging is not None:
+            self._pinging.cancel()
+            with contextlib.suppress(BaseException):
+                await self._pinging
         if self._listener is not None:
             await self._listener.close()
         await self._group.close()

@@ -31,6 +31,8 @@ from sqlalchemy.engine import CursorResult, Dialect
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncTransaction
 from sqlalchemy.sql import Executable
 
+from imds.store.sql.connect import confirm_commit
+
 _T = TypeVar("_T")
 
 
@@ -103,7 +105,9 @@ class AsyncWrite:
         return _AsyncSavepoint(await self._conn.begin_nested())
 
     async def commit(self) -> None:
+        """Commit; CommitNotConfirmed when the synchronous standby never confirmed it (see ``connect``)."""
         await self._conn.commit()
+        confirm_commit((await self._conn.get_raw_connection()).driver_connection)
 
     async def close(self) -> None:
         await self._conn.close()

@@ -19,10 +19,11 @@ from imds.errors import ImdsError, NotFound, UpstreamError
 from imds.models import Instance
 from imds.services import Services
 from imds.services.ganeti.definitions import OsDefinition
-from imds.services.ganeti.image import IMAGE_PARAMETER, ImageSource
+from imds.services.ganeti.image import ImageSource
 from imds.services.ganeti.memory import PackageAuth
-from imds.services.ganeti.package import PackageFetcher
+from imds.services.ganeti.package import NodePackages, PackageFetcher
 from imds.services.ganeti.records import OsRecords, active
+from imds.services.ganeti.urls import IMAGE_PARAMETER
 from imds.web.errors import status_for
 from imds.web.replies import plain
 from imds.web.routing import (
@@ -42,6 +43,10 @@ VERSIONS = ("latest",)
 GZIP = b"application/gzip"
 PARAMETERS, SCRIPTS, INSTALL_PACKAGE, PACKAGE = "parameters.json", "scripts", "os-install-package", "package"
 ENVIRONMENT, IMAGE = "environment", "image"
+PACKAGE_PARAMETER = "os-package"
+NODE_PARAMETERS = {PACKAGE: PACKAGE_PARAMETER, INSTALL_PACKAGE: "os-install-package"}  # leaf → Ganeti's parameter
+NODE_TYPES = ((".tar.gz", b"application/x-tgz"), (".tgz", b"application/x-tgz"), (".gz", b"application/x-gzip"),
+              (".tar", b"application/x-tar"))
 # /ganeti/<version>/read and /write: the instance↔host channel (issue 11 §3).
 CHANNEL_PATHS = ("read", "write")
 
@@ -54,12 +59,15 @@ class GanetiFlavor:
         self._locator = locator
         settings = services.settings
         self._fetcher = PackageFetcher(
-            services.http, max_bytes=settings.ganeti.os_package_max_bytes, timeout=settings.ganeti.os_package_timeout
+            services.fetch, max_bytes=settings.ganeti.os_package_max_bytes, timeout=settings.ganeti.os_package_timeout
         )
         self._images = ImageSource(
-            services.http, directories=settings.ganeti.ganeti_os_image_dir,
+            services.fetch, directories=settings.ganeti.ganeti_os_image_dir,
             max_bytes=settings.ganeti.os_image_max_bytes, timeout=settings.ganeti.os_package_timeout,
         )
+        self._node_packages = NodePackages(settings.ganeti.ganeti_os_package_dir,
+                                           max_bytes=settings.ganeti.os_package_max_bytes,
+                                           timeout=settings.ganeti.os_package_timeout)
         # The channel's handlers for "read" and "write" (``imds.web.flavors.channel``), given
         # by the front; one that is missing answers 404, as metad's stubs do.
         self.channel: Mapping[str, Handler] = MappingProxyType(dict(channel))
@@ -99,9 +107,9 @@ class GanetiFlavor:
     def _os_leaf(self, instance: Instance, leaf: str) -> Reply:
         record = instance.os
         assert record is not None  # noqa: S101 - active() checked it
-        served = self._instance_leaf(instance, leaf)
-        if served is not None:
-            return served
+        own = self._instance_leaf(instance, leaf)
+        if own is not None:
+            return own
         definition = self._os.definitions.get(record.os_type)
         scripts = definition.scripts if definition is not None else {}
         name = leaf.removeprefix(f"{SCRIPTS}/")
@@ -109,9 +117,10 @@ class GanetiFlavor:
             return Reply(200, scripts[name], BINARY)
         if definition is None:
             raise NotFound(f"no OS definition {record.os_type!r} is loaded")
+        served = self._os.served(instance)
         listings = {
-            "": _os_listing(definition, has_package=record.package_url is not None,
-                            has_image=IMAGE_PARAMETER in self._os.served(instance)),
+            "": _os_listing(definition, has_package=record.package_url is not None or PACKAGE_PARAMETER in served,
+                            has_image=IMAGE_PARAMETER in served),
             SCRIPTS: "\n".join(sorted(scripts)),
         }
         if leaf in listings:
@@ -130,9 +139,15 @@ class GanetiFlavor:
             return Reply(200, self._os.environment(instance))
         if leaf == PACKAGE and record.package_url is not None:
             return self._package(record.package_url, self._os.package_auth(instance))
-        image = self._os.served(instance).get(IMAGE_PARAMETER) if leaf == IMAGE else None
+        served = self._os.served(instance) if leaf in {IMAGE, PACKAGE, INSTALL_PACKAGE} else {}
+        image = served.get(IMAGE_PARAMETER) if leaf == IMAGE else None
         if image is not None:
             return self._image(image[0], record.package_url, self._os.package_auth(instance))
+        # Ganeti's node paths, served as ganeti-metad serves them; os-install-package only where allowed
+        # (otherwise the loaded OS definition's archive, below)
+        node = served.get(NODE_PARAMETERS.get(leaf, ""))
+        if node is not None and (leaf == PACKAGE or self._node_packages.directories):
+            return self._node_package(node[0], NODE_PARAMETERS[leaf])
         return None
 
     def _package(self, url: str, auth: PackageAuth | None) -> Reply:
@@ -150,6 +165,18 @@ class GanetiFlavor:
         return Pending(complete=complete)
 
 
+    def _node_package(self, value: str, field: str) -> Reply:
+        packages = self._node_packages
+
+        async def complete(_receive: Receive) -> Reply:
+            try:
+                data = await packages.read(value, field)
+            except ImdsError as exc:
+                return _refusal(exc)
+            return Reply(200, data, _node_type(value))
+
+        return Pending(complete=complete)
+
     def _image(self, value: str, package_url: str | None, auth: PackageAuth | None) -> Reply:
         images = self._images
 
@@ -161,6 +188,11 @@ class GanetiFlavor:
             return Streamed(200, b"", BINARY, chunks=image.chunks, length=image.length, close=image.close)
 
         return Pending(complete=complete)
+
+
+def _node_type(path: str) -> bytes:
+    """A node file's content type by its name, as ganeti-metad's file server (Snap) gives it."""
+    return next((kind for suffix, kind in NODE_TYPES if path.endswith(suffix)), BINARY)
 
 
 def _refusal(exc: ImdsError) -> Reply:

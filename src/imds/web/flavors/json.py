@@ -21,7 +21,8 @@ class JsonFlavor:
     def __init__(self, services: Services, locator: Locator) -> None:
         self._locator = locator
         templates = services.templates
-        self._metadata_bytes: Callable[[Instance], bytes] = lambda instance: metadata_bytes(instance, templates)
+        self._metadata_bytes: Callable[[Instance], bytes] = lambda instance: metadata_bytes(
+            instance, templates, served=True)
 
     async def metadata(self, call: InstanceCall) -> Reply:
         """The caller's metadata document."""
