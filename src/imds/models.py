@@ -51,7 +51,7 @@ def stored_network(text: str) -> Network:
         return SpelledIPv6Network(text) if v6 else SpelledIPv4Network(text)
 
 
-@functools.lru_cache(maxsize=65536)
+@functools.lru_cache(maxsize=4096)  # a batch names each address a few times
 def network_key(network: Network) -> str:
     """The network an address names, however it is spelled (``10.70.17.8/31`` for ``10.70.17.9/31``).
 

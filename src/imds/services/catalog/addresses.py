@@ -19,7 +19,7 @@ _BITS = {4: 32, 6: 128}
 _SMALL = 8  # an instance with more addresses than this compares them as a set
 
 
-@functools.lru_cache(maxsize=65536)
+@functools.lru_cache(maxsize=4096)  # a write's parts and an import's batch repeat addresses; memory stays small
 def parse_network(text: str, *, spelled: bool = False) -> Network:
     """Parse a host address or CIDR in any valid textual form into a normalised network.
 
