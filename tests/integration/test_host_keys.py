@@ -113,6 +113,34 @@ def test_each_host_reads_the_instances_on_it_and_no_other(stack):
         assert _read(proxy_b.url, VM_1) == (200, BETA)
 
 
+def test_a_host_named_beside_the_document_binds_the_instance_as_well(stack):
+    """A write naming ``host`` at its top level (as Nova's instance.host): host-a is refused, host-b reads.
+
+    A host the check could not use (a number, a bad name) is a 400 naming the field, and nothing is written.
+    """
+    delta = "8a2f0c1e-1b1d-4d8e-9f00-0000000000d4"
+    stack.server.post("/device-metadata", {"id": delta, "ipAddresses": ["10.84.0.44"], "host": "host-b",
+                                           "metadata": {"id": delta, "hostname": "vm-d4"}})
+    for host, expected in (("host-a", (403, "403 - Forbidden")), ("host-b", (200, delta))):
+        mapping = _map(stack, f"top-{host}", {VM_1: delta})
+        args = ("--upstream", stack.server.url, "--host-key-file", str(stack.keys[host]), "--host-name", host,
+                "--map", str(mapping))
+        with proxying(stack.base, *args) as proxy:
+            assert _read(proxy.url, VM_1) == expected
+    with client_at() as admin:
+        stored = admin.get(f"{stack.server.url}/device-metadata/{delta}", headers=stack.server.admin_headers).json()
+        assert stored["host"] == "host-b"
+        epsilon = "8a2f0c1e-1b1d-4d8e-9f00-0000000000e5"
+        for body, field in (({"host": 7}, "host"), ({"host": "host a"}, "host"),
+                            ({"metadata": {"id": epsilon, "host": ["host-a"]}}, "metadata.host")):
+            write = {"id": epsilon, "ipAddresses": ["10.84.0.45"], "metadata": {"id": epsilon}, **body}
+            answer = admin.post(f"{stack.server.url}/device-metadata", json=write, headers=stack.server.admin_headers)
+            assert answer.status_code == 400, answer.text
+            assert field in [problem["field"] for problem in answer.json()["errors"]]
+        missing = admin.get(f"{stack.server.url}/device-metadata/{epsilon}", headers=stack.server.admin_headers)
+        assert missing.status_code == 404
+
+
 def test_a_host_key_cannot_be_passed_off_as_another_hosts(stack):
     """Host A's key with X-Instance-Host: host-b (sent straight from the trusted address): 403, BETA not served."""
     now = int(time.time())

@@ -150,3 +150,30 @@ def test_source_or_hollow_but_one_of_them(args: tuple[str, ...], tmp_path: Path)
                "--data-dir", str(tmp_path / "data"))
     assert ran.returncode == 2
     assert "give SOURCE or --from-hollow DSN" in ran.stderr
+
+
+def test_every_server_of_a_repeated_host_is_tried(hollow_db: Callable[[int], str], postgres_server: PostgresServer,
+                                                  tmp_path: Path) -> None:
+    """?host=REAL&host=CLOSED: the real server is read (asyncpg's own parse kept only the last host, refused)."""
+    database = hollow_db(5).rsplit("/", 1)[1]
+    real, closed = f"{postgres_server.host}:{postgres_server.port}", f"127.0.0.1:{free_port()}"
+    source = f"postgresql://{postgres_server.superuser}@/{database}?host={real}&host={closed}"
+    data = tmp_path / "data"
+    ran = imds("import", "--from-hollow", source, "--data-dir", str(data))
+    stored = [i for i in (instance(n) for n in range(5)) if interface_notation_taken() or not i.interface_notation]
+    assert ran.stdout.startswith(f"{len(stored)} created, "), (ran.stdout, ran.stderr)
+
+
+@pytest.mark.parametrize(("dsn", "says"), [
+    ("postgresql://hollow:secret@h1:26257,h2:x/hollow", "port 'x' is not a number"),
+    ("postgresql://hollow:secret@[::1/hollow", "host '[::1': write an IPv6 address as [ADDRESS]"),
+    ("postgresql://hollow:secret@h1/hollow?sslmode=bogus", "sslmode='bogus' is not one of"),
+])
+def test_a_malformed_dsn_is_one_line_and_exit_2(dsn: str, says: str, tmp_path: Path) -> None:
+    """A DSN that cannot be read: a usage error naming the problem (asyncpg's parser raised a traceback)."""
+    ran = imds("import", "--from-hollow", dsn, "--data-dir", str(tmp_path / "data"))
+    assert ran.returncode == 2, ran.stderr
+    assert f"Invalid value for '--from-hollow': {says}" in ran.stderr
+    assert "Traceback" not in ran.stderr
+    assert "secret" not in ran.stderr
+    assert not (tmp_path / "data").exists()

@@ -180,6 +180,7 @@ def test_agent_haproxy_verifies_serve_and_shows_its_client_certificate(stack):
                                      "IMDS_AGENT_UPSTREAM_KEY_FILE", str(stack.client.key))
     assert (status, body) == (200, HOSTNAME)
     assert (line["instance_id"], line["status"], line["port"]) == (INSTANCE, 200, "tap-tls")
+    assert (line["tenant"], line["tls_error"]) == ("", "")  # none: an empty string, not haproxy's "-"
     links = stack.base / "agent-right" / "tls"
     assert (links / "client.pem").resolve() == stack.client.cert.resolve()
     assert (links / "client.pem.key").resolve() == stack.client.key.resolve()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -10,10 +11,11 @@ from click.testing import CliRunner
 
 from imds.cli import cli
 from imds.config import load
-from imds.config.database import DEFAULT_SOCKET_DIR, DatabaseUrlError, Server, parse_database, redact
+from imds.config.database import DEFAULT_SOCKET_DIR, DatabaseUrlError, Server, parse_database, parse_source, redact
 from imds.config.option import redact_url
 from imds.errors import ConfigError
 from imds.store.sql.diagnose import describe
+from imds.store.sql.engine import connector_for
 
 
 @pytest.mark.parametrize(("url", "servers"), [
@@ -33,6 +35,7 @@ from imds.store.sql.diagnose import describe
     ("postgresql://u@/db?host=/run/pg&port=5433", [("/run/pg", 5433)]),
     ("postgresql://u@%2Frun%2Fpg:5433/db", [("/run/pg", 5433)]),
     ("postgresql:///db", [(DEFAULT_SOCKET_DIR, 5432)]),
+    ("postgresql://u@:5433/db", [(DEFAULT_SOCKET_DIR, 5433)]),  # a port and no host: the socket, as in libpq
     ("postgres://u:p@h/db", [("h", 5432)]),
 ])
 def test_every_host_form_gives_the_servers_in_order(url: str, servers: list[tuple[str, int]]):
@@ -47,9 +50,9 @@ def test_credentials_database_and_tls_options():
     assert (database.user, database.password, database.name) == ("imds", "s@cret", "other")
     assert dict(database.tls) == {"sslmode": "verify-full", "sslrootcert": "/etc/ca x.pem", "sslcert": "/c.pem",
                                   "sslkey": "/k.pem"}
-    assert database.tls_dsn() == ("postgresql://?sslmode=verify-full&sslrootcert=/etc/ca%20x.pem&sslcert=/c.pem"
+    assert database.params_dsn() == ("postgresql://?sslmode=verify-full&sslrootcert=/etc/ca%20x.pem&sslcert=/c.pem"
                                   "&sslkey=/k.pem")
-    assert parse_database("postgresql://h/db").tls_dsn() is None
+    assert parse_database("postgresql://h/db").params_dsn() is None
 
 
 @pytest.mark.parametrize("value", ["read-write", "primary"])
@@ -70,8 +73,11 @@ def test_read_write_session_attrs_are_accepted(value: str):
     ("postgresql://h/db?target_session_attrs=fast", "is not one of any, read-write"),
     ("postgresql://h/db?sslmode=strict", "sslmode='strict' is not one of disable"),
     ("postgresql://h/db?sslrootcert=", "sslrootcert is empty"),
-    ("postgresql://h/db?connect_timeout=3", "--db-connect-timeout"),
+    ("postgresql://h/db?connect_timeout=0", "connect_timeout='0' is not a number of seconds above 0"),
+    ("postgresql://h/db?connect_timeout=soon", "never waits without a bound"),
     ("postgresql://h/db?application_name=x", "imds names its sessions"),
+    ("postgresql://h/db?keepalives_idle=5", "imds sets keepalives and TCP_USER_TIMEOUT"),
+    ("postgresql://h/db?tcp_user_timeout=9000", "from --db-connect-timeout and --db-statement-timeout"),
     ("postgresql://h/db?colour=blue", "unknown parameter 'colour'"),
     ("postgresql://h/db?sslmode", "has no value"),
     ("postgresql://h/a/b", "has a '/'"),
@@ -83,6 +89,28 @@ def test_a_bad_url_is_one_line_naming_the_problem(url: str, says: str):
         parse_database(url)
     assert says in raised.value.message
     assert "\n" not in raised.value.message
+
+
+def test_connect_timeout_in_the_url_is_seconds_per_server():
+    """The URL's connect_timeout (libpq's: seconds per server) is read; it replaces --db-connect-timeout."""
+    assert parse_database("postgresql://h1,h2/db?connect_timeout=3").connect_timeout == 3.0
+    assert parse_database("postgresql://h1,h2/db").connect_timeout is None
+    assert connector_for("postgresql://h1,h2/db?connect_timeout=3", connect_timeout=9).connect_timeout == 3.0
+    assert connector_for("postgresql://h1,h2/db", connect_timeout=9).connect_timeout == 9.0
+
+
+def test_a_source_keeps_what_a_read_only_database_url_may_say():
+    """parse_source (imds import --from-hollow) keeps any target_session_attrs and passes other parameters on."""
+    source = parse_source("postgres://u@/db?host=h1:26257&host=h2:26257&target_session_attrs=any"
+                          "&application_name=copy&options=--cluster%3Dprod&sslmode=require&connect_timeout=4")
+    assert [(s.host, s.port) for s in source.servers] == [("h1", 26257), ("h2", 26257)]
+    assert (source.session_attrs, source.connect_timeout) == ("any", 4.0)
+    assert source.params_dsn() == "postgresql://?sslmode=require&application_name=copy&options=--cluster%3Dprod"
+    for bad, says in (("postgresql://u@h1:5432,h2:x/db", "port 'x'"), ("sqlite:///x.db", "PostgreSQL/CockroachDB"),
+                      ("postgresql://u@[::1/db", "[ADDRESS]"), ("postgresql://h/db?target_session_attrs=fast",
+                                                                "is not one of")):
+        with pytest.raises(DatabaseUrlError, match=re.escape(says)):
+            parse_source(bad)
 
 
 def test_the_password_never_shows():

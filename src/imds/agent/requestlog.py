@@ -9,10 +9,10 @@ shape structlog gives every other line (``component``, ``event`` ``haproxy.reque
 ``level``, ``timestamp``) written through structlog's own ``PrintLogger`` for stderr (so it
 never interleaves with the agent's other lines). The object is not parsed and rendered again:
 that cost the datapath a large share of its throughput (bench/results-datapath.md, 2026-11-28).
-An empty string is a field haproxy had nothing for (no tenant, no TLS error), ``-1`` a step
-that did not happen (no connection to serve). Anything else haproxy says there (a proxy
-stopping on reload, a line cut at ``LOG_LENGTH``) goes through structlog as
-``haproxy.message``.
+An empty string is a field haproxy had nothing for (no tenant, no TLS error, no instance for
+an unknown source: haproxy's own ``-`` for those), ``-1`` a step that did not happen (no
+connection to serve). Anything else haproxy says there (a proxy stopping on reload, a line
+cut at ``LOG_LENGTH``) goes through structlog as ``haproxy.message``.
 
 Usage::
 
@@ -36,6 +36,7 @@ SEND_BUFFER = 4 << 20  # bytes queued for the agent before haproxy drops lines (
 SO_SNDBUFFORCE = 32  # Linux's <asm-generic/socket.h>; Python's socket module does not name it
 _TEXT_MAX = 512
 _REQUEST = b'{"port":'  # how LOG_FORMAT begins
+_ABSENT = b'":"-"'  # a string field haproxy had no value for (it writes "-")
 
 
 class Output(Protocol):
@@ -55,7 +56,9 @@ def request_line(datagram: bytes, now: dt.datetime, component: str = "agent") ->
         return None
     stamp = now.isoformat().replace("+00:00", "Z")
     head = f'{{"component":"{component}","event":"haproxy.request","level":"info","timestamp":"{stamp}",'
-    return head + line[1:].decode("utf-8", "replace")
+    # haproxy writes "-" for a sample it had nothing for; no field's real value is "-" (ids and
+    # tenants begin with a letter or digit, a path with "/"), so each such "-" becomes "".
+    return head + line[1:].replace(_ABSENT, b'":""').decode("utf-8", "replace")
 
 
 class RequestLog:

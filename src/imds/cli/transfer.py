@@ -41,6 +41,7 @@ from imds.cli.options import settings_options
 from imds.cli.progress import Progress
 from imds.cli.records import SUBJECT, Target, target_options
 from imds.config import OPTIONS
+from imds.config.database import DatabaseUrlError, parse_source
 from imds.errors import InvalidInput, StoreUnavailable
 from imds.services.records.bulk import OUTCOMES, Block, Item, Result, item_notes, parse_item, rejected
 from imds.services.records.limits import Limits, max_item_bytes
@@ -217,14 +218,24 @@ def _remote_batch(target: Target, items: list[Item], objects: list[Any], *, dry_
             for item, r in zip(items, answer["results"], strict=True)]
 
 
+def _hollow_dsn(_ctx: click.Context, _param: click.Parameter, dsn: str | None) -> str | None:
+    """A malformed --from-hollow DSN is a usage error in one line (exit 2), before anything is opened."""
+    if dsn is not None:
+        try:
+            parse_source(dsn)
+        except DatabaseUrlError as exc:
+            raise click.BadParameter(exc.message) from exc
+    return dsn
+
+
 @click.command(name="import")
 @click.argument("source", required=False, type=click.Path(allow_dash=True, exists=False))
 @target_options
 @settings_options(("strict_records", "max_body_bytes", "allow_wide_prefixes"),
                   table=tuple(o for o in OPTIONS if o.group == "limits"))
-@click.option("--from-hollow", "hollow", metavar="DSN", default=None,
-              help="Read a hollow-metadataservice database (postgresql://USER@HOST:PORT/DB) instead of SOURCE; "
-                   "its password from PGPASSWORD or ~/.pgpass (flags show in ps).")
+@click.option("--from-hollow", "hollow", metavar="DSN", default=None, callback=_hollow_dsn,
+              help="Read a hollow-metadataservice database (postgresql://USER@HOST:PORT/DB, the forms --db takes) "
+                   "instead of SOURCE; its password from PGPASSWORD or ~/.pgpass (flags show in ps).")
 @click.option("--dry-run", is_flag=True, help="Compare and report; write nothing.")
 @click.option("--strict", is_flag=True,
               help="Check every item first; write nothing if any is rejected or an id is given twice.")

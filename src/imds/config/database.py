@@ -11,10 +11,13 @@ PostgreSQL URLs are read the way libpq reads them, in every form operators write
   in the host part); no host at all means Debian's socket directory, as ``psql`` does there;
 - ``target_session_attrs``: imds writes, so it connects only to a read-write server whatever
   the URL says; ``read-write`` and ``primary`` say so, other values are refused;
+- ``connect_timeout``: seconds per server, as in libpq (it replaces ``--db-connect-timeout``);
 - TLS: ``sslmode``, ``sslrootcert``, ``sslcert``, ``sslkey`` (libpq's meanings).
 
 Anything else is refused with one line naming what is wrong (``DatabaseUrlError``), never a
 traceback. SQLite (``sqlite:///PATH``) and ``memory://`` URLs are only recognised here.
+``parse_source`` reads a database imds only reads from (``imds import --from-hollow``) the same
+way, but keeps any ``target_session_attrs`` and passes other parameters on to the server.
 A leaf: imports only ``errors``.
 """
 
@@ -34,10 +37,13 @@ SESSION_ATTRS = ("any", "read-write", "read-only", "primary", "standby", "prefer
 WRITABLE_ATTRS = ("read-write", "primary")
 SSL_MODES = ("disable", "allow", "prefer", "require", "verify-ca", "verify-full")
 TLS_PARAMS = ("sslmode", "sslrootcert", "sslcert", "sslkey")
-PARAMS = ("host", "port", "user", "password", "dbname", "target_session_attrs", *TLS_PARAMS)
+PARAMS = ("host", "port", "user", "password", "dbname", "target_session_attrs", "connect_timeout", *TLS_PARAMS)
+_KEEPALIVES = ("imds sets keepalives and TCP_USER_TIMEOUT on every connection itself, from --db-connect-timeout "
+               "and --db-statement-timeout")
 _SET_ELSEWHERE = {
-    "connect_timeout": "--db-connect-timeout / IMDS_DB_CONNECT_TIMEOUT (seconds per server)",
     "application_name": "imds names its sessions imds-PID",
+    **dict.fromkeys(("keepalives", "keepalives_idle", "keepalives_interval", "keepalives_count", "tcp_user_timeout"),
+                    _KEEPALIVES),
 }
 _SCHEMES = {"postgresql": "postgresql", "postgres": "postgresql", "postgresql+asyncpg": "postgresql"}
 
@@ -75,6 +81,9 @@ class Database:
     password: str | None = None
     name: str | None = None
     tls: tuple[tuple[str, str], ...] = ()
+    connect_timeout: float | None = None  # the URL's connect_timeout (seconds per server), when it has one
+    session_attrs: str | None = None  # the URL's target_session_attrs (kept only by ``parse_source``)
+    extra: tuple[tuple[str, str], ...] = ()  # other parameters, for the server (only by ``parse_source``)
 
     @property
     def where(self) -> str:
@@ -89,11 +98,12 @@ class Database:
         """The URL with its password hidden."""
         return redact(self.url)
 
-    def tls_dsn(self) -> str | None:
-        """The TLS options as a host-less DSN asyncpg reads them from (None: none given)."""
-        if not self.tls:
+    def params_dsn(self) -> str | None:
+        """The TLS options and other parameters as a host-less DSN asyncpg reads them from (None: none given)."""
+        params = (*self.tls, *self.extra)
+        if not params:
             return None
-        return "postgresql://?" + "&".join(f"{key}={quote(value, safe='/')}" for key, value in self.tls)
+        return "postgresql://?" + "&".join(f"{key}={quote(value, safe='/')}" for key, value in params)
 
 
 def redact(url: str) -> str:
@@ -123,14 +133,27 @@ def parse_database(url: str) -> Database:
     if not sep or scheme.lower() not in _SCHEMES:
         _fail(url, "unsupported database URL scheme (use sqlite:///PATH, postgresql://USER:PASS@HOST:PORT/DB "
                    "or memory://)")
-    return _postgresql(url, rest)
+    return _postgresql(url, rest, reading=False)
+
+
+@functools.lru_cache(maxsize=8)
+def parse_source(url: str) -> Database:
+    """Read the PostgreSQL URL of a database imds only reads from, as ``parse_database`` does.
+
+    Any valid ``target_session_attrs`` is kept (``session_attrs``), and parameters imds does
+    not read itself are kept for the server (``extra``), as libpq and asyncpg pass them on.
+    """
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme.lower() not in _SCHEMES:
+        _fail(url, "give a PostgreSQL/CockroachDB URL (postgresql://USER@HOST:PORT/DB)")
+    return _postgresql(url, rest, reading=True)
 
 
 def _fail(url: str, why: str) -> NoReturn:
     raise DatabaseUrlError(f"{why} in {redact(url)!r}")
 
 
-def _postgresql(url: str, rest: str) -> Database:
+def _postgresql(url: str, rest: str, *, reading: bool) -> Database:
     head, _, query = rest.partition("?")
     netloc, slash, path = head.partition("/")
     if slash and "/" in path:
@@ -144,7 +167,7 @@ def _postgresql(url: str, rest: str) -> Database:
         "dbname": unquote(path) or None,
     }
     servers = _hosts(url, [hostlist] if hostlist else [])
-    given = _query(url, query)
+    given = _query(url, query, reading=reading)
     for key in ("user", "password", "dbname"):
         if key in given:
             values[key] = given[key][-1] or None
@@ -153,19 +176,20 @@ def _postgresql(url: str, rest: str) -> Database:
     servers = _ports(url, servers, given.get("port", []))
     if not servers:
         servers = [(DEFAULT_SOCKET_DIR, DEFAULT_PORT)]
-    _session_attrs(url, given.get("target_session_attrs", []))
-    tls = _tls(url, given)
+    attrs = _session_attrs(url, given.get("target_session_attrs", []), reading=reading)
+    extra = tuple((key, found[-1]) for key, found in given.items() if key not in PARAMS)
     return Database("postgresql", url, tuple(Server(host, port or DEFAULT_PORT) for host, port in servers),
-                    values["user"], values["password"], values["dbname"], tls)
+                    values["user"], values["password"], values["dbname"], _tls(url, given),
+                    _timeout(url, given.get("connect_timeout", [])), attrs if reading else None, extra)
 
 
-def _query(url: str, query: str) -> dict[str, list[str]]:
+def _query(url: str, query: str, *, reading: bool) -> dict[str, list[str]]:
     given: dict[str, list[str]] = {}
     for part in filter(None, query.split("&")):
         if "=" not in part:
             _fail(url, f"parameter {unquote(part)!r} has no value (write name=value)")
         [(key, value)] = parse_qsl(part, keep_blank_values=True)
-        if key not in PARAMS:
+        if key not in PARAMS and not reading:
             elsewhere = _SET_ELSEWHERE.get(key)
             why = f"{key} is set by {elsewhere}" if elsewhere else f"unknown parameter {key!r}"
             _fail(url, f"{why} (imds reads {', '.join(PARAMS)})")
@@ -188,6 +212,8 @@ def _host(url: str, item: str) -> tuple[str, int | None]:
             return unquote(path), _port(url, port)
         return unquote(item), None
     item = unquote(item)
+    if item.startswith(":") and item.count(":") == 1:  # a port and no host: the socket directory, as in libpq
+        return DEFAULT_SOCKET_DIR, _port(url, item[1:])
     if item.startswith("["):
         address, bracket, tail = item[1:].partition("]")
         if not bracket or (tail and not tail.startswith(":")):
@@ -218,13 +244,28 @@ def _ports(url: str, servers: list[tuple[str, int | None]], given: list[str]) ->
     return [(host, own or port) for (host, own), port in zip(servers, ports, strict=True)]
 
 
-def _session_attrs(url: str, given: list[str]) -> None:
+def _session_attrs(url: str, given: list[str], *, reading: bool) -> str | None:
     for value in given:
         if value not in SESSION_ATTRS:
             _fail(url, f"target_session_attrs={value!r} is not one of {', '.join(SESSION_ATTRS)}")
-        if value not in WRITABLE_ATTRS:
+        if value not in WRITABLE_ATTRS and not reading:
             _fail(url, f"target_session_attrs={value}: imds writes to its database, so it connects only to a "
                        "read-write server; use read-write (what imds does when it is left out) or primary")
+    return given[-1] if given else None
+
+
+def _timeout(url: str, given: list[str]) -> float | None:
+    """``connect_timeout``: seconds per server, more than 0 (imds never waits without a bound)."""
+    if not given:
+        return None
+    try:
+        seconds = float(given[-1])
+    except ValueError:
+        seconds = 0.0
+    if not 0 < seconds < float("inf"):
+        _fail(url, f"connect_timeout={given[-1]!r} is not a number of seconds above 0 (imds never waits "
+                   "without a bound)")
+    return seconds
 
 
 def _tls(url: str, given: dict[str, list[str]]) -> tuple[tuple[str, str], ...]:

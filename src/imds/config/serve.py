@@ -159,7 +159,9 @@ OPTIONS: tuple[Option, ...] = (
     _callers("instance_auth", "list", (),
         "Flavors whose paths need 'Metadata: true', a Metadata-Flavor header or an IMDSv2 token "
         "(json, openstack, nocloud, ganeti or all; repeatable; env: comma-separated; default: none).", parse=flavors),
-    _store("db_connect_timeout", "float", 5.0, "Seconds to wait for a database connection before answering 503."),
+    _store("db_connect_timeout", "float", 5.0,
+        "Seconds to wait for a connection to one database server before answering 503 (each server of a "
+        "--db list has its own; a connect_timeout in the URL replaces it)."),
     _store("db_statement_timeout", "float", 5.0,
         "Seconds one database statement (or SQLite's write lock) may take before answering 503."),
     # Server and listener limits (docs/server.md).

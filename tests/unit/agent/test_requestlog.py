@@ -37,6 +37,17 @@ def test_a_request_line_becomes_one_agent_log_line_with_every_field_haproxy_wrot
                                 "timestamp": "2026-11-28T09:40:33.843106Z"}
 
 
+def test_what_haproxy_had_nothing_for_is_an_empty_string_not_its_dash():
+    """A sample haproxy had nothing for (no tenant, no TLS error, an unknown source) is "", not its "-"."""
+    absent = {**LINE, "tenant": "-", "tls_error": "-", "port": "-", "instance_id": "-"}
+    written = json.dumps(absent, separators=(",", ":")).encode()  # as haproxy writes it: no spaces
+    line = request_line(written, NOW)
+    assert line is not None
+    entry = json.loads(line)
+    assert (entry["tenant"], entry["tls_error"], entry["port"], entry["instance_id"]) == ("", "", "", "")
+    assert (entry["path"], entry["termination"], entry["connect_ms"]) == (LINE["path"], "----", -1)
+
+
 def test_anything_else_is_not_a_request_line():
     """A proxy stopping on reload, a line cut short at haproxy's length limit, two lines in one: not requests."""
     assert request_line(b"Proxy metadata stopped (cumulated conns: FE: 2, BE: 0).", NOW) is None

@@ -6,9 +6,10 @@ import base64
 
 import pytest
 
+from imds.config.database import parse_source
 from imds.errors import ConfigError, InvalidInput
 from imds.services.records.bulk import parse_item
-from imds.services.records.hollow_source import address_text, driver_dsn, wire_object
+from imds.services.records.hollow_source import HollowSource, address_text, connect_arguments, wire_object
 
 ID = "7d0ab2bc-3a53-4d5e-8f44-2b2b9c1f6a10"
 
@@ -56,12 +57,24 @@ def test_a_metadata_column_that_is_not_an_object_is_refused_by_the_rules() -> No
 @pytest.mark.parametrize("dsn", ["postgresql://h@db/hollow", "postgres://h@db/hollow",
                                  "postgresql+asyncpg://h@db/hollow"])
 def test_postgres_urls_are_taken(dsn: str) -> None:
-    """Both PostgreSQL schemes, and SQLAlchemy's asyncpg form without its driver part."""
-    assert driver_dsn(dsn).endswith("://h@db/hollow")
-    assert "+asyncpg" not in driver_dsn(dsn)
+    """Both PostgreSQL schemes, and SQLAlchemy's asyncpg form, name the same server, user and database."""
+    arguments = connect_arguments(parse_source(dsn))
+    assert (arguments["host"], arguments["port"], arguments["user"], arguments["database"]) == (
+        ["db"], [5432], "h", "hollow")
+
+
+def test_every_server_of_a_repeated_host_is_passed_on() -> None:
+    """Every repeated host= goes to asyncpg, in order, as a list (its own parse keeps only the last)."""
+    arguments = connect_arguments(parse_source("postgresql://h@/hollow?host=db1:26257&host=db2:26258"
+                                               "&target_session_attrs=prefer-standby&sslmode=require"))
+    assert (arguments["host"], arguments["port"]) == (["db1", "db2"], [26257, 26258])
+    assert arguments["target_session_attrs"] == "prefer-standby"
+    assert arguments["dsn"] == "postgresql://?sslmode=require"
 
 
 def test_anything_else_is_a_config_error() -> None:
-    """An SQLite or MySQL URL names the form to use."""
-    with pytest.raises(ConfigError, match="postgresql://USER:PASS@HOST:PORT/DB"):
-        driver_dsn("sqlite:///hollow.db")
+    """An SQLite or MySQL URL, or a malformed one, is one line naming the form to use or the problem."""
+    with pytest.raises(ConfigError, match="postgresql://USER@HOST:PORT/DB"):
+        HollowSource("sqlite:///hollow.db")
+    with pytest.raises(ConfigError, match="port 'x' is not a number"):
+        HollowSource("postgresql://u@h1:5432,h2:x/hollow")

@@ -126,6 +126,13 @@ def test_an_import_item_is_held_to_the_admin_limits():
                       label="line 1", limits=small).userdata is not None
 
 
+def test_an_import_item_keeps_the_host_named_beside_its_document():
+    """``imds import`` reads an item's top-level ``host`` as the admin API does (the document's ``host``)."""
+    item = parse_item({"id": ID, "ipAddresses": [], "metadata": {"id": ID}, "host": "compute-7"}, label="line 1")
+    assert item.metadata is not None
+    assert item.metadata.metadata == {"id": ID, "host": "compute-7"}
+
+
 def test_an_offline_import_names_each_secret_it_drops():
     """A secret OS value is never stored in the database: item_notes names the parameter (offline only)."""
     item = parse_item({"id": ID, "ipAddresses": ["10.0.0.1"], "metadata": {}, "os": {

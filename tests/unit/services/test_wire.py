@@ -205,6 +205,45 @@ def test_unknown_fields_are_ignored():
     assert parse_metadata_write(metadata(extra="x", createdAt="now")).id == ID
 
 
+# --- the record's host -----------------------------------------------------------------------------
+
+
+def test_a_top_level_host_is_stored_as_the_documents_host():
+    """``host`` beside the document (Nova's instance.host) is kept where serve's host check reads it."""
+    write = parse_metadata_write(metadata(host="compute-7"))
+    assert write.metadata == {"hostname": "h", "host": "compute-7"}
+    inside = parse_metadata_write({**metadata(host="compute-7"), "metadata": {"hostname": "h", "host": "compute-7"}})
+    assert inside.metadata == write.metadata
+    assert parse_metadata_write(metadata(host=None)).metadata == {"hostname": "h"}
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        (metadata(host=7), "host"),
+        (metadata(host="compute 7"), "host"),
+        (metadata(host=""), "host"),
+        ({**metadata(), "metadata": {"hostname": "h", "host": 7}}, "metadata.host"),
+        ({**metadata(), "metadata": {"hostname": "h", "host": {"name": "compute-7"}}}, "metadata.host"),
+        ({**metadata(), "metadata": {"hostname": "h", "host": "a;b"}}, "metadata.host"),
+        ({**metadata(host="compute-7"), "metadata": {"hostname": "h", "host": "compute-8"}}, "host"),
+    ],
+    ids=["number", "space", "empty", "document-number", "document-object", "document-bad-name", "disagree"],
+)
+def test_a_host_the_check_could_not_use_is_refused_naming_the_field(body, field):
+    """A host that is no host name (a number would leave serve's check off) or two that disagree: 400, nothing kept."""
+    with pytest.raises(InvalidInput) as exc:
+        parse_metadata_write(body)
+    assert field in problems(exc)
+
+
+def test_a_document_without_a_host_is_unchanged():
+    """No host anywhere: the document as sent (the host check starts once the source of truth names hosts)."""
+    assert parse_metadata_write(metadata()).metadata == {"hostname": "h"}
+    assert parse_metadata_write({**metadata(), "metadata": {"hostname": "h", "host": None}}).metadata == {
+        "hostname": "h", "host": None}
+
+
 # --- parse_userdata_write -------------------------------------------------------------------------
 
 

@@ -70,7 +70,7 @@ def parse_item(obj: Any, *, label: str, max_os_value_bytes: int = 4096, limits: 
     metadata = userdata = None
     if "metadata" in obj:
         try:
-            metadata = parse_metadata_write({k: obj.get(k) for k in ("id", "ipAddresses", "metadata")}, limits)
+            metadata = parse_metadata_write({k: obj.get(k) for k in ("id", "ipAddresses", "metadata", "host")}, limits)
         except InvalidInput as exc:
             problems += exc.problems
     if "userdata" in obj:

@@ -42,7 +42,8 @@ import importlib
 from collections.abc import AsyncIterator
 from typing import Any, Self
 
-from imds.errors import ConfigError, Problem, StoreUnavailable
+from imds.config.database import Database, parse_source
+from imds.errors import Problem, StoreUnavailable
 from imds.services.records.limits import Limits, check_size, flag_of, max_item_bytes
 from imds.services.records.source import Oversized
 
@@ -80,7 +81,6 @@ ORDER BY instance_id, address
 """
 _COUNT = "SELECT count(*) FROM (SELECT id FROM instance_metadata UNION SELECT id FROM instance_userdata) AS ids"
 _FULL_PREFIX = {4: 32, 6: 128}
-_SCHEMES = ("postgresql://", "postgres://")
 PRELOADED = ("asyncpg", "imds.store.sql.diagnose")  # what a reader may import (see preload)
 
 
@@ -101,13 +101,20 @@ def wire_object(
     return obj
 
 
-def driver_dsn(dsn: str) -> str:
-    """The DSN as asyncpg takes it (``postgresql+asyncpg://`` loses its driver part); ConfigError otherwise."""
-    plain = dsn.replace("postgresql+asyncpg://", "postgresql://", 1)
-    if not plain.startswith(_SCHEMES):
-        msg = "--from-hollow takes a PostgreSQL/CockroachDB URL: postgresql://USER:PASS@HOST:PORT/DB"
-        raise ConfigError(msg)
-    return plain
+def connect_arguments(database: Database) -> dict[str, Any]:
+    """The arguments of ``asyncpg.connect`` for a parsed DSN: every server of it, in order.
+
+    asyncpg's own parse of a repeated ``host=`` keeps only the last; TLS and other parameters
+    go as a host-less DSN, which asyncpg reads as libpq does.
+    """
+    arguments: dict[str, Any] = {
+        "host": [server.host for server in database.servers], "port": [server.port for server in database.servers],
+        "user": database.user, "password": database.password, "database": database.name,
+        "dsn": database.params_dsn(),
+    }
+    if database.session_attrs is not None:
+        arguments["target_session_attrs"] = database.session_attrs
+    return arguments
 
 
 def preload() -> None:
@@ -124,8 +131,8 @@ class HollowSource:
     """A read-only snapshot of one hollow database; ``count`` and ``pages`` read from it."""
 
     def __init__(self, dsn: str, *, connect_timeout: float = 10.0) -> None:
-        self._dsn = driver_dsn(dsn)
-        self._timeout = connect_timeout
+        self._database = parse_source(dsn)  # DatabaseUrlError (a ConfigError), one line, for a malformed DSN
+        self._timeout = self._database.connect_timeout or connect_timeout
         self._conn: Any = None
         self._tx: Any = None
 
@@ -134,12 +141,12 @@ class HollowSource:
         import asyncpg  # type: ignore[import-untyped]  # noqa: PLC0415 - loads only for --from-hollow; no stubs
 
         try:
-            self._conn = await asyncpg.connect(self._dsn, timeout=self._timeout)
+            self._conn = await asyncpg.connect(**connect_arguments(self._database), timeout=self._timeout)
             self._tx = self._conn.transaction(isolation="repeatable_read", readonly=True)
             await self._tx.start()
         except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
             await self.__aexit__()
-            raise StoreUnavailable(_describe(self._dsn, exc)) from exc
+            raise StoreUnavailable(_describe(self._database, exc)) from exc
         return self
 
     async def __aexit__(self, *_exc: object) -> None:
@@ -186,10 +193,11 @@ class HollowSource:
         try:
             return await getattr(self._conn, method)(sql, *args)
         except asyncpg.UndefinedTableError as exc:
-            msg = f"{_shown(self._dsn)} has no hollow tables ({exc}): is it hollow-metadataservice's database?"
+            msg = (f"hollow database {self._database.shown} has no hollow tables ({exc}): is it "
+                   "hollow-metadataservice's database?")
             raise StoreUnavailable(msg) from exc
         except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-            raise StoreUnavailable(_describe(self._dsn, exc)) from exc
+            raise StoreUnavailable(_describe(self._database, exc)) from exc
 
 
 def _oversized(row: Any, limits: Limits) -> Oversized | None:
@@ -204,13 +212,7 @@ def _oversized(row: Any, limits: Limits) -> Oversized | None:
     return Oversized(problems, row["id"]) if problems else None
 
 
-def _shown(dsn: str) -> str:
-    from imds.store.sql.diagnose import shown  # noqa: PLC0415 - SQLAlchemy's URL parser, loaded on failure only
+def _describe(database: Database, exc: BaseException) -> str:
+    from imds.store.sql.diagnose import describe_server  # noqa: PLC0415 - loads SQLAlchemy: on failure only
 
-    return f"hollow database {shown(dsn)}"
-
-
-def _describe(dsn: str, exc: BaseException) -> str:
-    from imds.store.sql.diagnose import describe  # noqa: PLC0415 - SQLAlchemy's URL parser, loaded on failure only
-
-    return f"hollow database: {describe(dsn, exc)}"
+    return f"hollow database: {describe_server(database, exc)}"

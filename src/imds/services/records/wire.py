@@ -16,16 +16,18 @@ from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from imds.errors import InvalidInput, Problem
-from imds.models import JsonObject, MetadataWrite, Network, UserdataWrite, covered
+from imds.models import RECORD_HOST, JsonObject, MetadataWrite, Network, UserdataWrite, covered
 from imds.services.catalog.addresses import display, parse_network
 from imds.services.records.limits import Limits, check_addresses_count, check_document, flag_of, wide_prefix
 from imds.services.records.parts import check_parts
 from imds.services.records.shape import check_shape
+from imds.signing import valid_host
 
 # fullmatch, never match + "$": "$" also matches before a trailing newline.
 _UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", re.IGNORECASE)
 _BASE64 = re.compile(r"(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?")
 ENCODINGS = ("text", "base64")
+_HOST_RULE = "must be a host name (letters, digits, '.', '_', '-'; 253 at most) or null"
 DEFAULT_LIMITS = Limits()
 OFF_LOOP_BYTES = 64 * 1024  # smaller bodies parse in well under a millisecond: a thread would cost more
 T = TypeVar("T")
@@ -93,7 +95,10 @@ def parse_instance_id(value: Any, field: str = "id") -> str:
 
 
 def parse_metadata_write(body: Any, limits: Limits = DEFAULT_LIMITS) -> MetadataWrite:
-    """``{id, ipAddresses, metadata}``: metadata is a JSON object or a JSON-encoded string.
+    """``{id, ipAddresses, metadata, host?}``: metadata is a JSON object or a JSON-encoded string.
+
+    ``host``, when given, is where the instance runs, stored as the document's ``host``
+    (``_with_host``).
 
     The document's own ``id`` may differ from the record id, as in hollow: the document is
     stored and served as sent, and every flavor names the instance by the record id
@@ -107,9 +112,34 @@ def parse_metadata_write(body: Any, limits: Limits = DEFAULT_LIMITS) -> Metadata
     document = _metadata(fields.get("metadata"), problems, limits)
     if document is not None and instance_id is not None and "id" in document and limits.strict_records:
         _document_id(document["id"], instance_id, problems)
+    if document is not None:
+        document = _with_host(fields.get(RECORD_HOST), document, problems)
     if problems or instance_id is None or document is None:
         raise InvalidInput(problems)
     return MetadataWrite(instance_id, addresses, document)
+
+
+def _with_host(given: Any, document: JsonObject, problems: list[Problem]) -> JsonObject:
+    """The document with the record's host: its own ``host``, or the write's top-level ``host``.
+
+    The host (where the instance runs: Nova's ``instance.host``, Ganeti's primary node) is
+    kept as the document's ``host``, which serve compares with the host that signs a claim;
+    a write may name it beside the document too, as a source of truth has it. Either must be
+    a host name (``null``: none), and the two must agree: a value the check could never match,
+    or a number that would leave the check off, is refused rather than stored.
+    """
+    stored = document.get(RECORD_HOST)
+    if stored is not None and not (isinstance(stored, str) and valid_host(stored)):
+        problems.append(Problem(f"metadata.{RECORD_HOST}", _HOST_RULE))
+    if given is None:
+        return document
+    if not (isinstance(given, str) and valid_host(given)):
+        problems.append(Problem(RECORD_HOST, _HOST_RULE))
+        return document
+    if stored is not None and stored != given:
+        problems.append(Problem(RECORD_HOST, f"is {given!r} but metadata.{RECORD_HOST} is {str(stored)[:80]!r}"))
+        return document
+    return {**document, RECORD_HOST: given}
 
 
 def notes(write: MetadataWrite | UserdataWrite) -> list[str]:

@@ -233,7 +233,7 @@ class Connector:
         return conn
 
     def _arguments(self, server: Server, within: float) -> dict[str, Any]:
-        tls = self.database.tls_dsn()
+        tls = self.database.params_dsn()
         arguments: dict[str, Any] = {
             "host": server.host, "port": server.port, "user": self.database.user,
             "password": self.database.password, "database": self.database.name, "timeout": within,

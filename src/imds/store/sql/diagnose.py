@@ -43,7 +43,7 @@ def describe(url: str, exc: BaseException) -> str:
         return f"{reason(exc)} (unparsable database URL)"
     if database.kind == "sqlite":
         return _sqlite(make_url(url), exc)
-    return _server(database, exc)
+    return describe_server(database, exc)
 
 
 def is_not_migrated(exc: BaseException) -> bool:
@@ -109,7 +109,7 @@ def _sqlite(parsed: URL, exc: BaseException) -> str:
     return f"SQLite database {database}: {why}"
 
 
-def _server(database: Database, exc: BaseException) -> str:
+def describe_server(database: Database, exc: BaseException) -> str:
     """``postgresql server(s) H:P[, ...] (database D, user U): why`` (every server of the URL, as given)."""
     who = f"database {database.name or '(default)'}, user {database.user or '(default)'}"
     why = reason(exc)

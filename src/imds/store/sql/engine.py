@@ -35,11 +35,13 @@ def connector_for(url: str, *, connect_timeout: float = 5.0, statement_timeout: 
     The session name lets operators (and tests) find one process's connections;
     ``statement_timeout`` bounds every statement on the server as ``command_timeout`` does
     on the client, so a frozen server cannot hold one either. ``quiet``: no ``store.*`` log
-    lines (one-shot commands such as migrations, whose error line says it all).
+    lines (one-shot commands such as migrations, whose error line says it all). The URL's own
+    ``connect_timeout`` (libpq's, seconds per server) replaces ``connect_timeout``.
     """
     server_settings = {"application_name": application_name(),
                        "statement_timeout": str(max(1, int(statement_timeout * 1000)))}
     database = parse_database(url)
+    connect_timeout = database.connect_timeout or connect_timeout
     return Connector(database, connect_timeout=connect_timeout, statement_timeout=statement_timeout,
                      server_settings=server_settings, health=StoreHealth(database.where, quiet=quiet))
 

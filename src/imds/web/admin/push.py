@@ -46,8 +46,12 @@ METADATA_SCHEMA = record_schema(
         ],
         "description": "The Equinix-shaped document. A top-level updated_at older than the stored one "
         "makes the write a no-op (applied: false). The optional top-level devices, network_data and "
-        "vendor_data keys are the OpenStack parts of the record (a 400 names any offending field).",
+        "vendor_data keys are the OpenStack parts of the record (a 400 names any offending field). A "
+        "top-level host is the hypervisor the instance runs on (never served to the instance).",
     },
+    host={"type": ["string", "null"], "description": "Where the instance runs (Nova's instance.host, Ganeti's "
+          "primary node), stored as the document's host: a signature from another host's key is refused. "
+          "The same as metadata.host (the two must agree)."},
 )
 USERDATA_SCHEMA = record_schema(
     ("ipAddresses", "userdata"),
