@@ -29,7 +29,7 @@ import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 
-TIME = "/usr/bin/time"  # GNU time: the peak RSS of the process it runs (%M, KiB)
+TIME = "/usr/bin/time"  # GNU time: the peak RSS (%M, KiB) and CPU seconds (%U user, %S system) of what it runs
 RUNS = ("first import", "re-run (idempotent)")
 
 
@@ -59,14 +59,15 @@ def run(source: Path, data_dir: Path, tree: Path | None, extra: list[str]) -> di
     command = [sys.executable, "-m", "imds", "import", str(source), "--data-dir", str(data_dir),
                "--log-level", "warning", *extra]
     started = time.monotonic()
-    done = subprocess.run([TIME, "-f", "%M", "-o", str(report), *command], env=env, capture_output=True, text=True,
-                          check=False)
+    done = subprocess.run([TIME, "-f", "%M %U %S", "-o", str(report), *command], env=env, capture_output=True,
+                          text=True, check=False)
     seconds = time.monotonic() - started
     if done.returncode != 0:
         sys.exit(f"imds import failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
-    peak_kib = int(report.read_text().split()[-1])
+    peak_kib, user, system = report.read_text().splitlines()[-1].split()
     summary = done.stdout.splitlines()[0]
-    return {"seconds": round(seconds, 1), "peak_rss_mib": round(peak_kib / 1024), "summary": summary}
+    return {"seconds": round(seconds, 1), "cpu_seconds": round(float(user) + float(system), 1),
+            "peak_rss_mib": round(int(peak_kib) / 1024), "summary": summary}
 
 
 def markdown(rows: list[dict[str, object]], command: str, load: tuple[str, str]) -> str:
@@ -77,9 +78,12 @@ def markdown(rows: list[dict[str, object]], command: str, load: tuple[str, str])
         (f"{os.cpu_count()} cores, Python {platform.python_version()}, load average {load[0]} before / {load[1]} "
          f"after (a shared machine). Command: `{command}`. `imds import FILE` into a new SQLite data directory "
          "(JSON lines, Equinix-sized documents), then the same file again; `this` is this checkout, `baseline` "
-         "imds imported from another tree, alternately; best of the rounds; peak RSS is GNU time's `%M`."), "",
-        "| run | items | tree | best s | items/s | peak RSS MiB | this/baseline s | imds's summary |",
-        "|---|---|---|---|---|---|---|---|",
+         "imds imported from another tree, alternately; best of the rounds; cpu s is the process's user + system "
+         "seconds (on a loaded machine it tells more than wall seconds: a quiet one takes about that long); "
+         "peak RSS is GNU time's `%M`."), "",
+        ("| run | items | tree | best s | cpu s | items/s | peak RSS MiB | this/baseline s | this/baseline cpu "
+         "| imds's summary |"),
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for label in RUNS:
         best = {}
@@ -88,11 +92,13 @@ def markdown(rows: list[dict[str, object]], command: str, load: tuple[str, str])
             if mine:
                 best[tree] = min(mine, key=lambda r: float(str(r["seconds"])))
         for tree, r in best.items():
-            ratio = ""
+            ratio = cpu_ratio = ""
             if tree == "this" and "baseline" in best:
-                ratio = f"**{float(str(r['seconds'])) / float(str(best['baseline']['seconds'])):.2f}**"
-            lines.append(f"| {label} | {r['items']:,} | {tree} | {r['seconds']} | {r['items_per_second']} | "
-                         f"{r['peak_rss_mib']} | {ratio} | {r['summary']} |")
+                base = best["baseline"]
+                ratio = f"**{float(str(r['seconds'])) / float(str(base['seconds'])):.2f}**"
+                cpu_ratio = f"**{float(str(r['cpu_seconds'])) / float(str(base['cpu_seconds'])):.2f}**"
+            lines.append(f"| {label} | {r['items']:,} | {tree} | {r['seconds']} | {r['cpu_seconds']} | "
+                         f"{r['items_per_second']} | {r['peak_rss_mib']} | {ratio} | {cpu_ratio} | {r['summary']} |")
     return "\n".join(lines) + "\n"
 
 
