@@ -259,3 +259,61 @@ def project_feed_id(project_id: str) -> str:
 def feed_project(feed_id: str) -> str | None:
     """The project a change-feed id names, or None for an instance id."""
     return feed_id[len(PROJECT_FEED_PREFIX):] if feed_id.startswith(PROJECT_FEED_PREFIX) else None
+
+
+# --- lifecycle notices the host sends to its guests (services/notices/) -------------------------
+
+NOTICE_KIND = "notice"  # the audit kind and the admin scopes' kind (metadata:create:notice ...)
+NOTICE_FEED_PREFIX = "notice:"  # a change-feed (and audit) id naming a notice
+INSTANCE_SCOPE, PROJECT_SCOPE, FACILITY_SCOPE = "instance", "project", "facility"
+NOTICE_SCOPES = (INSTANCE_SCOPE, PROJECT_SCOPE, FACILITY_SCOPE)
+# Interruptions (EC2's spot/instance-action actions), scheduled events, signals, and the ASG lifecycle state.
+NOTICE_KINDS = ("stop", "terminate", "hibernate", "preemption", "reboot", "maintenance", "migrate", "rebalance",
+                "lifecycle")
+SCHEDULED, ACTIVE, CANCELED, COMPLETED = "scheduled", "active", "canceled", "completed"
+NOTICE_STATES = (SCHEDULED, ACTIVE, CANCELED, COMPLETED)
+
+
+@dataclass(frozen=True)
+class Notice:
+    """What the host tells a guest is about to happen to it: one record, rendered by every flavor.
+
+    It belongs to one instance, a project (every instance whose record has that ``project_id``)
+    or a facility (every instance in it): ``scope`` and ``target``. ``time`` is when it takes
+    effect (a maintenance window's start), ``window_end`` the end of a window. ``state`` is the
+    stored one; what guests see also follows the clock (``imds.services.notices.timeline``).
+    ``target_state`` is the Auto Scaling target lifecycle state of a ``lifecycle`` notice.
+    ``revision`` counts the notice's writes (1 for the first).
+    """
+
+    id: str
+    scope: str
+    target: str
+    kind: str
+    time: datetime
+    state: str = SCHEDULED
+    window_end: datetime | None = None
+    description: str = ""
+    target_state: str | None = None
+    revision: int = 1
+    created_at: datetime | None = None
+    updated_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class Acknowledgement:
+    """A guest's acknowledgement of a notice (posted through the instance<->host channel); the first one counts."""
+
+    notice_id: str
+    instance_id: str
+    at: datetime
+
+
+def notice_feed_id(notice_id: str) -> str:
+    """The change-feed id of a notice (``notice:<id>``)."""
+    return NOTICE_FEED_PREFIX + notice_id
+
+
+def feed_notice(feed_id: str) -> str | None:
+    """The notice a change-feed id names, or None."""
+    return feed_id[len(NOTICE_FEED_PREFIX):] if feed_id.startswith(NOTICE_FEED_PREFIX) else None

@@ -4,7 +4,7 @@
   make its instance answer every caller no longer prefix claims: refused (admin API, import,
   Luxi) unless ``--allow-wide-prefixes``, and then every such write warns.
 - ``10.70.17.9/31`` and ``10.70.17.8/31`` are one network: on SQLite both spellings stayed,
-  each instance holding "its" network; now the later write takes it (revision 0007), and a
+  each instance holding "its" network; now the later write takes it (revision 0008), and a
   database that still holds such a pair says so when it is loaded.
 - An address taken from another instance (last write wins) is said: in the admin answer's
   warnings, in ``imds import``'s warnings, in the Luxi server's log.

@@ -364,36 +364,55 @@ def _run(  # noqa: PLR0913 - the pieces of one import
     results: list[Result] = []
     if target.remote is not None:
         for batch in batches:
-            wire = [_item_object(item) for item in batch]
+            wire = [_wire_object(item) for item in batch]
             done = _remote_batch(target, batch, wire, dry_run=dry_run)
             results += done
             progress.advance(len(batch), done, rejected=len(rejections))
         return results
 
-    async def each(offline: OfflineRecords, block: Block | None) -> list[Result]:
-        done: list[Result] = []
-        for batch in batches:
-            written = await offline.upsert(batch, subject=SUBJECT, dry_run=dry_run, block=block)
-            done += written
-            progress.advance(len(batch), written, rejected=len(rejections))
-        return done
+    async def each(offline: OfflineRecords, block: Block | None) -> tuple[list[Result], list[Item]]:
+        return await _offline_batches(offline, batches, block, lambda n, written: progress.advance(
+            n, written, rejected=len(rejections)), dry_run=dry_run)
+
+    async def notices(offline: OfflineRecords, later: list[Item]) -> list[Result]:
+        written = await offline.upsert(later, subject=SUBJECT, dry_run=dry_run) if later else []
+        progress.advance(len(later), written, rejected=len(rejections))
+        return written
 
     async def run(offline: OfflineRecords) -> list[Result]:
         if partial or dry_run:
             try:
-                return await each(offline, None)
+                return (await each(offline, None))[0]
             except StoreUnavailable as exc:
                 raise StoreUnavailable(f"{exc.message} (--partial: the batches before this one are written)") from exc
         try:
             async with offline.transaction() as block:
-                return await each(offline, block)
+                done, later = await each(offline, block)
         except UnreadableInput as exc:  # found by the one pass: rolled back with everything before it
             raise click.ClickException(f"{exc.message} (nothing was written)") from exc
         except StoreUnavailable as exc:
             raise StoreUnavailable(f"{exc.message}: nothing was written (the import is one transaction; "
                                    "--partial commits batch by batch)") from exc
+        return done + await notices(offline, later)
 
     return target.offline(run)
+
+
+async def _offline_batches(
+    offline: OfflineRecords, batches: Iterator[list[Item]], block: Block | None,
+    advance: Callable[[int, list[Result]], None], *, dry_run: bool,
+) -> tuple[list[Result], list[Item]]:
+    """Every batch's instances (in ``block`` when given); the notices a block leaves for after it."""
+    done: list[Result] = []
+    later: list[Item] = []
+    for batch in batches:
+        if block is not None:  # a notice is written in its own transaction: after the block has committed
+            later += [item for item in batch if item.notice is not None]
+            batch = [item for item in batch if item.notice is None]  # noqa: PLW2901 - the block's part
+        written = await offline.upsert(batch, subject=SUBJECT, dry_run=dry_run, block=block)
+        done += written
+        advance(len(batch), written)
+    return done, later
 
 
 def _item_object(item: Item) -> dict[str, Any]:
@@ -414,6 +433,15 @@ def _item_object(item: Item) -> dict[str, Any]:
 
         obj["os"] = os_write_to_wire(item.os)
     return obj
+
+
+def _wire_object(item: Item) -> dict[str, Any]:
+    """What POST /device-records takes for ``item``: an instance's upsert object, or ``{"notice": {...}}``."""
+    if item.notice is None:
+        return _item_object(item)
+    from imds.services.notices.wire import notice_wire  # noqa: PLC0415
+
+    return {"notice": notice_wire(*item.notice)}
 
 
 def _report(

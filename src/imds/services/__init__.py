@@ -27,6 +27,7 @@ from imds.services.identity.proxied import SignedIdentity
 from imds.services.identity.proxytrust import warn_stored
 from imds.services.identity.tokens import TokenIssuer
 from imds.services.lookup.pull import Lookup
+from imds.services.notices.records import NoticeRecords
 from imds.services.records.limits import Limits
 from imds.services.records.projects import ProjectRecords
 from imds.services.records.templates import Template
@@ -53,6 +54,7 @@ class Services:
     channel: Channel
     os: OsRecords  # Ganeti OS records: always there (no OS definition is loaded without --os-definitions-dir)
     projects: ProjectRecords  # GCE project attributes
+    notices: NoticeRecords  # lifecycle notices the host sends to its guests
     lookup: Lookup | None = None
     limits: Limits = field(default_factory=Limits)
     signed: SignedIdentity | None = None
@@ -97,6 +99,7 @@ class Services:
             await self._loaded()
             self._tasks.append(asyncio.create_task(self.catalog.follow(), name="imds-feed-follower"))
         self._tasks.append(asyncio.create_task(self.channel.hub.follow(), name="imds-event-follower"))
+        self._tasks.append(asyncio.create_task(self.catalog.follow_clock(), name="imds-notice-clock"))
         if self.lookup is not None and self.settings.lookup.lookup_refresh_after > 0:
             self._tasks.append(asyncio.create_task(self.lookup.refresh_loop(), name="imds-lookup-refresh"))
 

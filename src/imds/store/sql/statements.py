@@ -102,7 +102,7 @@ def documents_of(dialect: str) -> sa.Select[tuple[str, Any]]:
 def addresses_touched(dialect: str) -> sa.Select[tuple[str, str | None, str]]:
     """(address, network, holder) of every address held by one of ``ids``, or naming one of ``networks``.
 
-    A row written before revision 0007 by an older replica has no network: it is found by
+    A row written before revision 0008 by an older replica has no network: it is found by
     its address (``addresses``), and the caller reads its network from it.
     """
     return sa.select(_a.c.address, _a.c.network, _a.c.instance_id).where(

@@ -21,7 +21,7 @@ from typing import Any
 from fastapi import Depends, Request
 
 from imds.errors import Refused
-from imds.models import METADATA, OS_KIND, PROJECT_KIND, USERDATA
+from imds.models import METADATA, NOTICE_KIND, OS_KIND, PROJECT_KIND, USERDATA
 from imds.services import Services
 from imds.services.admission.auth import delete_scopes, ops_scopes, read_scopes, upsert_scopes
 from imds.web.admin.auth import admit
@@ -33,6 +33,7 @@ _READ_BOTH: Groups = (read_scopes(METADATA), read_scopes(USERDATA))
 _WRITE_BOTH: Groups = (upsert_scopes(METADATA), upsert_scopes(USERDATA))
 _ID = "/{instance_id}"
 _PROJECT = "/projects/{project_id}/attributes"
+_NOTICE = "/device-notices/{notice_id}"
 METRICS_PATH = "/metrics"
 
 
@@ -68,6 +69,12 @@ NEEDS: dict[tuple[str, str], Groups] = {
     ("PUT", _PROJECT): (upsert_scopes(PROJECT_KIND),),
     **_read_and_head(_PROJECT, (read_scopes(PROJECT_KIND),)),
     ("DELETE", _PROJECT): (delete_scopes(PROJECT_KIND),),
+    # lifecycle notices
+    ("POST", "/device-notices"): (upsert_scopes(NOTICE_KIND),),
+    ("GET", "/device-notices"): (read_scopes(NOTICE_KIND),),
+    **_read_and_head(_NOTICE, (read_scopes(NOTICE_KIND),)),
+    ("PATCH", _NOTICE): (upsert_scopes(NOTICE_KIND),),
+    ("DELETE", _NOTICE): (delete_scopes(NOTICE_KIND),),
     # reading about records (+ metadata:read:os for an instance with an OS record: checked by the route)
     ("GET", "/explain"): _READ_BOTH,
     ("GET", "/explain" + _ID): _READ_BOTH,

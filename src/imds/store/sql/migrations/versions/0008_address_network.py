@@ -1,7 +1,7 @@
 """Address rows know the network they name: two spellings of one network are one address.
 
-Revision ID: 0007
-Revises: 0006
+Revision ID: 0008
+Revises: 0007
 Create Date: 2026-11-28
 
 ``10.70.17.9/31`` and ``10.70.17.8/31`` name one network. The rows are keyed by the address
@@ -24,8 +24,8 @@ import ipaddress
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0007"
-down_revision = "0006"
+revision = "0008"
+down_revision = "0007"
 branch_labels = None
 depends_on = None
 _CHUNK = 5000
