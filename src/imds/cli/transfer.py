@@ -370,32 +370,35 @@ def _run(  # noqa: PLR0913 - the pieces of one import
             progress.advance(len(batch), done, rejected=len(rejections))
         return results
 
-    async def each(offline: OfflineRecords, block: Block | None) -> tuple[list[Result], list[Item]]:
-        return await _offline_batches(offline, batches, block, lambda n, written: progress.advance(
-            n, written, rejected=len(rejections)), dry_run=dry_run)
-
-    async def notices(offline: OfflineRecords, later: list[Item]) -> list[Result]:
-        written = await offline.upsert(later, subject=SUBJECT, dry_run=dry_run) if later else []
-        progress.advance(len(later), written, rejected=len(rejections))
-        return written
+    def advance(count: int, written: list[Result]) -> None:
+        progress.advance(count, written, rejected=len(rejections))
 
     async def run(offline: OfflineRecords) -> list[Result]:
         if partial or dry_run:
             try:
-                return (await each(offline, None))[0]
+                return (await _offline_batches(offline, batches, None, advance, dry_run=dry_run))[0]
             except StoreUnavailable as exc:
                 raise StoreUnavailable(f"{exc.message} (--partial: the batches before this one are written)") from exc
-        try:
-            async with offline.transaction() as block:
-                done, later = await each(offline, block)
-        except UnreadableInput as exc:  # found by the one pass: rolled back with everything before it
-            raise click.ClickException(f"{exc.message} (nothing was written)") from exc
-        except StoreUnavailable as exc:
-            raise StoreUnavailable(f"{exc.message}: nothing was written (the import is one transaction; "
-                                   "--partial commits batch by batch)") from exc
-        return done + await notices(offline, later)
+        return await _one_transaction(offline, batches, advance)
 
     return target.offline(run)
+
+
+async def _one_transaction(
+    offline: OfflineRecords, batches: Iterator[list[Item]], advance: Callable[[int, list[Result]], None],
+) -> list[Result]:
+    """Every instance in one store block; then the notices, each in a transaction of its own."""
+    try:
+        async with offline.transaction() as block:
+            done, later = await _offline_batches(offline, batches, block, advance, dry_run=False)
+    except UnreadableInput as exc:  # found by the one pass: rolled back with everything before it
+        raise click.ClickException(f"{exc.message} (nothing was written)") from exc
+    except StoreUnavailable as exc:
+        raise StoreUnavailable(f"{exc.message}: nothing was written (the import is one transaction; "
+                               "--partial commits batch by batch)") from exc
+    if later:
+        done += (await _offline_batches(offline, iter([later]), None, advance, dry_run=False))[0]
+    return done
 
 
 async def _offline_batches(
