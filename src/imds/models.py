@@ -122,10 +122,15 @@ class WriteResult:
 
 @dataclass(frozen=True)
 class Change:
-    """One entry of the change feed: instance ``instance_id`` changed at ``seq``."""
+    """One entry of the change feed: instance ``instance_id`` changed at ``seq`` (or a project: ``project``)."""
 
     seq: int
-    instance_id: str
+    instance_id: str  # the key as stored: an instance id, or a ``ProjectKey``'s text
+
+    @property
+    def project(self) -> ProjectKey | None:
+        """The project whose attributes changed, or None when an instance did."""
+        return ProjectKey.parse(self.instance_id)
 
 
 @dataclass(frozen=True)
@@ -240,11 +245,23 @@ class ProjectAttributes:
     updated_at: datetime
 
 
-def project_feed_id(project_id: str) -> str:
-    """The change-feed id of ``project_id``'s attributes (``project:<id>``)."""
-    return PROJECT_FEED_PREFIX + project_id
+@dataclass(frozen=True)
+class ProjectKey:
+    """A project's attributes as a change-feed (and audit) key; an instance's key is its id.
+
+    Stored as the text ``project:<id>`` (``str()``): instance ids are UUIDs, so the two never
+    meet. ``parse`` reads a stored key back.
+    """
+
+    project_id: str
+
+    def __str__(self) -> str:
+        return PROJECT_FEED_PREFIX + self.project_id
+
+    @classmethod
+    def parse(cls, key: str) -> ProjectKey | None:
+        """The project a stored key names, or None when it is an instance id."""
+        return cls(key[len(PROJECT_FEED_PREFIX):]) if key.startswith(PROJECT_FEED_PREFIX) else None
 
 
-def feed_project(feed_id: str) -> str | None:
-    """The project a change-feed id names, or None for an instance id."""
-    return feed_id[len(PROJECT_FEED_PREFIX):] if feed_id.startswith(PROJECT_FEED_PREFIX) else None
+ChangeKey = str | ProjectKey  # what a change-feed entry names: an instance (by id) or a project's attributes

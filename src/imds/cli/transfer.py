@@ -6,7 +6,7 @@ Input: JSON lines, a JSON array (read one element at a time), or a directory of 
 take), held to the admin API's limits. The source is read twice: first to check that it can
 be read at all (UTF-8, parseable: otherwise nothing is written) and to find ids given twice
 (a warning naming both lines; ``--strict`` rejects the file), then to write. Items go in
-batches, each one transaction (``imds.services.records.bulk``); an item that would change nothing
+batches, each one transaction (``imds.services.transfer.bulk``); an item that would change nothing
 is ``unchanged`` and not written, so a re-run reports everything unchanged. Progress goes to
 stderr (a bar on a terminal, a line every few seconds otherwise); the summary and every
 rejected item (with its line and reason) go to stdout; warnings (an id twice, an address with
@@ -39,9 +39,10 @@ from imds.cli.records import SUBJECT, Target, target_options
 from imds.config import OPTIONS
 from imds.config.database import DatabaseUrlError, parse_source
 from imds.errors import InvalidInput
-from imds.services.records.bulk import OUTCOMES, Item, Result, item_notes, parse_item, rejected
 from imds.services.records.limits import Limits
-from imds.services.records.source import Raw, UnreadableInput, read_path, read_stream
+from imds.services.records.wire import NoteKind
+from imds.services.transfer.bulk import OUTCOMES, Item, Result, item_notes, parse_item, rejected
+from imds.services.transfer.source import Raw, UnreadableInput, read_path, read_stream
 
 if TYPE_CHECKING:
     from imds.cli.hollow import HollowItems
@@ -61,7 +62,7 @@ class Source:
             shutil.copyfileobj(sys.stdin.buffer, self._spool)
 
     def items(self) -> Iterator[Raw]:
-        """The source's items from the start (see ``imds.services.records.source``)."""
+        """The source's items from the start (see ``imds.services.transfer.source``)."""
         if self._path is not None:
             return read_path(self._path)
         assert self._spool is not None  # noqa: S101 - set for stdin
@@ -112,9 +113,9 @@ class Notes:
     """Warning lines on stderr: the first few of each kind, then only a count."""
 
     def __init__(self) -> None:
-        self._counts: Counter[str] = Counter()
+        self._counts: Counter[NoteKind] = Counter()
 
-    def say(self, kind: str, text: str) -> None:
+    def say(self, kind: NoteKind, text: str) -> None:
         """One warning of ``kind``."""
         self._counts[kind] += 1
         if self._counts[kind] <= SHOWN_NOTES:
@@ -221,8 +222,8 @@ def import_(  # noqa: PLR0913, PLR0917 - click passes every option
             offline = target.remote is None
 
             def note(item: Item) -> None:
-                for text in item_notes(item, offline=offline):
-                    notes.say(text.split(":", 1)[0].split(".", 1)[0], f"{item.label} ({item.id}): {text}")
+                for found in item_notes(item, offline=offline):
+                    notes.say(found.kind, f"{item.label} ({item.id}): {found.text}")
 
             if isinstance(opened, Source):
                 total, read = (survey.count if survey is not None and source != "-" else None), None
@@ -351,7 +352,7 @@ def export(destination: str, fmt: str, no_private: bool, **flags: Any) -> None:
             records: Iterator[dict[str, Any]] = target.remote.lines(f"/device-records{query}")
             count = _write(records, destination, fmt)
         else:
-            from imds.services.records.readout import to_wire  # noqa: PLC0415
+            from imds.services.transfer.readout import to_wire  # noqa: PLC0415
 
             async def read(offline: Any) -> list[Any]:
                 cipher = offline.os.cipher

@@ -9,7 +9,7 @@ from __future__ import annotations
 import ipaddress
 from typing import Any
 
-from imds.models import Instance, feed_project
+from imds.models import Instance
 from imds.services.catalog.catalog import Catalog
 from imds.services.explain import summary
 from imds.store import Store
@@ -43,10 +43,10 @@ async def recent_changes(store: Store, catalog: Catalog, *, limit: int = 50) -> 
     changes = await store.changes_since(max(catalog.position - limit, 0), limit)
     rows = []
     for change in reversed(changes[-limit:]):
-        project = feed_project(change.instance_id)
+        project = change.project
         if project is not None:  # a project's attributes (``project:<id>``): present while it has a record
             rows.append({"seq": change.seq, "instance_id": change.instance_id, "hostname": None,
-                         "present": catalog.project(project) is not None})
+                         "present": catalog.project(project.project_id) is not None})
             continue
         entry = catalog.get(change.instance_id)
         rows.append({"seq": change.seq, "instance_id": change.instance_id,

@@ -24,9 +24,9 @@ from imds.services.catalog.catalog import Catalog
 from imds.services.ganeti.crypto import PrivateCipher
 from imds.services.ganeti.definitions import OsDefinitions
 from imds.services.ganeti.records import OsRecords
-from imds.services.records.bulk import Item, Result, apply_batch
-from imds.services.records.readout import stored_instance, stored_instances
 from imds.services.records.upsert import Records
+from imds.services.transfer.bulk import Item, Result, apply_batch
+from imds.services.transfer.readout import stored_instance, stored_instances
 from imds.store import Store, open_store
 from imds.store.journal import Journal
 
@@ -71,7 +71,7 @@ class OfflineRecords:
         await self.records.delete(kind, instance_id, subject=subject)
 
     async def upsert(self, items: Sequence[Item], *, subject: str, dry_run: bool = False) -> list[Result]:
-        """Compare and write one batch (see ``imds.services.records.bulk``)."""
+        """Compare and write one batch (see ``imds.services.transfer.bulk``)."""
         return await apply_batch(self.records, self.store, items, subject=subject, dry_run=dry_run,
                                  os_records=self.os)
 

@@ -21,13 +21,14 @@ from imds.models import (
     AuditEntry,
     AuditEvent,
     Change,
+    ChangeKey,
     Event,
     Instance,
     JsonObject,
     Network,
     OsRecord,
     ProjectAttributes,
-    project_feed_id,
+    ProjectKey,
 )
 from imds.store.interface import StoredInstance, record_kind, stored_form
 from imds.store.journal import ADDRESSES, FORGET, OS, PASSWORD, PROJECT, PUT, REMOVE, Group, Journal, Op
@@ -117,8 +118,8 @@ class _MemoryTx:
             del self._s.holders[address]
         self.journal.ops.append(Op(FORGET, instance_id))
 
-    async def mark_changed(self, instance_ids: Iterable[str]) -> None:
-        for instance_id in dict.fromkeys(instance_ids):
+    async def mark_changed(self, instance_ids: Iterable[ChangeKey]) -> None:
+        for instance_id in dict.fromkeys(map(str, instance_ids)):
             seq = _head(self._s) + 1
             self._s.changes.append(Change(seq, instance_id))
             self.journal.end = seq
@@ -161,13 +162,13 @@ class _MemoryTx:
         record = ProjectAttributes(project_id, dict(attributes), 1 if before is None else before.revision + 1,
                                    datetime.now(UTC))
         self._s.projects[project_id] = record
-        self.journal.ops.append(Op(PUT, project_feed_id(project_id), PROJECT, record))
+        self.journal.ops.append(Op(PUT, str(ProjectKey(project_id)), PROJECT, record))
         return record
 
     async def remove_project(self, project_id: str) -> bool:
         if self._s.projects.pop(project_id, None) is None:
             return False
-        self.journal.ops.append(Op(REMOVE, project_feed_id(project_id), PROJECT))
+        self.journal.ops.append(Op(REMOVE, str(ProjectKey(project_id)), PROJECT))
         return True
 
     async def append_audit(self, event: AuditEvent) -> None:

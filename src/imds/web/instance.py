@@ -23,7 +23,7 @@ from imds import log
 from imds.errors import ImdsError, NotFound, RateLimited, SourceBusy
 from imds.services import Services
 from imds.services.admission.ratelimit import InFlight, RateLimiter
-from imds.services.catalog.resolve import Resolver
+from imds.services.lookup.resolve import Resolver
 from imds.web.admin.push import Endpoint, upsert_endpoints
 from imds.web.errors import error_body, handle_imds_error
 from imds.web.flavors.channel import ChannelFlavor
@@ -215,7 +215,7 @@ class InstanceFront:
             (b"content-type", reply.content_type),
             (b"content-length", str(len(reply.body)).encode()),
         ]
-        entry = call.entry
+        entry = call.version
         if entry is not None and reply.status == 200 and scope["method"] in READ_METHODS:
             headers.append((b"etag", entry.etag))
         await send({"type": "http.response.start", "status": reply.status, "headers": headers})
@@ -274,9 +274,9 @@ class InstanceFront:
         try:
             watch = parse_watch(call.scope["query_string"], self._watch_max)
         except ImdsError as exc:
-            call.entry = None
+            call.unversioned()
             return error_reply(exc)
-        if watch is None or call.entry is None:
+        if watch is None or call.version is None:
             return reply
         waiting = self.services.metrics.watch_waiting
         waiting.inc()

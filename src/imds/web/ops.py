@@ -17,7 +17,7 @@ from starlette.responses import Response
 
 from imds.services import Services
 from imds.services.admission.auth import ops_scopes
-from imds.services.catalog.readiness import readiness
+from imds.services.readiness import readiness
 from imds.services.render.json import encode
 from imds.web.admin.auth import authorize
 from imds.web.errors import JSON

@@ -23,7 +23,7 @@ from typing import cast
 
 from imds import log
 from imds.errors import StoreUnavailable
-from imds.models import RECORD_KINDS, Address, Instance, Network, OsRecord, ProjectAttributes, feed_project
+from imds.models import RECORD_KINDS, Address, Instance, Network, OsRecord, ProjectAttributes, ProjectKey
 from imds.services.catalog.addresses import AddressIndex
 from imds.services.catalog.entry import Entry, RenderCache
 from imds.store.interface import Store, StoredInstance, stored_form
@@ -177,9 +177,8 @@ class Catalog:
             async with self._lock:
                 batch = await self._store.changes_since(self.position, FEED_BATCH)
                 if batch:
-                    ids = list(dict.fromkeys(change.instance_id for change in batch))
-                    projects = [p for i in ids if (p := feed_project(i)) is not None]
-                    ids = [i for i in ids if feed_project(i) is None]
+                    projects = list(dict.fromkeys(p.project_id for change in batch if (p := change.project)))
+                    ids = list(dict.fromkeys(change.instance_id for change in batch if change.project is None))
                     found = await self._store.get_many(ids)
                     for instance_id in ids:
                         self._apply(instance_id, found.get(instance_id))
@@ -223,8 +222,9 @@ class Catalog:
         """Apply the journal's project operations; the others, for ``_replay``."""
         for op in ops:
             if op.field == PROJECT:
-                project_id = feed_project(op.instance_id) or ""
-                self._cache.projects.apply(project_id, cast("ProjectAttributes", op.value) if op.kind == PUT else None)
+                key = ProjectKey.parse(op.instance_id)
+                self._cache.projects.apply(key.project_id if key is not None else "",
+                                           cast("ProjectAttributes", op.value) if op.kind == PUT else None)
         return [op for op in ops if op.field != PROJECT]
 
     def _replay(self, ops: list[Op]) -> None:

@@ -117,7 +117,8 @@ class Records:
             moved={display(a): held_by for a, held_by in result.moved.items()},
             dropped=[display(a) for a in result.dropped],
         )
-        readings = set(notes(upsert.first))  # hollow's readings the write relied on, said in its answer
+        # hollow's readings the write relied on, said in its answer
+        readings = {note.text for note in notes(upsert.first)}
         if readings:
             _log.info("record.hollow_readings", instance_id=result.instance_id, notes=sorted(readings))
         if trusted := [warning for warning in result.warnings if warning not in readings]:
@@ -175,7 +176,7 @@ class Records:
                 await tx.mark_changed([first.id, *moved.values()])  # one feed block per write, in order
                 results[index] = WriteResult(first.id, applied=True, addresses=first.addresses, moved=moved,
                                              dropped=dropped,
-                                             warnings=(*notes(first),
+                                             warnings=(*(note.text for note in notes(first)),
                                                        *inside_trusted(first.addresses, self._trusted)))
                 # One entry per record written, as two single writes would make (the second moves nothing).
                 kinds = [kind for kind, part in ((METADATA, upsert.metadata), (USERDATA, upsert.userdata)) if part]

@@ -14,7 +14,7 @@ starts after the last id of the one before, so every page is an index range scan
 one read-only REPEATABLE READ transaction: one consistent snapshot however long it takes.
 
 Each instance becomes one upsert object in the import wire format
-(``imds.services.records.readout``), so it goes through exactly the admin API's rules:
+(``imds.services.transfer.readout``), so it goes through exactly the admin API's rules:
 
 - ``metadata`` is the stored JSON text, which the metadata rules parse and check;
 - ``userdata`` is base64 with ``"userdata_encoding": "base64"``, so any bytes survive exactly

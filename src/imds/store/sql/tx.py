@@ -23,11 +23,12 @@ from imds.models import (
     METADATA,
     USERDATA,
     AuditEvent,
+    ChangeKey,
     JsonObject,
     Network,
     OsRecord,
     ProjectAttributes,
-    project_feed_id,
+    ProjectKey,
 )
 from imds.store.interface import record_kind
 from imds.store.journal import ADDRESSES, FORGET, OS, PASSWORD, PROJECT, PUT, REMOVE, Journal, Op
@@ -149,10 +150,10 @@ class SqlTx:
         self._known.discard(instance_id)
         self.journal.ops.append(Op(FORGET, instance_id))
 
-    async def mark_changed(self, instance_ids: Iterable[str]) -> None:
+    async def mark_changed(self, instance_ids: Iterable[ChangeKey]) -> None:
         # The rows are inserted when the group commits (one insert), so a block that
         # raises later leaves none behind.
-        for instance_id in dict.fromkeys(instance_ids):
+        for instance_id in dict.fromkeys(map(str, instance_ids)):
             self.seq += 1
             self.feed_rows.append({"seq": self.seq, "instance_id": instance_id})
         self.journal.end = self.seq
@@ -190,13 +191,13 @@ class SqlTx:
 
     async def put_project(self, project_id: str, attributes: dict[str, str]) -> ProjectAttributes:
         record = await projects.put(self.conn, project_id, attributes)
-        self.journal.ops.append(Op(PUT, project_feed_id(project_id), PROJECT, record))
+        self.journal.ops.append(Op(PUT, str(ProjectKey(project_id)), PROJECT, record))
         return record
 
     async def remove_project(self, project_id: str) -> bool:
         removed = await projects.remove(self.conn, project_id)
         if removed:
-            self.journal.ops.append(Op(REMOVE, project_feed_id(project_id), PROJECT))
+            self.journal.ops.append(Op(REMOVE, str(ProjectKey(project_id)), PROJECT))
         return removed
 
     async def append_audit(self, event: AuditEvent) -> None:

@@ -18,10 +18,9 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request
 from starlette.responses import Response
 
-from imds.models import METADATA, feed_project, project_feed_id
+from imds.models import METADATA, ProjectKey
 from imds.services import Services
 from imds.services.admission.auth import read_scopes
-from imds.services.records.audit import AuditLog
 from imds.services.records.projects import parse_project_id
 from imds.services.records.wire import parse_instance_id
 from imds.services.render.json import encode
@@ -32,7 +31,6 @@ from imds.web.errors import JSON, documented
 def audit_router(services: Services) -> APIRouter:
     """The audit log route, bound to ``services``."""
     router = APIRouter(tags=["admin"], responses=documented(400, 401, 403, 503))
-    log = AuditLog(services.store)
 
     @router.get("/audit", summary="Audit log of admin writes and deletes", response_class=Response)
     async def audit(
@@ -43,7 +41,7 @@ def audit_router(services: Services) -> APIRouter:
     ) -> Response:
         await authorize(services, request, read_scopes(METADATA))
         instance_id = None if instance is None else _subject_id(instance)
-        entries = await log.page(instance_id, after, limit)
+        entries = await services.audit.page(instance_id, after, limit)
         body = {
             "entries": [
                 {"seq": e.seq, "at": e.at.isoformat(), "subject": e.event.subject,
@@ -60,5 +58,5 @@ def audit_router(services: Services) -> APIRouter:
 
 def _subject_id(text: str) -> str:
     """An instance id, or a project's ``project:<id>``, as the log holds them; InvalidInput otherwise."""
-    project = feed_project(text)
-    return parse_instance_id(text) if project is None else project_feed_id(parse_project_id(project))
+    project = ProjectKey.parse(text)
+    return parse_instance_id(text) if project is None else str(ProjectKey(parse_project_id(project.project_id)))

@@ -2,7 +2,7 @@
 
 ``GET /device-records`` streams every stored instance as JSON lines, and
 ``GET /device-records/{id}`` answers one, each in the upsert wire format
-(``imds.services.records.readout``): what ``POST /device-metadata`` / ``/device-userdata``
+(``imds.services.transfer.readout``): what ``POST /device-metadata`` / ``/device-userdata``
 accept, so an export is also an import. Both need a read scope for metadata *and* one for
 userdata, since both come back. ``GET /device-records`` includes each Ganeti OS record
 (``"os"``) with private values decrypted, which also needs an ``os`` read scope;
@@ -25,10 +25,10 @@ from imds.errors import InvalidInput
 from imds.models import METADATA, OS_KIND, USERDATA, Instance
 from imds.services import Services
 from imds.services.admission.auth import read_scopes, upsert_scopes
-from imds.services.records.bulk import Item, apply_batch, parse_item, rejected
-from imds.services.records.readout import stored_instance, stored_instances, to_wire
 from imds.services.records.wire import parse_instance_id, parse_json
 from imds.services.render.json import encode
+from imds.services.transfer.bulk import Item, apply_batch, parse_item, rejected
+from imds.services.transfer.readout import stored_instance, stored_instances, to_wire
 from imds.web.admin.auth import ID_EXTRA, authorize
 from imds.web.body import read_limited
 from imds.web.errors import JSON, documented

@@ -24,7 +24,7 @@ from imds.errors import NotFound
 from imds.models import METADATA, USERDATA
 from imds.services import Services
 from imds.services.admission.auth import read_scopes
-from imds.services.catalog.fleet import recent_changes, search
+from imds.services.fleet import recent_changes, search
 from imds.services.render.json import encode
 from imds.web.admin.auth import authorize
 from imds.web.errors import JSON, documented
