@@ -16,7 +16,7 @@ import pytest
 
 from helpers import client_from, make_settings, running_app
 from imds.errors import ConfigError
-from imds.metad.luxi import EOM, bind, check_workers, serving
+from imds.metad.luxi import EOM, bind, serving
 
 pytestmark = pytest.mark.anyio
 IP = "192.0.2.50"
@@ -187,8 +187,6 @@ async def test_socket_is_0600_replaces_a_stale_one_and_goes_at_exit(tmp_path):
     path.write_text("not a socket")
     with pytest.raises(ConfigError, match="exists and is not a socket"):
         bind(path)
-    with pytest.raises(ConfigError, match="--workers 1"):
-        check_workers(make_settings(ganeti_metad_socket=path, workers=2))
 
 
 async def test_another_replica_serves_it_through_the_store(tmp_path, sqlite_url):
