@@ -31,7 +31,7 @@ from imds.services.ganeti.definitions import OsDefinitions
 from imds.services.ganeti.environment import environment, render
 from imds.services.ganeti.memory import HELD, LOST, Held, PackageAuth, Secret, SecretVault
 from imds.services.ganeti.wire import SECTIONS, OsWrite, ParamIn
-from imds.services.records.audit import delete_event, write_event
+from imds.services.records.audit import remove_record, write_event
 from imds.store.interface import Store
 from imds.store.journal import Journal
 
@@ -165,13 +165,10 @@ class OsRecords:
 
     async def delete(self, instance_id: str, *, subject: str) -> None:
         """Delete the OS record (and forget its secrets); RecordNotFound when absent."""
-        async with self._store.write() as tx:
-            if not await tx.remove_os(instance_id):
-                raise RecordNotFound(OS_RECORD, instance_id)
-            await tx.mark_changed([instance_id])
-            await tx.append_audit(delete_event(subject=subject, instance_id=instance_id, kind=OS_RECORD))
+        journal = await remove_record(self._store, instance_id, OS_RECORD, lambda tx: tx.remove_os(instance_id),
+                                      subject=subject)
         self.vault.drop(instance_id)
-        await self._catalog.written(tx.journal)
+        await self._catalog.written(journal)
         _log.info("os.deleted", instance_id=instance_id, subject=subject)
 
     # --- instance side --------------------------------------------------------------------

@@ -26,7 +26,7 @@ from imds.models import METADATA, USERDATA, AuditEvent, Instance, MetadataWrite,
 from imds.services.catalog.addresses import display
 from imds.services.catalog.catalog import Catalog
 from imds.services.identity.proxytrust import inside_trusted
-from imds.services.records.audit import delete_event, write_event
+from imds.services.records.audit import delete_event, remove_record, write_event
 from imds.services.records.coalesce import Coalescer
 from imds.services.records.wire import document_timestamp, notes
 from imds.store.interface import Store
@@ -212,12 +212,9 @@ class Records:
 
     async def clear_password(self, instance_id: str, *, subject: str) -> None:
         """Delete the instance's password; RecordNotFound when it has none."""
-        async with self._store.write() as tx:
-            if not await tx.remove_password(instance_id):
-                raise RecordNotFound(PASSWORD, instance_id)
-            await tx.mark_changed([instance_id])
-            await tx.append_audit(delete_event(subject=subject, instance_id=instance_id, kind=PASSWORD))
-        await self._catalog.written(tx.journal)
+        journal = await remove_record(self._store, instance_id, PASSWORD, lambda tx: tx.remove_password(instance_id),
+                                      subject=subject)
+        await self._catalog.written(journal)
         _log.info("password.cleared", instance_id=instance_id, subject=subject)
 
 
