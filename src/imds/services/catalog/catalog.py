@@ -101,12 +101,12 @@ class Catalog:
             for old in previous.values():
                 old.wake()
             self._cache.clear()
-            self.phase, self.total, self.indexed = "indexing", 0, 0
+            self.total, self.indexed = 0, 0  # still "reading" until the store's first chunk arrives
             self._entries = {}
             self._index = AddressIndex()
             position = 0
             async for chunk, seq, total in self._store.snapshot_chunks(LOAD_CHUNK):
-                position, self.total = seq, total
+                position, self.total, self.phase = seq, total, "indexing"
                 for stored in chunk:
                     self._place(stored)
                 # Loaded entries live until replaced: keep the cyclic GC from re-scanning them on every
