@@ -22,7 +22,7 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def wait_for(url: str, timeout: float = 15.0) -> bytes:
+def wait_for(url: str, timeout: float = 60.0) -> bytes:  # a loaded 2-core machine took 18 s to start imds
     """GET ``url`` until it answers 200; return the body."""
     deadline = time.monotonic() + timeout
     while True:

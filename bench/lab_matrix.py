@@ -19,7 +19,9 @@ another Debian suite (``trixie``: cloud-init 25.1, whose OpenStack datasource as
 ``fe80::a9fe:a9fe``, so the OpenStack IPv6-only cell boots there); ``--network-data`` what the
 records say of their subnet (``static``, the default, or ``dhcp``); ``--device-tags`` and
 ``--hotplug`` the device role tags and the NIC and disk attached while the guest runs
-(``hotplug s``: attach to both tagged, NIC configured; the flavors that take them).
+(``hotplug s``: attach to both tagged, NIC configured; the flavors that take them); ``--systemd-imds``
+the sid guest whose systemd-imds must read every key and import its credentials (an image build and a
+boot of 15-20 minutes under TCG, so it is a cell here rather than a CI test).
 
     .venv/bin/python bench/lab_matrix.py --output bench/results.md
     .venv/bin/python bench/lab_matrix.py --flavor ec2 --flavor nocloud --identify smbios --network ipv6
@@ -28,6 +30,8 @@ records say of their subnet (``static``, the default, or ``dhcp``); ``--device-t
     .venv/bin/python bench/lab_matrix.py --flavor ec2 --identify cmdline --network ipv4 --ganeti-install
     .venv/bin/python bench/lab_matrix.py --suite trixie --flavor openstack --identify cmdline --network ipv6
     .venv/bin/python bench/lab_matrix.py --flavor openstack --identify cmdline --network ipv4 --route gateway --hotplug
+    .venv/bin/python bench/lab_matrix.py --suite sid --package systemd-imds --systemd-imds --flavor ec2 \
+        --identify smbios --network ipv4 --timeout 1500
 """
 
 from __future__ import annotations
@@ -67,6 +71,10 @@ def _boot(flavor: str, identify: str, network: tuple[str, str | None], work: Pat
         command.append("--device-tags")
     if args.hotplug:
         command.append("--hotplug")
+    for package in args.package or ():
+        command += ["--package", package]
+    if args.systemd_imds:
+        command.append("--systemd-imds")
     started = time.monotonic()
     done = subprocess.run(command, capture_output=True, text=True, check=False, timeout=args.timeout + 300)
     if done.returncode == 2:
@@ -135,6 +143,10 @@ def main() -> None:
                         help="what the records say of the subnet")
     parser.add_argument("--device-tags", action="store_true", help="a tagged NIC and disk (openstack, configdrive)")
     parser.add_argument("--hotplug", action="store_true", help="a NIC and a disk attached while the guest runs")
+    parser.add_argument("--package", action="append", help="an extra Debian package in the image (repeatable)")
+    parser.add_argument("--systemd-imds", action="store_true",
+                        help="pass only when systemd-imds in the guest read every key and imported its credentials "
+                             "(ec2; with --suite sid --package systemd-imds)")
     parser.add_argument("--output", type=Path, default=None, help="append the table to this Markdown file")
     args = parser.parse_args()
     header = ("| suite | cloud-init | flavor | identify | network | route | network_data | accel | datasource "

@@ -7,6 +7,7 @@ the services; nothing happens at import time.
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -34,6 +35,7 @@ from imds.services.identity.proxied import SignedIdentity
 from imds.services.identity.tokens import TokenIssuer
 from imds.services.lookup.breaker import Breaker
 from imds.services.lookup.pull import Lookup, LookupPolicy
+from imds.services.notices.records import NoticeRecords
 from imds.services.records.audit import AuditLog
 from imds.services.records.limits import Limits
 from imds.services.records.projects import ProjectRecords
@@ -49,6 +51,7 @@ from imds.web.admin.channel import channel_admin_router
 from imds.web.admin.docs import docs_router
 from imds.web.admin.explain import explain_router
 from imds.web.admin.ganeti import ganeti_admin_router
+from imds.web.admin.notices import notices_router
 from imds.web.admin.openstack import openstack_admin_router
 from imds.web.admin.projects import projects_router
 from imds.web.admin.push import admin_router
@@ -65,10 +68,11 @@ _log = log.get("app")
 
 
 def build_app(
-    settings: Settings, *, store: Store | None = None, http: httpx.AsyncClient | None = None
+    settings: Settings, *, store: Store | None = None, http: httpx.AsyncClient | None = None,
+    clock: Callable[[], float] = time.time,
 ) -> InstanceFront:
-    """Build the whole service for ``settings``; ``store``/``http`` may be injected by tests."""
-    services = build_services(settings, store=store, http=http)
+    """Build the whole service for ``settings``; tests may inject ``store``, ``http`` and ``clock`` (wall seconds)."""
+    services = build_services(settings, store=store, http=http, clock=clock)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -96,6 +100,7 @@ def build_app(
                                   records_admin_router(services)]
     routers.append(ganeti_admin_router(services))  # Ganeti OS records
     routers.append(projects_router(services))  # GCE project attributes
+    routers.append(notices_router(services))  # lifecycle notices
     routers.append(audit_router(services))  # the audit log (GET /audit)
     routers.append(explain_router(services))  # imds explain (GET /explain)
     # (router, also under /api/v1), in the order they are included
@@ -134,12 +139,13 @@ def _os_gone(os_records: OsRecords) -> Callable[[str, str], None]:
 
 def build_services(
     settings: Settings, *, store: Store | None = None, http: httpx.AsyncClient | None = None,
-    fetch: httpx.AsyncClient | None = None,
+    fetch: httpx.AsyncClient | None = None, clock: Callable[[], float] = time.time,
 ) -> Services:
     """Wire the services for ``settings``. Nothing connects until ``start``.
 
     ``http`` serves operator-configured URLs (lookup, OIDC); ``fetch`` the URLs records name
-    (``os-image``, ``package.url``), under ``--fetch-allow``'s destination policy.
+    (``os-image``, ``package.url``), under ``--fetch-allow``'s destination policy. ``clock``
+    (wall-clock seconds) is what IMDSv2 token lifetimes and notices' moments follow.
     """
     if store is None:
         store = open_store(settings.store.db, connect_timeout=settings.store.db_connect_timeout,
@@ -148,7 +154,7 @@ def build_services(
     discovery = Discovery(http)  # one discovery fetch per OIDC issuer, whoever needs it
     metrics = Metrics()
     catalog = Catalog(store, poll_interval=settings.store.feed_poll_interval,
-                      render_cache_bytes=settings.store.render_cache_bytes)
+                      render_cache_bytes=settings.store.render_cache_bytes, clock=clock)
     records = Records(store, catalog, metrics, trusted=settings.callers.trusted_proxy)
     os_records = OsRecords(
         store, catalog, cipher=PrivateCipher.from_file(settings.ganeti.private_key_file),
@@ -157,12 +163,16 @@ def build_services(
     catalog.on_os_gone = _os_gone(os_records)  # no secret outlives its record (issue 11)
     fetch = fetch if fetch is not None else fetch_client(destination_policy(settings))
     lookup = _lookup(settings, discovery, records, catalog, metrics)
+    notices = NoticeRecords(store, catalog, clock=clock)
+    channel = _channel(settings, store)
+    channel.acknowledge = notices.acknowledge  # a guest's "notice-ack" event (imds.services.notices.records)
     return Services(
         settings=settings,
         store=store,
         catalog=catalog,
         records=records,
         projects=ProjectRecords(store, catalog),
+        notices=notices,
         lookup=lookup,
         auth=_authenticator(settings, discovery),
         templates=settings.templates.compiled,
@@ -172,11 +182,11 @@ def build_services(
         os_sources=OsSources.of(settings, fetch),
         audit=AuditLog(store),
         explainer=Explainer(store, catalog, settings.templates.compiled, lookup),
-        tokens=TokenIssuer.load(key_file=settings.ec2.imdsv2_key_file, data_dir=settings.store.key_dir),
+        tokens=TokenIssuer.load(key_file=settings.ec2.imdsv2_key_file, data_dir=settings.store.key_dir, clock=clock),
         os=os_records,
         limits=limits_of(settings),
         signed=_signed_identity(settings),
-        channel=_channel(settings, store),
+        channel=channel,
     )
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, ClassVar, Self
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -125,12 +125,17 @@ class Change:
     """One entry of the change feed: instance ``instance_id`` changed at ``seq`` (or a project: ``project``)."""
 
     seq: int
-    instance_id: str  # the key as stored: an instance id, or a ``ProjectKey``'s text
+    instance_id: str  # the key as stored: an instance id, or a ``ProjectKey``'s or ``NoticeKey``'s text
 
     @property
     def project(self) -> ProjectKey | None:
-        """The project whose attributes changed, or None when an instance did."""
+        """The project whose attributes changed, or None."""
         return ProjectKey.parse(self.instance_id)
+
+    @property
+    def notice(self) -> NoticeKey | None:
+        """The notice that changed, or None."""
+        return NoticeKey.parse(self.instance_id)
 
 
 @dataclass(frozen=True)
@@ -245,23 +250,84 @@ class ProjectAttributes:
     updated_at: datetime
 
 
-@dataclass(frozen=True)
-class ProjectKey:
-    """A project's attributes as a change-feed (and audit) key; an instance's key is its id.
+# --- lifecycle notices the host sends to its guests (services/notices/) -------------------------
 
-    Stored as the text ``project:<id>`` (``str()``): instance ids are UUIDs, so the two never
-    meet. ``parse`` reads a stored key back.
+NOTICE_KIND = "notice"  # the audit kind and the admin scopes' kind (metadata:create:notice ...)
+NOTICE_FEED_PREFIX = "notice:"  # a change-feed (and audit) id naming a notice
+INSTANCE_SCOPE, PROJECT_SCOPE, FACILITY_SCOPE = "instance", "project", "facility"
+NOTICE_SCOPES = (INSTANCE_SCOPE, PROJECT_SCOPE, FACILITY_SCOPE)
+# Interruptions (EC2's spot/instance-action actions), scheduled events, signals, and the ASG lifecycle state.
+NOTICE_KINDS = ("stop", "terminate", "hibernate", "preemption", "reboot", "maintenance", "migrate", "rebalance",
+                "lifecycle")
+SCHEDULED, ACTIVE, CANCELED, COMPLETED = "scheduled", "active", "canceled", "completed"
+NOTICE_STATES = (SCHEDULED, ACTIVE, CANCELED, COMPLETED)
+
+
+@dataclass(frozen=True)
+class Notice:
+    """What the host tells a guest is about to happen to it: one record, rendered by every flavor.
+
+    It belongs to one instance, a project (every instance whose record has that ``project_id``)
+    or a facility (every instance in it): ``scope`` and ``target``. ``time`` is when it takes
+    effect (a maintenance window's start), ``window_end`` the end of a window. ``state`` is the
+    stored one; what guests see also follows the clock (``imds.services.notices.timeline``).
+    ``target_state`` is the Auto Scaling target lifecycle state of a ``lifecycle`` notice.
+    ``revision`` counts the notice's writes (1 for the first).
     """
 
-    project_id: str
+    id: str
+    scope: str
+    target: str
+    kind: str
+    time: datetime
+    state: str = SCHEDULED
+    window_end: datetime | None = None
+    description: str = ""
+    target_state: str | None = None
+    revision: int = 1
+    created_at: datetime | None = None
+    updated_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class Acknowledgement:
+    """A guest's acknowledgement of a notice (posted through the instance<->host channel); the first one counts."""
+
+    notice_id: str
+    instance_id: str
+    at: datetime
+
+
+@dataclass(frozen=True)
+class SideKey:
+    """A change-feed (and audit) key naming a record kept beside the instances; an instance's key is its id.
+
+    Stored as the text ``<PREFIX><id>`` (``str()``): instance ids are UUIDs, so the two never
+    meet. ``parse`` reads a stored key back (None when it is not of this kind).
+    """
+
+    PREFIX: ClassVar[str] = ""
+    id: str
 
     def __str__(self) -> str:
-        return PROJECT_FEED_PREFIX + self.project_id
+        return self.PREFIX + self.id
 
     @classmethod
-    def parse(cls, key: str) -> ProjectKey | None:
-        """The project a stored key names, or None when it is an instance id."""
-        return cls(key[len(PROJECT_FEED_PREFIX):]) if key.startswith(PROJECT_FEED_PREFIX) else None
+    def parse(cls, key: str) -> Self | None:
+        """The key ``key`` stores, or None when it names something else (an instance id)."""
+        return cls(key[len(cls.PREFIX):]) if key.startswith(cls.PREFIX) else None
 
 
-ChangeKey = str | ProjectKey  # what a change-feed entry names: an instance (by id) or a project's attributes
+class ProjectKey(SideKey):
+    """A GCE project's attributes: ``project:<id>``."""
+
+    PREFIX = PROJECT_FEED_PREFIX
+
+
+class NoticeKey(SideKey):
+    """A lifecycle notice: ``notice:<id>``."""
+
+    PREFIX = NOTICE_FEED_PREFIX
+
+
+ChangeKey = str | ProjectKey | NoticeKey  # what a change-feed entry names: an instance (by id), a project, a notice

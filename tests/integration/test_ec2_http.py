@@ -211,7 +211,8 @@ async def test_every_listed_entry_answers_200_under_each_aws_version(version):
             f"/{version}/dynamic/instance-identity/": b"document\npkcs7\nrsa2048\nsignature",
         }
         assert {path: tree.get(path) for path in expected} == expected
-        assert len([p for p in tree if not p.endswith("/")]) == 34 + 4  # meta-data values + identity parts
+        # meta-data values (ipv6 and events/maintenance/{history,scheduled} among them) + identity parts
+        assert len([p for p in tree if not p.endswith("/")]) == 37 + 4
         userdata = await guest.get(f"/{version}/user-data")
         assert userdata.content == USERDATA.encode()  # userdata is served byte for byte, newline included
 

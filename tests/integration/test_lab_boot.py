@@ -37,21 +37,25 @@ IMDS = Path(sys.executable).parent / "imds"
 HOSTNAME = "lab-os-guest"
 
 
-def _leftovers() -> list[str]:
-    """Namespaces, links and processes of lab runs still present."""
+def _leftovers(tag: str) -> list[str]:
+    """Namespaces, links, processes and temporary paths of the run tagged ``tag`` still present.
+
+    Only this run's: other sessions' lab runs may start and end on the same host meanwhile.
+    """
     netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
     links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, check=True).stdout
     found = [line for line in netns.splitlines() if line.startswith("imdslab-")]
     found += [line.split(":")[1].strip() for line in links.splitlines() if line.split(":")[1].strip()[:3] in
               ("lbi", "lbm", "ltm", "ldh", "lrt", "lvm")]
     ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True, check=True).stdout
-    found += [line for line in ps.splitlines() if line.startswith("qemu-system-x86_64 -name imds-lab-")]
-    return found
+    found += [line.split()[2] for line in ps.splitlines() if line.startswith("qemu-system-x86_64 -name imds-lab-")]
+    mine = [name for name in found if re.search(rf"(?<![0-9a-f]){tag}(?![0-9a-f])", name)]
+    made = Path("/tmp").glob(f"imdslab-{tag}[-.]*")  # noqa: S108 - the switch's directory and the QMP socket
+    return mine + [str(path) for path in made]
 
 
 def test_openstack_guest_reads_its_metadata_late_through_the_derived_static_network(tmp_path: Path) -> None:
     """cloud-init picks OpenStack, applies the derived static network, and the guest still reads metadata after."""
-    before = _leftovers()
     out = tmp_path / "run"
     done = subprocess.run(
         [str(IMDS), "lab", "boot", "--flavor", "openstack", "--hostname", HOSTNAME, "--out", str(out),
@@ -93,7 +97,8 @@ def test_openstack_guest_reads_its_metadata_late_through_the_derived_static_netw
     # The datapath saw the first packet when serve saw the first request (polled, so within seconds).
     assert abs(seconds["first_metadata_packet"] - seconds["first_metadata_request"]) < 5
     assert result["cleanup_failures"] == []
-    assert _leftovers() == before
+    assert re.fullmatch(r"[0-9a-f]{4}", result["tag"])
+    assert _leftovers(result["tag"]) == []
 
     # --ganeti-install: the zipapp ran in the guest, imds ended the install, the second disk holds the image.
     assert "LAB-GANETI exit=0" in serial

@@ -8,6 +8,7 @@ import threading
 from pathlib import Path
 
 import pytest
+import yaml
 from click.testing import CliRunner
 
 from imds.cli import cli
@@ -123,3 +124,23 @@ def test_the_cli_takes_suite_and_package_and_refuses_an_unknown_suite(tmp_path):
                                 "--package", "systemd-imds"])
     assert built.exit_code == 0, built.output
     assert built.stdout.strip() == str(Recipe("sid", ("systemd-imds",)).directory(tmp_path))
+
+
+def test_trixie_asks_openstacks_ipv6_address_with_the_first_nics_index_as_its_zone():
+    """The trixie image names fe80::a9fe:a9fe%<index 2>, then 169.254.169.254; bookworm's and sid's are unchanged.
+
+    cloud-init 25.1's own default zone is the interface's name (``%25ens2``), which trixie's
+    python3-requests hands to getaddrinfo still encoded: no IPv6-only OpenStack guest got its
+    metadata until the image said otherwise (docs/lab.md).
+    """
+    name = "etc/cloud/cloud.cfg.d/91-imds-lab-openstack-ipv6.cfg"
+    config = yaml.safe_load(Recipe("trixie").files[name])
+    assert config == {"datasource": {"OpenStack": {"metadata_urls": [
+        f"http://[fe80::a9fe:a9fe%25{images.OPENSTACK_V6_ZONE_INDEX}]", "http://169.254.169.254"]}}}
+    assert images.OPENSTACK_V6_ZONE_INDEX == 2  # lo is 1; the lab's guest has one NIC at boot
+    assert Recipe("trixie").describe()["files"][name] == Recipe("trixie").files[name]
+    for other in ("bookworm", "sid"):
+        assert name not in Recipe(other).files
+        assert Recipe(other).describe()["files"] == images.FILES
+    assert any(name in hook for hook in images._hooks(Recipe("trixie").files))
+    assert Recipe().key == "5a7747ecfdb984b4"  # bookworm's cached image (CI's) keeps its name

@@ -48,7 +48,7 @@ def _options(options: Any, flags: dict[str, Any], chosen: Any, userdata: bytes |
         flags["accel"], IDENTIFY[flags["identify"]], flags["url"], token, flags["shared_secret_file"],
         flags["imdsv2"], flags["ipv6_only"], flags["route"], flags["ganeti_install"], flags["suite"],
         flags["network_data"], flags["device_tags"] or flags["hotplug"], flags["hotplug"],
-        dhcp_gone=flags["dhcp_gone"],
+        dhcp_gone=flags["dhcp_gone"], systemd_imds=flags["systemd_imds"],
     )
 
 
@@ -125,6 +125,9 @@ IDENTIFY = {"forced": "cmdline", "cmdline": "cmdline", "smbios": "smbios"}
 @click.option("--hotplug", is_flag=True, default=False,
               help="After the boot: a NIC and a tagged disk attached to the running guest (QMP) and the record, "
                    "configured by cloud-init's hotplug, then detached (openstack, IPv4; implies --device-tags).")
+@click.option("--systemd-imds", is_flag=True, default=False,
+              help="systemd-imds in the guest (sid: --suite sid --package systemd-imds) must find imds from EC2's "
+                   "SMBIOS and read every key it knows (ec2 only).")
 @click.option("--marker", default="LAB-MARKER", show_default=True, help="The line the userdata prints.")
 @click.option("--imdsv2", type=click.Choice(("required", "optional")), default="required", show_default=True,
               help="The lab's own server: EC2 tokens required or optional.")

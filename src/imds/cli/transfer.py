@@ -271,7 +271,7 @@ def _run(
     results: list[Result] = []
     if target.remote is not None:
         for batch in batches:
-            wire = [_item_object(item) for item in batch]
+            wire = [_wire_object(item) for item in batch]
             done = _remote_batch(target, batch, wire, dry_run=dry_run)
             results += done
             progress.advance(len(batch), done, rejected=len(rejections))
@@ -308,6 +308,15 @@ def _item_object(item: Item) -> dict[str, Any]:
     return obj
 
 
+def _wire_object(item: Item) -> dict[str, Any]:
+    """What POST /device-records takes for ``item``: an instance's upsert object, or ``{"notice": {...}}``."""
+    if item.notice is None:
+        return _item_object(item)
+    from imds.services.notices.wire import notice_wire  # noqa: PLC0415
+
+    return {"notice": notice_wire(*item.notice)}
+
+
 def _report(
     results: list[Result], rejections: list[Result], *, dry_run: bool, strict: bool, seconds: float = 0.0,
 ) -> None:
@@ -338,17 +347,20 @@ def _order(result: Result) -> tuple[str, int]:
               help="jsonl: one instance per line; json: one array; dir: DESTINATION/<id>.json per instance.")
 @click.option("--no-private", is_flag=True,
               help="Leave private Ganeti OS parameter values out (secret ones are never exported).")
-def export(destination: str, fmt: str, no_private: bool, **flags: Any) -> None:
+@click.option("--no-notices", is_flag=True, help="Leave the lifecycle notices out.")
+def export(destination: str, fmt: str, no_private: bool, no_notices: bool, **flags: Any) -> None:
     """Write every instance to DESTINATION (default: stdout) in the upsert format imds import reads.
 
     An instance's Ganeti OS record is exported with it ("os"), private values decrypted
-    with --private-key-file unless --no-private.
+    with --private-key-file unless --no-private. The lifecycle notices follow the instances,
+    one {"notice": {...}} each (current and history, with the guests' acknowledgements),
+    unless --no-notices.
     """
     if fmt == "dir" and destination == "-":
         raise click.UsageError("--format dir needs a DESTINATION directory")
     with Target(flags) as target:
         if target.remote is not None:
-            query = "?private=false" if no_private else ""
+            query = f"?private={str(not no_private).lower()}&notices={str(not no_notices).lower()}"
             records: Iterator[dict[str, Any]] = target.remote.lines(f"/device-records{query}")
             count = _write(records, destination, fmt)
         else:
@@ -356,28 +368,34 @@ def export(destination: str, fmt: str, no_private: bool, **flags: Any) -> None:
 
             async def read(offline: Any) -> list[Any]:
                 cipher = offline.os.cipher
-                return [to_wire(instance, cipher, private=not no_private) for instance in await offline.all()]
+                wire = [to_wire(instance, cipher, private=not no_private) for instance in await offline.all()]
+                return wire if no_notices else wire + await offline.all_notices()
 
             count = _write(iter(target.offline(read)), destination, fmt)
-    click.echo(f"exported {count} instance{'s' if count != 1 else ''}", err=True)
+    instances, notices = count
+    shown = f"exported {instances} instance{'s' if instances != 1 else ''}"
+    click.echo(shown + (f" and {notices} notice{'s' if notices != 1 else ''}" if notices else ""), err=True)
 
 
-def _write(records: Iterator[dict[str, Any]], destination: str, fmt: str) -> int:
-    """Stream ``records`` out as ``fmt``; how many were written.
+def _write(records: Iterator[dict[str, Any]], destination: str, fmt: str) -> tuple[int, int]:
+    """Stream ``records`` out as ``fmt``; how many instances and notices were written.
 
     What is written may hold private values: files are created 0600 (a ``dir`` folder
     made here 0700) from the start, and a file appears whole or not at all.
     """
     count = 0
+    notices = 0
     if fmt == "dir":
         folder = Path(destination)
         if not folder.exists():
             folder.mkdir(mode=0o700, parents=True)
         for record in records:
-            with _private_file(folder / f"{record['id']}.json") as out:
+            name = record["id"] if "id" in record else f"notice-{record['notice']['id']}"
+            with _private_file(folder / f"{name}.json") as out:
                 out.write(json.dumps(record, indent=2, sort_keys=True) + "\n")
             count += 1
-        return count
+            notices += "notice" in record
+        return count - notices, notices
     stdout: contextlib.AbstractContextManager[TextIO] = contextlib.nullcontext(sys.stdout)
     with stdout if destination == "-" else _private_file(Path(destination)) as out:
         if fmt == "json":
@@ -386,9 +404,10 @@ def _write(records: Iterator[dict[str, Any]], destination: str, fmt: str) -> int
             line = json.dumps(record, separators=(",", ":"), sort_keys=True)
             out.write((("," if count else "") + "\n" + line) if fmt == "json" else line + "\n")
             count += 1
+            notices += "notice" in record
         if fmt == "json":
             out.write("\n]\n")
-    return count
+    return count - notices, notices
 
 
 @contextlib.contextmanager

@@ -8,7 +8,8 @@ chosen, the accelerator, the seconds from power-on to the first metadata request
 cloud-init's final stage, and the requests the guest made; it is written on every exit path.
 With ``--ganeti-install`` the guest also installs an OS image onto a second disk through the
 Ganeti paths, and passes only if that worked too (``imds.lab.ganeti``; result.json's
-``ganeti_install``).
+``ganeti_install``). With ``--systemd-imds`` systemd's own client in the guest must have read
+every key it knows from imds (``imds.lab.systemd_imds``; result.json's ``systemd_imds``).
 """
 
 from __future__ import annotations
@@ -39,6 +40,10 @@ from imds.lab.late import late_script
 from imds.lab.qemu import Machine, Qemu, accelerators
 from imds.lab.run import Cleanup, cleaned_up, sh, write_private
 from imds.lab.server import Server, own_server, remote_server
+from imds.lab.systemd_imds import BIOS_VENDOR, KERNEL_ARGS, public_addresses
+from imds.lab.systemd_imds import SCRIPT as SYSTEMD_SCRIPT
+from imds.lab.systemd_imds import guest_script as systemd_script
+from imds.lab.systemd_imds import verdict as systemd_verdict
 from imds.lab.userdata import MARKER, lab_userdata
 
 OLD_CLOUD_INIT = ("bookworm",)  # suites whose cloud-init (22.4) has no IPv6 metadata address for OpenStack
@@ -69,6 +74,7 @@ class Options:
     device_tags: bool = False  # a tagged NIC and disk; the guest applies the tags with imds-guest udev
     hotplug: bool = False  # after the boot: a NIC and a disk attached to the running guest, then detached
     dhcp_gone: bool = False  # --route dhcp: the DHCP port is removed after the lease (imds.lab.dhcpgone)
+    systemd_imds: bool = False  # systemd-imds in the guest must read every key it knows (EC2's SMBIOS)
 
 
 @dataclass
@@ -98,6 +104,14 @@ def addresses(guest: Guest, *, ipv6_only: bool) -> list[str]:
     if ipv6_only:
         return [datapath.slaac_address(guest.mac), datapath.GUEST_IP6]
     return [datapath.GUEST_IP]
+
+
+@dataclass
+class Probe:
+    """--systemd-imds: what systemd-imds must read (key → value; the userdata by its bytes)."""
+
+    expected: dict[str, str]
+    userdata: bytes
 
 
 def _metadata(guest: Guest, hostname: str, route: datapath.Route, *, dhcp: bool, nic: str = "eth0") -> dict[str, Any]:
@@ -147,6 +161,10 @@ def refusal(options: Options) -> str | None:
          "--dhcp-gone removes the DHCP port the guest's route goes through: it needs --route dhcp (IPv4)"),
         (options.ganeti_install and bool(options.url),
          "--ganeti-install serves the image from the run directory through the lab's own imds serve: drop --url"),
+        (options.systemd_imds and (chosen.name != "ec2" or options.ipv6_only or bool(options.url)),
+         ("--systemd-imds: the lab sets EC2's SMBIOS for systemd-imds to find imds by (IPv4, the lab's own "
+          "serve, whose log proves the reads); the other flavors name imds on the kernel command line "
+          "(docs/guest.md)")),
     )
     return next((reason for refused, reason in checks if refused), None)
 
@@ -199,6 +217,9 @@ def _run(cleanup: Cleanup, options: Options, way: tuple[Flavor, datapath.Route],
     url = METADATA_URL6 if v6 else METADATA_URL
     document = _metadata(guest, options.hostname, route, dhcp=options.network_data == "dhcp",
                          nic=hotplug.BOOT_NIC if options.hotplug else "eth0")
+    if options.systemd_imds:  # systemd-imds's public IPv4 and IPv6 keys read these (documentation ranges)
+        document["network"]["addresses"] += public_addresses()
+        scripts.append((SYSTEMD_SCRIPT, systemd_script()))
     tagged = options.device_tags or options.hotplug
     if tagged:
         document["devices"] = devices.boot_devices(guest.mac)
@@ -209,11 +230,13 @@ def _run(cleanup: Cleanup, options: Options, way: tuple[Flavor, datapath.Route],
         scripts.append((SCRIPT, guest_script(guest_zipapp(), url)))
     server = _server(cleanup, options, install.serve_args() if install else [])
     result["server"] = server.url
-    server.push(guest.uuid, addresses(guest, ipv6_only=v6), document,
-                lab_userdata(options.userdata, options.marker, scripts, [hotplug.USERDATA] if options.hotplug else []))
+    userdata = lab_userdata(options.userdata, options.marker, scripts, [hotplug.USERDATA] if options.hotplug else [])
+    server.push(guest.uuid, addresses(guest, ipv6_only=v6), document, userdata)
+    probe = _probe(options, guest, userdata)
     say(f"lab: record {guest.uuid} ({options.hostname}) pushed to {server.url}")
     installing = Installing(install, server, guest.uuid) if install else None
     names = datapath.Names(secrets.token_hex(2))
+    result["tag"] = names.tag
     secret = options.secret_file or out / "shared-secret"
     port = datapath.Guest(guest.uuid, guest.mac, names.tap)
     network = datapath.Datapath(cleanup, out, names)
@@ -221,15 +244,17 @@ def _run(cleanup: Cleanup, options: Options, way: tuple[Flavor, datapath.Route],
     say(f"lab: datapath up (bridge {names.bridge}, tap {names.tap}, agent + haproxy, dnsmasq; {route.name})")
     gone = DhcpGone(network, time.time()) if route.dhcp_gone else None
     cdrom = _config_drive(out, guest, server) if chosen.config_drive else None
-    machine = Machine(options.image, out, names.tap, guest.mac, tuple(chosen.kernel_args(options.identify, ipv6=v6)),
+    kernel_args = (*chosen.kernel_args(options.identify, ipv6=v6), *(KERNEL_ARGS if probe else ()))
+    machine = Machine(options.image, out, names.tap, guest.mac, kernel_args,
                       chosen.smbios_arg(options.identify, guest.uuid, ipv6=v6), cdrom,
                       install.disk if install else None,
                       (fresh_disk(out / devices.DISK, 8 << 20), devices.DISK_SERIAL) if tagged else None,
-                      names.qmp if options.hotplug else None)
+                      names.qmp if options.hotplug else None, names.host.enter,
+                      smbios_extra=(BIOS_VENDOR,) if probe else ())
     qemu = Qemu(machine)
     cleanup.add("stop qemu", qemu.stop)
     watch = Watch(qemu, options, chosen, server, say, lambda: switch.learned(names.bridge), installing,
-                  tick=gone.poll if gone else None)
+                  tick=gone.poll if gone else None, probe=probe)
     if options.hotplug:
         watch.hotplug = hotplug.Hotplug(
             server, guest.uuid, addresses(guest, ipv6_only=v6), document, hotplug.hot_mac(guest.mac),
@@ -240,6 +265,15 @@ def _run(cleanup: Cleanup, options: Options, way: tuple[Flavor, datapath.Route],
     if gone is not None:  # the seed's upgrade case: who answered for the DHCP port's address after it went
         result["dhcp_gone"] = {"removed_after_s": gone.removed_after, "next_hop_arp_answers": gone.answers()}
         result["passed"] = result["passed"] and gone.removed_after is not None and gone.answers() > 0
+
+
+def _probe(options: Options, guest: Guest, userdata: bytes) -> Probe | None:
+    """--systemd-imds: the values systemd-imds must read (as the EC2 flavor renders the lab's record)."""
+    if not options.systemd_imds:
+        return None
+    expected = {"hostname": options.hostname, "region": "lab", "zone": "lab1", "ipv4-public": "198.51.100.7",
+                "ipv6-public": "2001:db8:ec2::7", "ssh-key": guest.key, "userdata": ""}
+    return Probe(expected, userdata)
 
 
 def _server(cleanup: Cleanup, options: Options, extra: list[str]) -> Server:
@@ -277,6 +311,7 @@ class Watch:
     learned: Callable[[], bool]  # whether the datapath has seen the guest's first metadata packet
     installing: Installing | None = None  # --ganeti-install: prepared before each power-on, judged at the end
     hotplug: hotplug.Hotplug | None = None  # --hotplug: run once the boot has passed, QEMU still running
+    probe: Probe | None = None  # --systemd-imds: judged from the console and serve's log at the end
     first_packet: float | None = None
     tick: Callable[[], None] | None = None  # called on each look at the console (--dhcp-gone retires the port)
 
@@ -317,6 +352,12 @@ class Watch:
         if self.installing:  # QEMU has stopped: the second disk is read as it was left
             result["ganeti_install"] = found = self.installing.verdict(console.install_exit)
             result["passed"] = result["passed"] and found["passed"]
+        if self.probe is not None:
+            serial = self.qemu.machine.serial
+            lines = serial.read_text(errors="replace").splitlines() if serial.exists() else []
+            result["systemd_imds"] = judged = systemd_verdict(lines, self.server.reads(power_on),
+                                                              self.probe.expected, self.probe.userdata)
+            result["passed"] = result["passed"] and judged["passed"]
         self.say(f"lab: {'PASS' if result['passed'] else 'FAIL'} ({outcome}); result {options.out / 'result.json'}")
 
     def _until_done(self, console: Console, deadline: float) -> str:

@@ -1,7 +1,8 @@
 """The guest's network, built the way a compute host has it: userspace OVS, os-vif's port, the agent.
 
-- a private Open vSwitch (``ovsdb-server`` and ``ovs-vswitchd --disable-system`` run from a
-  short directory under /tmp, as children of the lab, stopped by PID);
+All of it in a network namespace made for the run, its host (``imds.lab.hostns``):
+
+- a private Open vSwitch (``imds.lab.switch``);
 - ``br-int`` (userspace datapath, ``fail_mode=secure``) with one rule of the lab's own, plain
   L2 switching at the lowest priority, as Neutron's OVS agent installs; VLAN tags isolate;
 - the guest's tap plugged as Nova/os-vif plugs a port: ``external_ids`` ``iface-id``,
@@ -12,14 +13,15 @@
   router does); IPv6-only, no DHCPv4 at all but router advertisements (SLAAC on
   fd00:231::/64, dnsmasq the default router) and DHCPv6;
 - ``imds agent`` (which renders and runs haproxy, its workers as ``imds-haproxy``, made here
-  when missing) serving that port from ``--upstream``;
+  when missing) serving that port from ``--upstream``: a relay inside the namespace to the
+  ``imds serve`` the lab pushed the record to;
 - with ``Route.dhcp_gone`` (``--route dhcp --dhcp-gone``), the DHCP port goes once the guest
   has its lease (dnsmasq stopped, its port and namespace removed: the seed's upgrade case) and
   the agent answers ARP for its address itself (``--metadata-next-hop``).
 
 Every name carries the run's tag, so two runs never collide; each is undone by name or PID.
-One thing is shared by every userspace switch on a host, the ``ovs-netdev`` tap of the netdev
-datapath: a run waits (bounded) until no other switch holds it.
+The host namespace gives the run's switch an ``ovs-netdev`` tap of its own (every userspace
+switch opens one in its namespace), so a run waits for no other switch on the machine.
 """
 
 from __future__ import annotations
@@ -31,14 +33,15 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import uuid as uuidlib
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
-from imds.agent.flows import LEARN_COOKIE, RETURN_TABLE
 from imds.errors import LabError
+from imds.lab.hostns import HostNs, relay
 from imds.lab.run import Cleanup, ensure_system_user, sh, spawn, stop, tool_env, wait_until
+from imds.lab.switch import READY_TIMEOUT, Switch
 
 VLAN = 1
 NETWORK = ipaddress.IPv4Network("10.231.0.0/24")
@@ -50,17 +53,17 @@ DHCP_SERVER6 = "fd00:231::1"
 GUEST_IP6 = "fd00:231::10"  # DHCPv6's one address; the guest also has its SLAAC address (slaac_address)
 RA_LIFETIME = 1800  # seconds the guest keeps dnsmasq as its IPv6 default router
 LAB_COOKIE = 0x4C4142  # "LAB": the lab's own rules on br-int (never the agent's cookie)
-READY_TIMEOUT = 60.0
-OTHER_SWITCH_TIMEOUT = 300.0
 HAPROXY_USER = "imds-haproxy"  # imds agent's default --haproxy-user
-TOOLS = ("ovsdb-server", "ovs-vswitchd", "ovs-vsctl", "ovs-ofctl", "ovsdb-tool", "haproxy", "ip", "dnsmasq")
+TOOLS = ("ovsdb-server", "ovs-vswitchd", "ovs-vsctl", "ovs-ofctl", "ovsdb-tool", "haproxy", "ip", "dnsmasq",
+         "nsenter")
 
 
 def require_tools() -> None:
     """LabError naming every missing program the datapath needs."""
     missing = [tool for tool in TOOLS if shutil.which(tool, path=tool_env()["PATH"]) is None]
     if missing:
-        msg = f"missing {', '.join(missing)}: apt-get install openvswitch-switch haproxy iproute2 dnsmasq-base"
+        msg = (f"missing {', '.join(missing)}: "
+               "apt-get install openvswitch-switch haproxy iproute2 dnsmasq-base util-linux")
         raise LabError(msg)
 
 
@@ -121,6 +124,11 @@ class Names:
     tag: str
 
     @property
+    def host(self) -> HostNs:
+        """The run's own network namespace, where the switch, the agent and the taps live."""
+        return HostNs(f"imdslab-host-{self.tag}")
+
+    @property
     def bridge(self) -> str:
         """The integration bridge."""
         return f"lbi{self.tag}"
@@ -176,73 +184,6 @@ class Names:
         return Path(f"/tmp/imdslab-{self.tag}.qmp")  # noqa: S108 - a socket QEMU creates, named by the run's tag
 
 
-class Switch:
-    """A private userspace Open vSwitch."""
-
-    def __init__(self, cleanup: Cleanup, out: Path, tag: str) -> None:
-        """Start ovsdb-server and ovs-vswitchd (both undone by PID, their logs kept in ``out``)."""
-        self.root = Path(tempfile.mkdtemp(prefix=f"imdslab-{tag}-", dir="/tmp"))  # unix socket paths are short
-        cleanup.add(f"remove {self.root}", lambda: shutil.rmtree(self.root, ignore_errors=True))
-        cleanup.add("keep the OVS logs", lambda: self._keep_logs(out))
-        db = self.root / "conf.db"
-        sh("ovsdb-tool", "create", str(db), "/usr/share/openvswitch/vswitch.ovsschema", env=self.env)
-        cleanup.process("ovsdb-server", spawn(
-            ["ovsdb-server", str(db), f"--remote=punix:{self.db_sock}", "--pidfile", "--log-file"],
-            self.root / "ovsdb-server.out", env=self.env))
-        wait_until("ovsdb-server", self.db_sock.exists, READY_TIMEOUT)
-        self.vsctl("--no-wait", "init")
-        # The userspace datapath of every ovs-vswitchd on the host is one tap, "ovs-netdev": a second
-        # switch cannot open its bridges while another (a test's, another lab's) holds it.
-        wait_until("the host's other userspace Open vSwitch to stop (it holds the ovs-netdev tap)",
-                   lambda: not Path("/sys/class/net/ovs-netdev").exists(), OTHER_SWITCH_TIMEOUT, interval=1.0)
-        switch = cleanup.process("ovs-vswitchd", spawn(
-            ["ovs-vswitchd", f"unix:{self.db_sock}", "--disable-system", "--pidfile", "--log-file"],
-            self.root / "ovs-vswitchd.out", env=self.env))
-
-        def configured() -> bool:
-            if switch.poll() is not None:
-                raise LabError(f"ovs-vswitchd exited {switch.returncode}; see {self.root}")
-            # A write without --no-wait returns once ovs-vswitchd has applied it.
-            try:
-                sh("ovs-vsctl", f"--db=unix:{self.db_sock}", "--timeout=2", "set", "Open_vSwitch", ".",
-                   "external_ids:imds-lab=ready", env=self.env, timeout=10.0)
-            except LabError:
-                return False
-            return True
-
-        wait_until("ovs-vswitchd", configured, READY_TIMEOUT)
-
-    @property
-    def env(self) -> dict[str, str]:
-        """The environment OVS tools need to find this switch's files."""
-        return tool_env(**{f"OVS_{name}": str(self.root) for name in ("RUNDIR", "DBDIR", "LOGDIR", "SYSCONFDIR")})
-
-    def learned(self, bridge: str) -> bool:
-        """Whether the agent's egress rule has learned a way back: the guest's first metadata packet went by."""
-        try:
-            text = self.ofctl("--no-stats", "dump-flows", bridge, f"table={RETURN_TABLE}")
-        except LabError:
-            return False
-        return f"cookie={LEARN_COOKIE >> 32:#x}" in text
-
-    @property
-    def db_sock(self) -> Path:
-        """The OVSDB socket."""
-        return self.root / "db.sock"
-
-    def vsctl(self, *args: str) -> str:
-        """``ovs-vsctl`` against this switch."""
-        return sh("ovs-vsctl", f"--db=unix:{self.db_sock}", "--timeout=20", *args, env=self.env)
-
-    def ofctl(self, *args: str) -> str:
-        """``ovs-ofctl`` against this switch."""
-        return sh("ovs-ofctl", *args, env=self.env)
-
-    def _keep_logs(self, out: Path) -> None:
-        for log in self.root.glob("*.log"):
-            shutil.copyfile(log, out / f"ovs-{log.name}")
-
-
 @dataclass
 class Guest:
     """The guest's port: instance id, MAC and the tap QEMU opens."""
@@ -266,7 +207,8 @@ class Datapath:
         """OVS, br-int, dnsmasq's namespace (and the router's) and the guest's tap, plugged; then the agent."""
         require_tools()
         names = self.names
-        switch = Switch(self.cleanup, self.out, names.tag)
+        names.host.create(self.cleanup)
+        switch = Switch(self.cleanup, self.out, names.tag, names.host)
         self.cleanup.add(f"del-br {names.bridge}", lambda: switch.vsctl("--if-exists", "del-br", names.bridge))
         switch.vsctl("add-br", names.bridge, "--", "set", "Bridge", names.bridge, "datapath_type=netdev",
                      "fail_mode=secure")
@@ -292,14 +234,15 @@ class Datapath:
     def unplug(self, switch: Switch, tap: str) -> None:
         """A port unplugged again (its NIC detached): off the bridge, the tap deleted."""
         switch.vsctl("--if-exists", "del-port", self.names.bridge, tap)
-        sh("ip", "link", "del", tap, check=False)
+        sh(*self.names.host.ip("link", "del", tap), check=False)
 
     def _namespace(self, switch: Switch, ns: str, port: str, address: str, address6: str | None = None) -> None:
         """A namespace on the VM VLAN through a veth: the DHCP port, or the router (the kernel answers ARP)."""
         self.cleanup.command("ip", "netns", "del", ns)
         sh("ip", "netns", "add", ns)
-        self.cleanup.command("ip", "link", "del", port)
-        sh("ip", "link", "add", port, "type", "veth", "peer", "name", "eth0", "netns", ns)
+        host = self.names.host
+        self.cleanup.command(*host.ip("link", "del", port))
+        sh(*host.ip("link", "add", port, "type", "veth", "peer", "name", "eth0", "netns", ns))
         addresses: list[tuple[str, ...]] = [("ip", "addr", "add", f"{address}/{NETWORK.prefixlen}", "dev", "eth0")]
         if address6:
             addresses.append(("ip", "addr", "add", f"{address6}/{NETWORK6.prefixlen}", "dev", "eth0", "nodad"))
@@ -311,16 +254,17 @@ class Datapath:
             sh("ip", "netns", "exec", ns, *args)
         # veth into the userspace datapath: checksums must be complete (offload off), as in the agent tests.
         sh("ip", "netns", "exec", ns, "ethtool", "-K", "eth0", "tx", "off", check=False)
-        sh("ip", "link", "set", port, "up")
+        sh(*host.ip("link", "set", port, "up"))
         bridge = self.names.bridge
         self.cleanup.add(f"del-port {port}", lambda: switch.vsctl("--if-exists", "del-port", bridge, port))
         switch.vsctl("add-port", bridge, port, f"tag={VLAN}")
 
     def _guest_tap(self, switch: Switch, guest: Guest, vlan: int = VLAN) -> None:
         """The tap QEMU attaches to, plugged as os-vif plugs a Nova port."""
-        self.cleanup.command("ip", "link", "del", guest.tap)
-        sh("ip", "tuntap", "add", "dev", guest.tap, "mode", "tap")
-        sh("ip", "link", "set", guest.tap, "up")
+        host = self.names.host
+        self.cleanup.command(*host.ip("link", "del", guest.tap))
+        sh(*host.ip("tuntap", "add", "dev", guest.tap, "mode", "tap"))
+        sh(*host.ip("link", "set", guest.tap, "up"))
         bridge = self.names.bridge
         self.cleanup.add(f"del-port {guest.tap}", lambda: switch.vsctl("--if-exists", "del-port", bridge, guest.tap))
         port_id = str(uuidlib.uuid5(uuidlib.NAMESPACE_URL, f"imds-lab:{guest.uuid}:{guest.mac}"))
@@ -363,9 +307,11 @@ class Datapath:
         self.cleanup.add("stop a haproxy the agent left", lambda: _stop_leftover_haproxy(state / "haproxy-master.sock"))
         imds = Path(sys.executable).parent / "imds"
         env = {k: v for k, v in tool_env().items() if not k.startswith(("IMDS_", "OVS_"))}
-        args = [str(imds) if imds.exists() else "imds", "agent", "--ovsdb", f"unix:{switch.db_sock}",
+        args = [*names.host.enter, str(imds) if imds.exists() else "imds", "agent",
+                "--ovsdb", f"unix:{switch.db_sock}",
                 "--integration-bridge", names.bridge, "--metadata-bridge", names.meta_bridge,
-                "--meta-port", names.meta_port, "--meta-netns", names.meta_netns, "--upstream", upstream,
+                "--meta-port", names.meta_port, "--meta-netns", names.meta_netns,
+                "--upstream", self._relayed(upstream),
                 "--shared-secret-file", str(secret_file.resolve()), "--state-dir", str(state),
                 "--check-interval", "0.5", *(arg for hop in next_hops for arg in ("--metadata-next-hop", hop))]
         log = out / "agent.log"
@@ -378,6 +324,16 @@ class Datapath:
             return "agent.haproxy_applied" in _text(log)
 
         wait_until("imds agent and its haproxy", serving, READY_TIMEOUT)
+
+
+    def _relayed(self, upstream: str) -> str:
+        """``upstream`` as the agent reaches it from the run's namespace: through a relay on its loopback."""
+        parts = urlsplit(upstream)
+        if parts.hostname is None:
+            raise LabError(f"the agent's upstream {upstream!r} names no host")
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        inside = relay(self.cleanup, self.names.host, (parts.hostname, port))
+        return f"{parts.scheme}://127.0.0.1:{inside.port}"
 
 
 def _text(path: Path) -> str:

@@ -36,7 +36,7 @@ class DhcpGone:
         stop(dp.dnsmasq, timeout=10.0)
         names = dp.names
         dp.switch.vsctl("--if-exists", "del-port", names.bridge, names.dhcp_port)
-        sh("ip", "link", "del", names.dhcp_port, check=False)
+        sh(*names.host.ip("link", "del", names.dhcp_port), check=False)
         sh("ip", "netns", "del", names.dhcp_netns, check=False)
         self.removed_after = round(time.time() - self.started, 1)
 

@@ -13,7 +13,8 @@ brings the link up for IPv6 when DHCPv4 gets no lease); NoCloud takes any seed U
 seed names ``[fd00:ec2::254]``; a config drive needs no network. The OpenStack datasource
 knows only ``http://169.254.169.254`` and its local stage runs DHCPv4 alone
 (``fe80::a9fe:a9fe`` came in 23.x): the lab refuses it on bookworm. cloud-init 25.1 (``--suite
-trixie``) asks ``http://[fe80::a9fe:a9fe%25IFACE]`` first, in its network stage.
+trixie``) asks ``fe80::a9fe:a9fe`` first, in its network stage, with the zone the trixie image
+sets (the NIC's index: its own default, the NIC's name, never connects; ``imds.lab.image``).
 
 ``--route`` is how DHCP tells the guest the way to 169.254.169.254, the three of Neutron's
 metadata spec: ``gateway`` (a default route; the lab's router answers for the gateway address),

@@ -26,6 +26,12 @@ What the tree gets besides the packages (each met as a pitfall in the first boot
 - ``/etc/resolv.conf`` is empty: mmdebstrap copies the build host's in, and a guest with a
   default route then waits 40 s on that unreachable resolver in cloud-init's EC2 crawl
   (``is_resolvable_url``) until DHCP gives it the lab's.
+
+And per suite (``SUITE_FILES``), trixie's OpenStack metadata URLs: cloud-init 25.1 asks
+``http://[fe80::a9fe:a9fe%25ens2]`` (the zone by interface name), which trixie's
+python3-requests 2.32 hands to ``getaddrinfo`` still percent-encoded (``…%25ens2``: no such
+host), so no packet ever leaves; the same address with the interface's index as its zone
+(``%252``: the first NIC, ``lo`` being 1) goes through (docs/lab.md, "IPv6-only OpenStack").
 """
 
 from __future__ import annotations
@@ -56,6 +62,9 @@ PACKAGES = (
     "systemd-sysv", "udev", "cloud-init", "linux-image-cloud-amd64", "iproute2", "isc-dhcp-client",
     "curl", "ifupdown", "netbase", "net-tools",
 )
+# What a suite no longer has, and what takes its place there: ISC's DHCP client left unstable in 2026
+# (ifupdown and cloud-init use dhcpcd instead).
+REPLACED = {"sid": {"isc-dhcp-client": "dhcpcd-base"}}
 IMAGE_SIZE = 2 << 30  # sparse: about 450 MB of it is used
 BUILD_TIMEOUT = 1800.0
 FILES = {
@@ -77,6 +86,21 @@ FILES = {
         "# imds lab: the serial console is the witness; ds-identify takes ci.ds= from the kernel command line\n"
         "datasource:\n  Ec2:\n    strict_id: false\n"
     ),
+}
+# What an operator's image for an IPv6-only OpenStack cloud carries, by suite (bookworm's cloud-init has
+# no IPv6 metadata address for OpenStack; sid's urllib3 refuses any zone in a URL, docs/lab.md).
+OPENSTACK_V6_ZONE_INDEX = 2  # the first NIC's interface index (lo is 1): its link-local zone
+SUITE_FILES = {
+    "trixie": {
+        "etc/cloud/cloud.cfg.d/91-imds-lab-openstack-ipv6.cfg": (
+            "# OpenStack's IPv6 metadata address with the zone as an interface index, not a name: cloud-init 25.1's\n"
+            "# own default, http://[fe80::a9fe:a9fe%25ens2], reaches getaddrinfo still percent-encoded through\n"
+            "# python3-requests 2.32 and never connects (canonical/cloud-init#6205, psf/requests#6735).\n"
+            "datasource:\n  OpenStack:\n    metadata_urls:\n"
+            f"      - http://[fe80::a9fe:a9fe%25{OPENSTACK_V6_ZONE_INDEX}]\n"
+            "      - http://169.254.169.254\n"
+        ),
+    },
 }
 
 
@@ -122,10 +146,24 @@ class Recipe:
         """The base packages, then the extra ones (sorted, each once, none repeated from the base)."""
         return [*PACKAGES, *sorted(set(self.extra) - set(PACKAGES))]
 
+    @property
+    def installed(self) -> list[str]:
+        """``packages`` as this suite has them (``REPLACED``): what mmdebstrap is asked to install."""
+        replaced = REPLACED.get(self.suite, {})
+        return list(dict.fromkeys(replaced.get(name, name) for name in self.packages))
+
+    @property
+    def files(self) -> dict[str, str]:
+        """The files written into the tree: every suite's, then this suite's own."""
+        return {**FILES, **SUITE_FILES.get(self.suite, {})}
+
     def describe(self) -> dict[str, object]:
         """Everything the image is made from (its hash names the cached image)."""
-        return {"version": RECIPE_VERSION, "suite": self.suite, "variant": "minbase", "packages": self.packages,
-                "files": FILES, "size": IMAGE_SIZE}
+        described: dict[str, object] = {"version": RECIPE_VERSION, "suite": self.suite, "variant": "minbase",
+                                        "packages": self.packages, "files": self.files, "size": IMAGE_SIZE}
+        if self.installed != self.packages:  # only where a suite replaces a package: the other keys stay as they were
+            described["installed"] = self.installed
+        return described
 
     @property
     def key(self) -> str:
@@ -161,9 +199,9 @@ def cached(out: Path, chosen: Recipe | None = None) -> Image | None:
                  manifest.get("cloud_init"))
 
 
-def _hooks() -> list[str]:
+def _hooks(files: dict[str, str]) -> list[str]:
     hooks = []
-    for path, text in FILES.items():
+    for path, text in files.items():
         parent = str(Path(path).parent)
         hooks.append(f'--customize-hook=mkdir -p "$1/{parent}" && printf %s {_quote(text)} > "$1/{path}"')
     return hooks
@@ -272,11 +310,22 @@ def _stop_group(process: subprocess.Popen[bytes]) -> None:
         return
 
 
+def apt_options(suite: str) -> list[str]:
+    """The ``--aptopt`` arguments of mmdebstrap for ``suite``.
+
+    Unstable's Release carries a Valid-Until a week ahead, so a mirror kept as a snapshot (this
+    machine's) is "expired" within days and apt refuses it; the stable suites carry none. Not
+    part of the recipe: it changes what apt accepts, not what the image holds.
+    """
+    return ['--aptopt=Acquire::Check-Valid-Until "false"'] if suite == "sid" else []
+
+
 def _debootstrap(tree: Path, log: Path, source: tuple[Recipe, str | None], tell: Callable[[str], None],
                  started: float) -> None:
     chosen, mirror = source
-    packages = chosen.packages
-    args = ["mmdebstrap", "--variant=minbase", f"--include={','.join(packages)}", *_hooks(), chosen.suite, str(tree)]
+    packages = chosen.installed
+    args = ["mmdebstrap", "--variant=minbase", *apt_options(chosen.suite), f"--include={','.join(packages)}",
+            *_hooks(chosen.files), chosen.suite, str(tree)]
     if mirror:
         args.append(mirror)
     tell(f"image: mmdebstrap {chosen.suite} ({len(packages)} packages and their dependencies), log {log}")

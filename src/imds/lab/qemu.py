@@ -7,7 +7,8 @@ stderr for those words, for an early exit, and for a console still empty ``KVM_P
 seconds after power-on (a kernel under KVM prints its banner within a second or two); the
 caller then starts again under TCG. The guest's disk is a copy-on-write overlay on the image (the cached
 image is never written), its NIC a tap the lab created (``vnet_hdr=off``: the userspace
-datapath cannot take offloaded checksums), its serial console a file.
+datapath cannot take offloaded checksums) in the run's network namespace, which QEMU is
+started in (``Machine.enter``), its serial console a file.
 """
 
 from __future__ import annotations
@@ -56,6 +57,8 @@ class Machine:
     second_disk: Path | None = None  # a raw disk right after the root one (/dev/vdb): --ganeti-install's target
     tagged_disk: tuple[Path, str] | None = None  # (raw file, virtio serial): --device-tags' data disk
     qmp: Path | None = None  # a QMP socket (--hotplug attaches devices through it)
+    enter: tuple[str, ...] = ()  # the prefix that starts QEMU where its taps are (the run's namespace)
+    smbios_extra: tuple[str, ...] = ()  # more -smbios values (type=0 for the BIOS vendor systemd-imds matches)
     memory_mb: int = 1024
     cpus: int = 2
 
@@ -88,6 +91,8 @@ class Machine:
             args += ["-qmp", f"unix:{self.qmp},server=on,wait=off"]
         if self.smbios:
             args += ["-smbios", self.smbios]
+        for extra in self.smbios_extra:
+            args += ["-smbios", extra]
         if self.cdrom is not None:
             args += ["-drive", f"file={self.cdrom},if=virtio,format=raw,readonly=on"]
         if self.image.kernel is not None and self.image.initrd is not None:
@@ -119,8 +124,9 @@ class Qemu:
         self.overlay()
         self.accel = accel
         self.started = time.monotonic()
-        (machine.out / "qemu.cmd").write_text(" ".join(machine.command(accel)) + "\n")
-        self.process = spawn(machine.command(accel), machine.out / "qemu.stdout", stderr=self.stderr)
+        command = [*machine.enter, *machine.command(accel)]
+        (machine.out / "qemu.cmd").write_text(" ".join(command) + "\n")
+        self.process = spawn(command, machine.out / "qemu.stdout", stderr=self.stderr)
 
     def overlay(self) -> Path:
         """A fresh qcow2 overlay backed by the image (raw or any format ``qemu-img`` names): QEMU writes only it."""

@@ -29,6 +29,7 @@ from imds.services.identity.proxied import SignedIdentity
 from imds.services.identity.proxytrust import warn_stored
 from imds.services.identity.tokens import TokenIssuer
 from imds.services.lookup.pull import Lookup
+from imds.services.notices.records import NoticeRecords
 from imds.services.records.audit import AuditLog
 from imds.services.records.limits import Limits
 from imds.services.records.projects import ProjectRecords
@@ -56,6 +57,7 @@ class Services:
     channel: Channel
     os: OsRecords  # Ganeti OS records: always there (no OS definition is loaded without --os-definitions-dir)
     projects: ProjectRecords  # GCE project attributes
+    notices: NoticeRecords  # lifecycle notices the host sends to its guests
     os_sources: OsSources  # where the Ganeti flavor's packages and images come from
     audit: AuditLog
     explainer: Explainer
@@ -103,6 +105,7 @@ class Services:
             await self._loaded()
             self._tasks.append(asyncio.create_task(self.catalog.follow(), name="imds-feed-follower"))
         self._tasks.append(asyncio.create_task(self.channel.hub.follow(), name="imds-event-follower"))
+        self._tasks.append(asyncio.create_task(self.catalog.follow_clock(), name="imds-notice-clock"))
         if self.lookup is not None and self.settings.lookup.lookup_refresh_after > 0:
             self._tasks.append(asyncio.create_task(self.lookup.refresh_loop(), name="imds-lookup-refresh"))
 

@@ -9,6 +9,9 @@
   event is stored on this replica, and one task per replica (not one per follower) polls
   the store's newest cursor to wake them for events stored through other replicas.
 - The host queues messages; the instance takes each exactly once (one transaction).
+- An event ``{"state": "notice-ack", "message": "<notice id>"}`` acknowledges a lifecycle
+  notice (``acknowledge``: ``imds.services.notices.records``) before it is stored: one the
+  instance may not acknowledge is refused (404, 409) and not stored.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import contextlib
 import json
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +33,7 @@ from imds.store.interface import Store
 
 _log = log.get("channel")
 BOOTED = "booted"
+NOTICE_ACK = "notice-ack"  # an instance acknowledges the notice its message names
 HOST_STATES = frozenset({"mode"})  # written by imds itself (imds.services.ganeti.install), never by an instance
 _STATE = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
 _FIELDS = frozenset({"state", "code", "message"})
@@ -131,6 +135,8 @@ class Channel:
         self.limits = limits
         self.hub = hub
         self.limiter = RateLimiter(limits.rate, limits.burst, clock)
+        # Records an acknowledgement (instance id, the event's message), raising when it may not be given.
+        self.acknowledge: Callable[[str, str | None], Awaitable[object]] | None = None
 
     def admit(self, instance_id: str) -> None:
         """Spend one of the instance's tokens (RateLimited when there is none): before reading the body."""
@@ -141,6 +147,8 @@ class Channel:
         state, code, message = parse_event(raw, self.limits.event_max_bytes)
         if state in HOST_STATES:
             raise InvalidInput.one("state", f"{state!r} is written by imds itself, not by an instance")
+        if state == NOTICE_ACK and self.acknowledge is not None:
+            await self.acknowledge(instance_id, message)
         return await self._append(instance_id, state, code, message)
 
     async def host_event(self, instance_id: str, state: str, message: str | None) -> Event:

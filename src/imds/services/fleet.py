@@ -43,10 +43,11 @@ async def recent_changes(store: Store, catalog: Catalog, *, limit: int = 50) -> 
     changes = await store.changes_since(max(catalog.position - limit, 0), limit)
     rows = []
     for change in reversed(changes[-limit:]):
-        project = change.project
-        if project is not None:  # a project's attributes (``project:<id>``): present while it has a record
-            rows.append({"seq": change.seq, "instance_id": change.instance_id, "hostname": None,
-                         "present": catalog.project(project.project_id) is not None})
+        project, notice = change.project, change.notice
+        if project is not None or notice is not None:  # a project's attributes or a notice: present while stored
+            present = (catalog.project(project.id) if project is not None
+                       else catalog.notice(notice.id if notice is not None else "")) is not None
+            rows.append({"seq": change.seq, "instance_id": change.instance_id, "hostname": None, "present": present})
             continue
         entry = catalog.get(change.instance_id)
         rows.append({"seq": change.seq, "instance_id": change.instance_id,

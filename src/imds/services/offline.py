@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 from imds.errors import ConfigError
 from imds.metrics import Metrics
@@ -24,6 +25,8 @@ from imds.services.catalog.catalog import Catalog
 from imds.services.ganeti.crypto import PrivateCipher
 from imds.services.ganeti.definitions import OsDefinitions
 from imds.services.ganeti.records import OsRecords
+from imds.services.notices.records import NoticeRecords
+from imds.services.notices.wire import notice_wire
 from imds.services.records.upsert import Records
 from imds.services.transfer.bulk import Item, Result, apply_batch
 from imds.services.transfer.readout import stored_instance, stored_instances
@@ -57,6 +60,7 @@ class OfflineRecords:
         self.records = Records(store, self.catalog, Metrics())
         self.os = OsRecords(store, self.catalog, cipher=cipher or PrivateCipher([]),
                             definitions=OsDefinitions.load(None))
+        self.notices = NoticeRecords(store, self.catalog)
 
     async def get(self, instance_id: str) -> Instance:
         """The stored instance (both record types, addresses), or InstanceNotStored."""
@@ -66,6 +70,10 @@ class OfflineRecords:
         """Every stored instance, by id."""
         return await stored_instances(self.store)
 
+    async def all_notices(self) -> list[dict[str, Any]]:
+        """Every stored notice as ``imds export`` writes it (``{"notice": {...}}``), oldest first."""
+        return [{"notice": notice_wire(notice, acks)} for notice, acks in await self.notices.find()]
+
     async def delete(self, kind: str, instance_id: str, *, subject: str) -> None:
         """Delete one record type, as ``DELETE /device-{kind}/{id}`` does (RecordNotFound when absent)."""
         await self.records.delete(kind, instance_id, subject=subject)
@@ -73,7 +81,7 @@ class OfflineRecords:
     async def upsert(self, items: Sequence[Item], *, subject: str, dry_run: bool = False) -> list[Result]:
         """Compare and write one batch (see ``imds.services.transfer.bulk``)."""
         return await apply_batch(self.records, self.store, items, subject=subject, dry_run=dry_run,
-                                 os_records=self.os)
+                                 os_records=self.os, notices=self.notices)
 
 
 @asynccontextmanager

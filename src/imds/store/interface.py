@@ -25,6 +25,7 @@ from typing import NamedTuple, Protocol, runtime_checkable
 from imds.errors import InvalidInput
 from imds.models import (
     RECORD_KINDS,
+    Acknowledgement,
     AuditEntry,
     AuditEvent,
     Change,
@@ -33,6 +34,7 @@ from imds.models import (
     Instance,
     JsonObject,
     Network,
+    Notice,
     OsRecord,
     ProjectAttributes,
 )
@@ -148,6 +150,22 @@ class WriteTx(Protocol):
         """Delete the project's attributes; False when it had none."""
         ...
 
+    async def notice_of(self, notice_id: str) -> Notice | None:
+        """The stored notice, or None."""
+        ...
+
+    async def put_notice(self, notice: Notice) -> None:
+        """Create or replace the notice as given (the caller sets its revision and times); journals it."""
+        ...
+
+    async def remove_notice(self, notice_id: str) -> bool:
+        """Delete the notice and its acknowledgements; False when there was none."""
+        ...
+
+    async def acknowledge(self, notice_id: str, instance_id: str, at: datetime) -> Acknowledgement:
+        """Record the instance's acknowledgement of a stored notice unless it has one; the one stored (the first)."""
+        ...
+
     async def append_audit(self, event: AuditEvent) -> None:
         """Record an admin change in the audit log, in this transaction."""
         ...
@@ -202,6 +220,14 @@ class Store(Protocol):
 
     async def projects(self, project_ids: Iterable[str] | None = None) -> dict[str, ProjectAttributes]:
         """The attributes of these projects (every project's with None) that exist, by project id."""
+        ...
+
+    async def notices(self, notice_ids: Iterable[str] | None = None) -> dict[str, Notice]:
+        """These notices (every notice with None) that exist, by id."""
+        ...
+
+    async def acknowledgements(self, notice_ids: Iterable[str]) -> list[Acknowledgement]:
+        """The acknowledgements of these notices, oldest first."""
         ...
 
     async def changed(self, within: float) -> None:

@@ -37,9 +37,10 @@ from imds.models import Network
 
 # Operation kinds. The fields a put or remove sets or clears are ``Instance`` fields:
 # the record kinds ("metadata", "userdata"), PASSWORD and OS; or PROJECT, a project's
-# attributes (``instance_id`` is then the project's feed id, ``project:<id>``).
+# attributes (``instance_id`` is then the project's feed id, ``project:<id>``), or NOTICE, a
+# lifecycle notice (``instance_id`` is the notice's feed id, ``notice:<id>``; the value a ``Notice``).
 PUT, REMOVE, ADDRESSES, FORGET = "put", "remove", "addresses", "forget"
-PASSWORD, OS, PROJECT = "password", "os", "project"
+PASSWORD, OS, PROJECT, NOTICE = "password", "os", "project", "notice"
 
 
 @dataclass(frozen=True)

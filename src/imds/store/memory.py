@@ -18,6 +18,7 @@ from imds.models import (
     METADATA,
     RECORD_KINDS,
     USERDATA,
+    Acknowledgement,
     AuditEntry,
     AuditEvent,
     Change,
@@ -26,12 +27,14 @@ from imds.models import (
     Instance,
     JsonObject,
     Network,
+    Notice,
+    NoticeKey,
     OsRecord,
     ProjectAttributes,
     ProjectKey,
 )
 from imds.store.interface import StoredInstance, record_kind, stored_form
-from imds.store.journal import ADDRESSES, FORGET, OS, PASSWORD, PROJECT, PUT, REMOVE, Group, Journal, Op
+from imds.store.journal import ADDRESSES, FORGET, NOTICE, OS, PASSWORD, PROJECT, PUT, REMOVE, Group, Journal, Op
 
 
 @dataclass
@@ -51,6 +54,14 @@ class _State:
     changes: list[Change] = field(default_factory=list)
     audit: list[AuditEntry] = field(default_factory=list)
     projects: dict[str, ProjectAttributes] = field(default_factory=dict)  # frozen values: shared safely
+    notices: dict[str, Notice] = field(default_factory=dict)  # frozen values: shared safely
+    acks: dict[str, dict[str, Acknowledgement]] = field(default_factory=dict)  # notice id → instance id → ack
+
+    def staged(self) -> _State:
+        """A copy a write block works on (values are frozen or copied; the feed's entries are immutable)."""
+        return _State(rows=copy.deepcopy(self.rows), holders=dict(self.holders), changes=list(self.changes),
+                      audit=list(self.audit), projects=dict(self.projects), notices=dict(self.notices),
+                      acks={notice_id: dict(acks) for notice_id, acks in self.acks.items()})
 
 
 @dataclass
@@ -171,6 +182,24 @@ class _MemoryTx:
         self.journal.ops.append(Op(REMOVE, str(ProjectKey(project_id)), PROJECT))
         return True
 
+    async def notice_of(self, notice_id: str) -> Notice | None:
+        return self._s.notices.get(notice_id)
+
+    async def put_notice(self, notice: Notice) -> None:
+        self._s.notices[notice.id] = notice
+        self.journal.ops.append(Op(PUT, str(NoticeKey(notice.id)), NOTICE, notice))
+
+    async def remove_notice(self, notice_id: str) -> bool:
+        self._s.acks.pop(notice_id, None)
+        if self._s.notices.pop(notice_id, None) is None:
+            return False
+        self.journal.ops.append(Op(REMOVE, str(NoticeKey(notice_id)), NOTICE))
+        return True
+
+    async def acknowledge(self, notice_id: str, instance_id: str, at: datetime) -> Acknowledgement:
+        acks = self._s.acks.setdefault(notice_id, {})
+        return acks.setdefault(instance_id, Acknowledgement(notice_id, instance_id, at))
+
     async def append_audit(self, event: AuditEvent) -> None:
         await self.append_audit_many([event])
 
@@ -195,8 +224,7 @@ class MemoryStore:
     @asynccontextmanager
     async def write(self) -> AsyncIterator[_MemoryTx]:
         async with self._lock:
-            s = self._state  # the feed's entries are immutable: copying the list is enough
-            staged = _State(copy.deepcopy(s.rows), dict(s.holders), list(s.changes), list(s.audit), dict(s.projects))
+            staged = self._state.staged()
             tx = _MemoryTx(staged)
             yield tx
             self._state = staged
@@ -245,6 +273,16 @@ class MemoryStore:
         held = self._state.projects
         wanted = held if project_ids is None else project_ids
         return {p: held[p] for p in wanted if p in held}
+
+    async def notices(self, notice_ids: Iterable[str] | None = None) -> dict[str, Notice]:
+        held = self._state.notices
+        wanted = held if notice_ids is None else notice_ids
+        return {n: held[n] for n in wanted if n in held}
+
+    async def acknowledgements(self, notice_ids: Iterable[str]) -> list[Acknowledgement]:
+        acks = self._state.acks
+        return sorted((a for n in dict.fromkeys(notice_ids) for a in acks.get(n, {}).values()),
+                      key=lambda a: (a.at, a.notice_id, a.instance_id))
 
     async def ping(self) -> None:
         return None

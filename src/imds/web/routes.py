@@ -64,6 +64,7 @@ class Route:
 ROUTES: tuple[Route, ...] = (
     Route("json", "metadata", exact=("/metadata", "/metadata/"), guarded=True, aliased=True),
     Route("json", "userdata", exact=("/userdata", "/userdata/"), guarded=True, aliased=True),
+    Route("json", "notices", exact=("/notices", "/notices/"), guarded=True, aliased=True),
     Route("ec2", "versions", exact=("/",)),  # GCE's root with Metadata-Flavor: Google (web/flavors/gce.py)
     Route("ec2", "handle", prefixes=EC2_VERSIONS),
     Route("openstack", "handle", prefixes=("openstack",), guarded=True),

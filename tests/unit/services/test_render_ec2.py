@@ -30,7 +30,7 @@ MAC1 = "40:a6:b7:74:9f:11"
 # The AWS layout of the same document, every node (see the mapping in render/ec2.py's docstring).
 AWS_SEED: dict[str, str] = {
     "": "ami-id\nami-launch-index\nblock-device-mapping/\nhostname\ninstance-action\ninstance-id\n"
-    "instance-life-cycle\ninstance-type\nlocal-hostname\nlocal-ipv4\nmac\nnetwork/\nplacement/\n"
+    "instance-life-cycle\ninstance-type\nipv6\nlocal-hostname\nlocal-ipv4\nmac\nnetwork/\nplacement/\n"
     "public-hostname\npublic-ipv4\npublic-keys/",
     "ami-id": "31853a2b0b2fcc4ee7fd5da5e53611303b60aafa",
     "ami-launch-index": "0",
@@ -42,6 +42,7 @@ AWS_SEED: dict[str, str] = {
     "instance-id": "cc40301c-4038-4011-af55-6eae3ba60246",
     "instance-life-cycle": "on-demand",
     "instance-type": "c3.medium.x86",
+    "ipv6": "2001:0db8:8583:0000::9",  # the first IPv6 address (systemd-imds reads it)
     "local-hostname": "metadata-example-01",
     "local-ipv4": "10.70.17.9",
     "mac": MAC0,

@@ -3,7 +3,8 @@
 A write needs one of ``write``, ``create``, ``update``, ``metadata:create:<kind>`` or
 ``metadata:update:<kind>``; a read ``read`` or ``metadata:read:<kind>``; a delete
 ``write``, ``delete`` or ``metadata:delete:<kind>`` (kind: ``metadata``, ``userdata``,
-``os``, the Ganeti OS record, or ``project``, a GCE project's attributes).
+``os``, the Ganeti OS record, ``project``, a GCE project's attributes, or ``notice``, a
+lifecycle notice).
 ``/metrics``, ``/openapi.json`` and ``/docs`` need ``read`` or the dedicated ``metrics``
 scope (a scraper's token then reads no record); ``--metrics-public`` opens ``/metrics``.
 
@@ -21,7 +22,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from imds.errors import AuthNotConfigured, ConfigError, Forbidden, Unauthenticated
-from imds.models import OS_KIND, PROJECT_KIND, RECORD_KINDS, Principal
+from imds.models import NOTICE_KIND, OS_KIND, PROJECT_KIND, RECORD_KINDS, Principal
 
 _PREFIX = "metadata"
 METRICS_SCOPE = "metrics"
@@ -30,6 +31,7 @@ ALL_SCOPES = frozenset(
     | {f"{_PREFIX}:{verb}:{kind}" for verb in ("create", "update", "read", "delete") for kind in RECORD_KINDS}
     | {f"{_PREFIX}:{verb}:{OS_KIND}" for verb in ("create", "update", "read", "delete")}  # Ganeti OS records
     | {f"{_PREFIX}:{verb}:{PROJECT_KIND}" for verb in ("create", "update", "read", "delete")}  # GCE projects
+    | {f"{_PREFIX}:{verb}:{NOTICE_KIND}" for verb in ("create", "update", "read", "delete")}  # lifecycle notices
 )
 
 

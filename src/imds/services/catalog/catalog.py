@@ -17,30 +17,48 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import gc
+import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import cast
 
 from imds import log
 from imds.errors import StoreUnavailable
-from imds.models import RECORD_KINDS, Address, Instance, Network, OsRecord, ProjectAttributes, ProjectKey
+from imds.models import (
+    RECORD_KINDS,
+    Address,
+    Instance,
+    Network,
+    Notice,
+    NoticeKey,
+    OsRecord,
+    ProjectAttributes,
+    ProjectKey,
+)
 from imds.services.catalog.addresses import AddressIndex
 from imds.services.catalog.entry import Entry, RenderCache
 from imds.store.interface import Store, StoredInstance, stored_form
-from imds.store.journal import ADDRESSES, FORGET, PROJECT, PUT, Journal, Op
+from imds.store.journal import ADDRESSES, FORGET, NOTICE, PROJECT, PUT, Journal, Op
 
 __all__ = ["Catalog", "Entry"]
 _log = log.get("catalog")
 LOAD_CHUNK = 5000
 FEED_BATCH = 1000  # change-feed entries read per statement while catching up
+CLOCK_TICK = 60.0  # seconds: the longest the notice clock sleeps before looking at the clock again (a clock step)
+_SIDE_RECORDS = (PROJECT, NOTICE)  # journal fields that are records beside the instances
 
 
 class Catalog:
     """Instances by id and by address (longest-prefix match)."""
 
-    def __init__(self, store: Store, *, poll_interval: float = 1.0, render_cache_bytes: int = 256 << 20) -> None:
+    def __init__(
+        self, store: Store, *, poll_interval: float = 1.0, render_cache_bytes: int = 256 << 20,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self._store = store
-        self._cache = RenderCache(render_cache_bytes)
+        self._cache = RenderCache(render_cache_bytes, clock)
+        self._cache.notices.on_instance = self._reset_instance
         self._poll_interval = poll_interval
         self._entries: dict[str, Entry] = {}
         self._index = AddressIndex()
@@ -88,6 +106,44 @@ class Catalog:
         """The attributes record of ``project_id`` this replica serves, if it has one."""
         return self._cache.projects.get(project_id)
 
+    def notice(self, notice_id: str) -> Notice | None:
+        """The notice this replica serves with this id, if it holds one."""
+        return self._cache.notices.get(notice_id)
+
+    def expire_notices(self) -> int:
+        """Reset the entries whose notices changed on their own by now (the clock's); how many moments passed.
+
+        ``follow_clock`` calls it at each such moment; a test with an injected clock may call it directly.
+        """
+        return self._cache.notices.expire(self._cache.now())
+
+    async def follow_clock(self) -> None:
+        """Wake what notices reach when they change on their own (a window opens or closes), until cancelled.
+
+        Sleeps until the next such moment (at most ``CLOCK_TICK``), or until a notice is written.
+        """
+        board = self._cache.notices
+        loop = asyncio.get_running_loop()
+        while True:
+            self.expire_notices()
+            upcoming = board.next_moment()
+            delay = CLOCK_TICK
+            if upcoming is not None:
+                delay = min(max(upcoming.timestamp() - self._cache.clock(), 0.0), CLOCK_TICK)
+            wake: asyncio.Future[None] = loop.create_future()
+            timer = loop.call_later(delay, _settle, wake)
+            board.on_change = functools.partial(_settle, wake)
+            try:
+                await wake
+            finally:
+                timer.cancel()
+                board.on_change = None
+
+    def _reset_instance(self, instance_id: str) -> None:
+        entry = self._entries.get(instance_id)
+        if entry is not None:
+            entry.reproject()
+
     async def load(self) -> None:
         """Replace everything with a fresh snapshot of the store.
 
@@ -122,6 +178,7 @@ class Catalog:
             # Read after the instances: a project written in between is newer than ``position``,
             # and its feed entry re-reads the same record (no older state is ever applied).
             self._cache.projects.replace((await self._store.projects()).values())
+            self._cache.notices.replace((await self._store.notices()).values())
             self.position = position
             self.loaded = True
             self.phase = "loaded"
@@ -177,8 +234,10 @@ class Catalog:
             async with self._lock:
                 batch = await self._store.changes_since(self.position, FEED_BATCH)
                 if batch:
-                    projects = list(dict.fromkeys(p.project_id for change in batch if (p := change.project)))
-                    ids = list(dict.fromkeys(change.instance_id for change in batch if change.project is None))
+                    projects = list(dict.fromkeys(p.id for change in batch if (p := change.project)))
+                    notices = list(dict.fromkeys(n.id for change in batch if (n := change.notice)))
+                    ids = list(dict.fromkeys(change.instance_id for change in batch
+                                             if change.project is None and change.notice is None))
                     found = await self._store.get_many(ids)
                     for instance_id in ids:
                         self._apply(instance_id, found.get(instance_id))
@@ -186,6 +245,10 @@ class Catalog:
                         records = await self._store.projects(projects)
                         for project_id in projects:
                             self._cache.projects.apply(project_id, records.get(project_id))
+                    if notices:
+                        held = await self._store.notices(notices)
+                        for notice_id in notices:
+                            self._cache.notices.apply(notice_id, held.get(notice_id))
                     self.position = max(self.position, batch[-1].seq)
             applied += len(batch)
             if len(batch) < FEED_BATCH:
@@ -219,13 +282,17 @@ class Catalog:
             self.on_os_gone(instance_id, gone)
 
     def _instance_ops(self, ops: list[Op]) -> list[Op]:
-        """Apply the journal's project operations; the others, for ``_replay``."""
+        """Apply the journal's project and notice operations; the others, for ``_replay``."""
         for op in ops:
             if op.field == PROJECT:
-                key = ProjectKey.parse(op.instance_id)
-                self._cache.projects.apply(key.project_id if key is not None else "",
+                project = ProjectKey.parse(op.instance_id)
+                self._cache.projects.apply(project.id if project is not None else "",
                                            cast("ProjectAttributes", op.value) if op.kind == PUT else None)
-        return [op for op in ops if op.field != PROJECT]
+            elif op.field == NOTICE:
+                notice = NoticeKey.parse(op.instance_id)
+                self._cache.notices.apply(notice.id if notice is not None else "",
+                                          cast("Notice", op.value) if op.kind == PUT else None)
+        return [op for op in ops if op.field not in _SIDE_RECORDS]
 
     def _replay(self, ops: list[Op]) -> None:
         """Carry out a journal's operations on the held instances (no store read)."""
@@ -266,7 +333,7 @@ class Catalog:
             self._os_left(instance_id, old.os, None if instance is None else instance.os)
             old.wake()
             self._cache.drop(old)
-            self._cache.projects.leave(old, old.joined)
+            self._cache.members.leave(old, old.joined)
         if instance is None:
             self._entries.pop(instance_id, None)
             self._index.forget(instance_id)
@@ -276,3 +343,8 @@ class Catalog:
     def _place(self, stored: StoredInstance) -> None:
         entry = self._entries[stored.id] = Entry(stored, self._cache)
         self._index.assign_packed(stored.id, entry.packed)
+
+
+def _settle(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)

@@ -16,8 +16,10 @@ import asyncio
 import hashlib
 import json
 import sys
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
 from types import MappingProxyType
 from typing import TypeVar, cast
 
@@ -25,9 +27,13 @@ import zstandard
 
 from imds.models import Instance, JsonObject, Network, OsRecord, ProjectAttributes
 from imds.services.catalog.addresses import pack_stored, unpack_network
+from imds.services.catalog.members import Members, scope_keys
+from imds.services.catalog.notices import NoticeBoard
 from imds.services.catalog.projects import Projects, project_tag
-from imds.services.catalog.watch import instance_etag
-from imds.services.render.gce import project_of
+from imds.services.catalog.watch import instance_etag, notices_tag
+from imds.services.notices.timeline import next_change, seen
+from imds.services.render.context import Context
+from imds.services.render.gce import facility_of, project_of
 from imds.services.render.tree import Dir
 from imds.store.interface import StoredInstance
 
@@ -54,12 +60,20 @@ class RenderCache:
     by its own insertion, so one oversized entry still works (and goes at the next miss).
     """
 
-    def __init__(self, max_bytes: int) -> None:
+    def __init__(self, max_bytes: int, clock: Callable[[], float] = time.time) -> None:
         self.max_bytes = max_bytes
         self.bytes = 0
         self._held: OrderedDict[Entry, int] = OrderedDict()
         self.packer = Packer()
-        self.projects = Projects()  # what an entry's ETag and GCE rendering take besides the entry
+        self.clock = clock  # wall-clock seconds: when notices change on their own (tests inject one)
+        # What an entry's ETag and its renderings take besides the entry (``Entry.context``):
+        self.members = Members()
+        self.projects = Projects(self.members)
+        self.notices = NoticeBoard(self.members)
+
+    def now(self) -> datetime:
+        """The clock's moment, as notices compare it."""
+        return datetime.fromtimestamp(self.clock(), UTC)
 
     def __len__(self) -> int:
         return len(self._held)
@@ -127,12 +141,14 @@ class Entry:
 
     ``waiters`` are the change-watch requests held on this version (``watch``/``unwatch``);
     the catalog resolves them when it replaces or drops the entry (see ``imds.services.catalog.watch``).
-    ``joined`` is the project whose record the ETag (and the GCE rendering) took, once computed
-    (``imds.services.catalog.projects``): a change of that record resets them (``reproject``).
+    ``joined`` are the scopes (its project, its facility) whose records the ETag and the
+    renderings took, once computed (``imds.services.catalog.members``): a change of those
+    records resets them (``reproject``), and so does the clock reaching ``_until``, the next
+    moment one of its notices changes on its own.
     """
 
-    __slots__ = ("_blob", "_cache", "_etag", "_instance", "_rendered", "_rest", "_updated", "id", "joined", "packed",
-                 "waiters")
+    __slots__ = ("_blob", "_cache", "_etag", "_instance", "_rendered", "_rest", "_until", "_updated", "id", "joined",
+                 "packed", "waiters")
 
     def __init__(self, stored: StoredInstance, cache: RenderCache) -> None:
         self.id = stored.id
@@ -147,7 +163,8 @@ class Entry:
         self._instance: Instance | None = None
         self._rendered: dict[str, object] | None = None
         self._etag: bytes | None = None
-        self.joined: str | None = None
+        self._until: float | None = None
+        self.joined: tuple[str, ...] | None = None
         self.waiters: set[asyncio.Future[None]] | None = None
 
     @property
@@ -181,31 +198,62 @@ class Entry:
 
     @property
     def etag(self) -> bytes:
-        """The strong ETag of this version of the instance and of its project's record, computed once.
+        """The strong ETag of this version of the instance and of what its context holds, computed once.
 
-        Every read sends it. Without a project record it is the instance's own ETag.
+        Every read sends it. Without a project record or notices it is the instance's own ETag;
+        notices count as the state guests see, so the ETag changes when a window opens.
         """
+        if self._until is not None:
+            self._fresh()
         if self._etag is None:
             etag = instance_etag(self.instance)
-            project = self._project()
-            if project is not None:
-                digest = hashlib.sha256(etag + project_tag(project)).hexdigest()[:32]
+            context = self.context()
+            extra = b""
+            if context.project is not None:
+                extra += project_tag(context.project)
+            if context.notices:
+                extra += notices_tag(context.notices)
+            if extra:
+                digest = hashlib.sha256(etag + extra).hexdigest()[:32]
                 etag = b'"' + digest.encode() + b'"'
             self._etag = etag
         return self._etag
 
-    def _project(self) -> ProjectAttributes | None:
-        """The record of the instance's project (GCE's ``project_id``, else ``default``), joining that project."""
-        project_id = sys.intern(project_of(self.instance.metadata or {}).id)  # one string per project, not per entry
-        self.joined = project_id
-        return self._cache.projects.join(self, project_id)
+    def context(self) -> Context:
+        """The project's record and the notices reaching this instance, now; joins their scopes.
+
+        Notices are seen at the cache's clock; ``_until`` is the next moment one of them changes
+        on its own, at which the ETag and the renderings are computed again.
+        """
+        doc = self.instance.metadata or {}
+        project_id = sys.intern(project_of(doc).id)  # one string per project, not per entry
+        cache = self._cache
+        keys = self.joined = scope_keys(project_id, facility_of(doc))
+        cache.members.join(self, keys)
+        project = cache.projects.get(project_id)
+        notices = cache.notices.affecting(self.id, keys)
+        if not notices:
+            return Context(project)
+        now = cache.now()
+        upcoming = next_change(notices, now)
+        self._until = None if upcoming is None else upcoming.timestamp()
+        return Context(project, seen(notices, now), now)
+
+    def _fresh(self) -> None:
+        """Past ``_until`` a notice changed on its own: forget what was computed with it."""
+        if self._until is not None and self._cache.clock() >= self._until:
+            self.reproject()
 
     def reproject(self) -> None:
-        """The project's record changed: forget the ETag and renderings, wake the watches."""
+        """The context changed (a project's or a notice's record, or the clock): forget the ETag and renderings.
+
+        Watches on this version wake. The entry stays a member of its scopes (``joined``) until
+        it is replaced, so leaving them then finds every set it is in.
+        """
         self.wake()
         self._cache.drop(self)
         self._etag = None
-        self.joined = None
+        self._until = None
 
     def watch(self, waiter: asyncio.Future[None]) -> None:
         """Hold ``waiter`` on this version: ``wake`` resolves it when the version is replaced or dropped."""
@@ -227,19 +275,27 @@ class Entry:
 
     def render(self, key: str, build: Callable[[Instance], T]) -> T:
         """The cached rendering ``key``, built once per version while the entry is cached."""
+        if self._until is not None:
+            self._fresh()
         rendered = self._rendered
         if rendered is not None and key in rendered:
             self._cache.touch(self)
             return cast("T", rendered[key])
         return self._keep(key, build(self.instance))
 
-    def render_in_project(self, key: str, build: Callable[[Instance, ProjectAttributes | None], T]) -> T:
-        """``render``, for a rendering that also takes the record of the instance's project (GCE's)."""
+    def render_in_context(self, key: str, build: Callable[[Instance, Context], T]) -> T:
+        """``render``, for a rendering that also takes the instance's context (project record, notices)."""
+        if self._until is not None:
+            self._fresh()
         rendered = self._rendered
         if rendered is not None and key in rendered:
             self._cache.touch(self)
             return cast("T", rendered[key])
-        return self._keep(key, build(self.instance, self._project()))
+        return self._keep(key, build(self.instance, self.context()))
+
+    def render_in_project(self, key: str, build: Callable[[Instance, ProjectAttributes | None], T]) -> T:
+        """``render_in_context`` for a rendering that takes only the project's record."""
+        return self.render_in_context(key, lambda instance, context: build(instance, context.project))
 
     def _keep(self, key: str, value: T) -> T:
         if self._rendered is None:

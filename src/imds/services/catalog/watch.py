@@ -10,8 +10,10 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+from collections.abc import Sequence
 
 from imds.models import Instance
+from imds.services.notices.timeline import Seen
 
 
 def instance_etag(instance: Instance) -> bytes:
@@ -31,3 +33,9 @@ def _plain(value: object) -> object:
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return dataclasses.asdict(value)
     return value
+
+
+def notices_tag(notices: Sequence[Seen]) -> bytes:
+    """What an instance's ETag adds for the notices reaching it: each one's id, revision and state as seen."""
+    canonical = json.dumps([[n.notice.id, n.notice.revision, n.status] for n in notices], separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).digest()

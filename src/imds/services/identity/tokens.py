@@ -84,15 +84,17 @@ class TokenIssuer:
         self._clock = clock
 
     @classmethod
-    def load(cls, *, key_file: Path | None, data_dir: Path | None) -> TokenIssuer:
-        """From the configured key file, else from (or into) ``data_dir``, else ephemeral."""
+    def load(
+        cls, *, key_file: Path | None, data_dir: Path | None, clock: Callable[[], float] = time.time,
+    ) -> TokenIssuer:
+        """From the configured key file, else from (or into) ``data_dir``, else ephemeral; ``clock`` in wall seconds."""
         if key_file is not None:
             key = read(key_file, "IMDSv2 key")
         elif data_dir is not None:
             key = load_or_create(data_dir / KEY_FILE, lambda: secrets.token_bytes(32))
         else:
             key = secrets.token_bytes(32)
-        return cls(key)
+        return cls(key, clock)
 
     def issue(self, instance_id: str, ttl: int) -> str:
         """A token for ``instance_id`` valid for ``ttl`` seconds."""

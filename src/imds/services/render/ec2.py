@@ -16,8 +16,10 @@ signer). Mapping from the Equinix-shaped document:
 | macs/MAC/subnet-id, interface-id | ``subnet-`` + a hash of the VPC and subnet CIDR; ``eni-`` + a hash of the MAC |
 | public-keys/N/openssh-key | ``ssh_keys`` (name: the key's comment, made unique with ``-N``) |
 | tags/instance/KEY | ``tags`` entries of the form ``key=value`` |
-| spot/termination-time | ``spot.termination_time`` |
+| ipv6 | the first IPv6 address in ``network.addresses`` (a public one first) |
+| spot/termination-time | ``spot.termination_time`` (a spot interruption notice wins) |
 | block-device-mapping/ami, root | ``storage.disks[0].device`` |
+| events/, spot/instance-action, autoscaling/ | the notices reaching the instance (``imds.services.render.events``) |
 
 botocore and cloud-init (off AWS) derive the region by dropping the availability zone's
 last character (as AWS names zones: ``us-east-1a``), so without an explicit ``region``
@@ -44,6 +46,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from imds.models import Instance, JsonObject
+from imds.services.render.context import Context
+from imds.services.render.events import ec2_items
 from imds.services.render.fields import as_list, as_object
 from imds.services.render.tree import Dir, Leaf
 
@@ -234,10 +238,23 @@ def _tags(doc: JsonObject) -> Dir | None:
     return Dir([("instance", Dir(pairs))]) if pairs else None
 
 
-def aws_meta_data(doc: JsonObject, instance_id: str | None = None) -> Dir:
+def _address_items(doc: JsonObject) -> dict[str, Leaf | Dir]:
+    """``local-ipv4``, ``public-ipv4`` and ``ipv6`` (systemd-imds reads it: its EC2 entry's public IPv6 key)."""
+    items: dict[str, Leaf | Dir] = {}
+    if local := _matching(doc, 4, public=False):
+        items["local-ipv4"] = local[0]
+    if public := _matching(doc, 4, public=True):
+        items["public-ipv4"] = public[0]
+    if v6 := _matching(doc, 6, public=True) + _matching(doc, 6, public=False):
+        items["ipv6"] = v6[0]
+    return items
+
+
+def aws_meta_data(doc: JsonObject, instance_id: str | None = None, context: Context | None = None) -> Dir:
     """The ``meta-data`` tree of the AWS layout (keys in AWS's alphabetical order).
 
-    ``instance_id`` is the record's id (default: the document's ``id``).
+    ``instance_id`` is the record's id (default: the document's ``id``); ``context`` holds the
+    notices reaching the instance (``events/``, ``spot/``, ``autoscaling/``: none on a drive).
     """
     os_ = as_object(doc.get("operating_system"))
     hostname = _text(doc.get("hostname"))
@@ -257,10 +274,7 @@ def aws_meta_data(doc: JsonObject, instance_id: str | None = None) -> Dir:
     disks = [d for d in as_list(as_object(doc.get("storage")).get("disks")) if isinstance(d, dict) and d.get("device")]
     if disks:
         items["block-device-mapping"] = Dir([("ami", _text(disks[0]["device"])), ("root", _text(disks[0]["device"]))])
-    if local := _matching(doc, 4, public=False):
-        items["local-ipv4"] = local[0]
-    if public := _matching(doc, 4, public=True):
-        items["public-ipv4"] = public[0]
+    items.update(_address_items(doc))
     if mac and macs:
         items["mac"] = mac
         items["network"] = Dir([("interfaces", Dir([("macs", macs)]))])
@@ -273,6 +287,8 @@ def aws_meta_data(doc: JsonObject, instance_id: str | None = None) -> Dir:
         items["spot"] = Dir([("termination-time", _text(doc["spot"]["termination_time"]))])
     if (tags := _tags(doc)) is not None:
         items["tags"] = tags
+    if context is not None:
+        items.update(ec2_items(context))
     return Dir(sorted(items.items()))
 
 
@@ -304,8 +320,8 @@ def identity_document(instance: Instance) -> bytes:
     return json.dumps(document, indent=2).encode()
 
 
-def version_root(instance: Instance, version: str, signer: Signer) -> Dir:
-    """Everything under ``/<version>/`` for this instance."""
+def version_root(instance: Instance, version: str, signer: Signer, context: Context | None = None) -> Dir:
+    """Everything under ``/<version>/`` for this instance (``context``: the notices reaching it, if served live)."""
     items: list[tuple[str, Leaf | Dir]] = []
     doc = instance.metadata
     if version == HOLLOW_VERSION:
@@ -319,7 +335,8 @@ def version_root(instance: Instance, version: str, signer: Signer) -> Dir:
             ("rsa2048", signer.pkcs7(document)),
             ("signature", signer.signature(document)),
         ])
-        items += [("dynamic", Dir([("instance-identity", identity)])), ("meta-data", aws_meta_data(doc, instance.id))]
+        items += [("dynamic", Dir([("instance-identity", identity)])),
+                  ("meta-data", aws_meta_data(doc, instance.id, context))]
     if instance.userdata is not None:
         items.append(("user-data", instance.userdata))
     return Dir(items, bare=True)

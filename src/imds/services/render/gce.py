@@ -19,6 +19,7 @@ the web flavor answers per request (``identity``, ``token``). Mapping from the d
 | project/project-id | ``project_id`` (else ``default``) |
 | project/numeric-project-id | ``project_number(project_id)`` |
 | project/attributes/… | the project's record (``PUT /projects/{id}/attributes``) over ``project_attributes`` |
+| instance/maintenance-event, preempted, upcoming-maintenance | the notices reaching it (``render.events``) |
 
 ``project/attributes/`` merges two sources key by key: the project's attributes record
 (written once for the whole project, held by the catalog) wins over the instance
@@ -39,6 +40,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from imds.models import Instance, JsonObject, ProjectAttributes
+from imds.services.render.context import NO_CONTEXT, Context
+from imds.services.render.events import gce_items
 from imds.services.render.fields import as_list, as_object
 
 PREFIX = "computeMetadata"
@@ -94,6 +97,11 @@ def project_of(doc: JsonObject) -> Project:
     """The instance's project, from the document's ``project_id`` (else ``default``)."""
     project_id = _text(doc.get("project_id")) or DEFAULT_PROJECT
     return Project(project_id, project_number(project_id))
+
+
+def facility_of(doc: JsonObject) -> str:
+    """The facility an instance is in (notices for a facility reach it): ``facility``, else ``availability_zone``."""
+    return _text(doc.get("facility") or doc.get("availability_zone"))
 
 
 def zone_of(doc: JsonObject) -> str:
@@ -165,10 +173,13 @@ def project_attributes(doc: JsonObject, record: ProjectAttributes | None) -> dic
     return dict(sorted(merged.items()))
 
 
-def gce_root(instance: Instance, record: ProjectAttributes | None = None) -> dict[str, object]:
+def gce_root(
+    instance: Instance, record: ProjectAttributes | None = None, context: Context = NO_CONTEXT,
+) -> dict[str, object]:
     """Everything under ``/computeMetadata/v1/`` for this instance (``instance/`` and ``project/``).
 
-    ``record``: the attributes record of the instance's project, if it has one.
+    ``record``: the attributes record of the instance's project, if it has one; ``context``: the
+    notices reaching it (``maintenance-event`` says ``NONE`` and ``preempted`` ``FALSE`` without).
     """
     doc = instance.metadata or {}
     project = project_of(doc)
@@ -187,6 +198,9 @@ def gce_root(instance: Instance, record: ProjectAttributes | None = None) -> dic
         "tags": Json([_text(t) for t in as_list(doc.get("tags"))]),
         "zone": f"projects/{project.number}/zones/{zone_of(doc)}",
     }
+    for key, value in gce_items(context).items():
+        tree[key] = Json(value) if isinstance(value, dict) else value
+    tree = dict(sorted(tree.items()))
     project_tree: dict[str, object] = {
         "attributes": project_attributes(doc, record),
         "numeric-project-id": project.number,
@@ -286,3 +300,8 @@ def identity_claims(instance: Instance, audience: str, *, full: bool) -> dict[st
             "zone": zone_of(doc),
         }}
     return claims
+
+
+def gce_in_context(instance: Instance, context: Context) -> dict[str, object]:
+    """``gce_root`` with the context's project record and notices (what the GCE flavor serves)."""
+    return gce_root(instance, context.project, context)

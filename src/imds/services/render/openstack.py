@@ -55,6 +55,7 @@ PASSWORD = "password"  # noqa: S105 - a file name, not a secret
 VENDOR_DATA = "vendor_data.json"
 NETWORK_DATA = "network_data.json"
 VENDOR_DATA2 = "vendor_data2.json"
+NOTICES = "notices.json"  # imds's own, not Nova's: the lifecycle notices (``latest`` only, unlisted, never on a drive)
 SEED_BYTES = 512  # Nova's random_seed: 512 random bytes, base64
 SEED_POOL_BYTES = 64 << 10  # kernel randomness fetched at once for 128 seeds
 

@@ -2,7 +2,9 @@
 
 Each item is one instance in the upsert wire format (``imds.services.transfer.readout``): ``id``,
 ``ipAddresses`` and ``metadata`` and/or ``userdata``, and optionally ``os`` (the Ganeti OS
-record, written after the others through ``OsRecords.put``). A batch is compared with what is
+record, written after the others through ``OsRecords.put``); or one lifecycle notice,
+``{"notice": {...}}`` as ``imds export`` writes it (``imds.services.notices.wire``), put back
+as it was through ``NoticeRecords.restore``. A batch is compared with what is
 stored first, so an item that would change nothing is reported ``unchanged`` and not
 written (a re-run of the same import writes nothing); the rest go through
 ``Records.put_many`` (the admin API's rules, one transaction per batch).
@@ -21,10 +23,12 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from imds.errors import InvalidInput, Problem
-from imds.models import SECRET, Instance, MetadataWrite, UserdataWrite
+from imds.models import SECRET, Acknowledgement, Instance, MetadataWrite, Notice, UserdataWrite
 from imds.services.ganeti.records import OsRecords
 from imds.services.ganeti.transfer import os_unchanged, parse_os_item
 from imds.services.ganeti.wire import SECTIONS, OsWrite
+from imds.services.notices.records import NoticeRecords
+from imds.services.notices.wire import parse_exported
 from imds.services.records.limits import Limits, check_size
 from imds.services.records.upsert import Records
 from imds.services.records.wire import (
@@ -50,6 +54,7 @@ class Item:
     metadata: MetadataWrite | None
     userdata: UserdataWrite | None
     os: OsWrite | None = None
+    notice: tuple[Notice, list[Acknowledgement]] | None = None  # a notice item (no instance parts then)
 
 
 @dataclass(frozen=True)
@@ -70,6 +75,12 @@ def parse_item(obj: Any, *, label: str, max_os_value_bytes: int = 4096, limits: 
     """
     if not isinstance(obj, dict):
         raise InvalidInput.one("item", "must be a JSON object")
+    if "notice" in obj:
+        return _notice_item(obj, label)
+    return _instance_item(obj, label=label, max_os_value_bytes=max_os_value_bytes, limits=limits)
+
+
+def _instance_item(obj: dict[str, Any], *, label: str, max_os_value_bytes: int, limits: Limits) -> Item:
     if "metadata" not in obj and "userdata" not in obj:
         raise InvalidInput([Problem("metadata", "or userdata is required (an item carries at least one)")])
     problems: list[Problem] = []
@@ -95,6 +106,16 @@ def parse_item(obj: Any, *, label: str, max_os_value_bytes: int = 4096, limits: 
     if problems or first is None:
         raise InvalidInput(problems)
     return Item(label, first.id, metadata, userdata, os_write)
+
+
+def _notice_item(obj: dict[str, Any], label: str) -> Item:
+    if set(obj) != {"notice"}:
+        raise InvalidInput.one("notice", 'a notice item holds the notice alone: {"notice": {...}}')
+    try:
+        notice, acks = parse_exported(obj["notice"])
+    except InvalidInput as exc:
+        raise InvalidInput([Problem(f"notice.{p.field}", p.message) for p in exc.problems]) from exc
+    return Item(label, notice.id, None, None, notice=(notice, acks))
 
 
 def _oversized(metadata: MetadataWrite | None, userdata: UserdataWrite | None, limits: Limits) -> list[Problem]:
@@ -144,14 +165,39 @@ def _unchanged(item: Item, stored: Instance, os_records: OsRecords | None) -> bo
 
 async def apply_batch(  # noqa: PLR0913 - the pieces of one batch
     records: Records, store: Store, items: Sequence[Item], *, subject: str, dry_run: bool = False,
-    os_records: OsRecords | None = None,
+    os_records: OsRecords | None = None, notices: NoticeRecords | None = None,
 ) -> list[Result]:
     """Compare ``items`` with the store and write the ones that change something (unless ``dry_run``).
 
     Items are applied in order; a later item for the same id sees the earlier one's write.
     An item's ``os`` record is written after the batch's metadata and userdata (``os_records``
-    is required for items that carry one).
+    is required for items that carry one); notice items after those (``notices`` is required for them).
     """
+    instances = [(index, item) for index, item in enumerate(items) if item.notice is None]
+    results = dict(zip((index for index, _ in instances),
+                       await _apply_instances(records, store, [item for _, item in instances], subject=subject,
+                                              dry_run=dry_run, os_records=os_records), strict=True))
+    for index, item in enumerate(items):
+        if item.notice is not None:
+            results[index] = await _apply_notice(notices, item, subject=subject, dry_run=dry_run)
+    return [results[index] for index in range(len(items))]
+
+
+async def _apply_notice(notices: NoticeRecords | None, item: Item, *, subject: str, dry_run: bool) -> Result:
+    assert item.notice is not None  # noqa: S101 - only called for notice items
+    if notices is None:
+        return Result(item.label, item.id, "rejected", "notice: notices are not available here")
+    notice, acks = item.notice
+    outcome = await notices.restore(notice, acks, subject=subject, dry_run=dry_run)
+    return Result(item.label, item.id, outcome)  # type: ignore[arg-type]  # restore answers an Outcome
+
+
+async def _apply_instances(  # noqa: PLR0913 - the pieces of one batch
+    records: Records, store: Store, items: Sequence[Item], *, subject: str, dry_run: bool,
+    os_records: OsRecords | None,
+) -> list[Result]:
+    if not items:
+        return []
     stored = await store.get_many({item.id for item in items})
     results: dict[int, Result] = {}
     pending: list[tuple[int, Item]] = []

@@ -21,9 +21,9 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from imds.config.database import parse_database
 from imds.errors import StoreUnavailable
-from imds.models import AuditEntry, Change, Event, Instance, ProjectAttributes
+from imds.models import Acknowledgement, AuditEntry, Change, Event, Instance, Notice, ProjectAttributes
 from imds.store.interface import StoredInstance
-from imds.store.sql import channel, projects, reads
+from imds.store.sql import channel, notices, projects, reads
 from imds.store.sql.diagnose import describe, is_not_migrated, not_migrated, sqlite_problem
 from imds.store.sql.engine import (
     connector_for,
@@ -147,6 +147,16 @@ class SqlStore:
         """The attributes of these projects (every project's with None), by project id."""
         async with self._read() as conn:
             return await projects.read(conn, project_ids)
+
+    async def notices(self, notice_ids: Iterable[str] | None = None) -> dict[str, Notice]:
+        """These notices (every one with None), by id."""
+        async with self._read() as conn:
+            return await notices.read(conn, notice_ids)
+
+    async def acknowledgements(self, notice_ids: Iterable[str]) -> list[Acknowledgement]:
+        """The acknowledgements of these notices, oldest first."""
+        async with self._read() as conn:
+            return await notices.acks(conn, notice_ids)
 
     async def ping(self) -> None:
         """Return when the database answers (a read of the feed head) within ``PING_WAIT`` seconds.

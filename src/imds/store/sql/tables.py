@@ -128,3 +128,32 @@ project_attributes = sa.Table(
     sa.Column("revision", sa.BigInteger, nullable=False),
     sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
 )
+
+# Lifecycle notices (revision 0007): one row per notice, the scope (instance, project or facility)
+# and its target, written through /notices. A change reaches the feed as ``notice:<id>``, so
+# replicas re-read the row. Guests' acknowledgements are rows of their own (the first one counts).
+notices = sa.Table(
+    "notices",
+    metadata_obj,
+    sa.Column("id", _ID, primary_key=True),
+    sa.Column("scope", sa.String(16), nullable=False),
+    sa.Column("target", sa.String(64), nullable=False),
+    sa.Column("kind", sa.String(16), nullable=False),
+    sa.Column("state", sa.String(16), nullable=False),
+    sa.Column("time", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("window_end", sa.DateTime(timezone=True), nullable=True),
+    sa.Column("description", sa.Text, nullable=False),
+    sa.Column("target_state", sa.String(64), nullable=True),
+    sa.Column("revision", sa.BigInteger, nullable=False),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Index("ix_notices_scope_target", "scope", "target"),
+)
+
+notice_acks = sa.Table(
+    "notice_acks",
+    metadata_obj,
+    sa.Column("notice_id", _ID, sa.ForeignKey("notices.id", ondelete="CASCADE"), primary_key=True),
+    sa.Column("instance_id", _ID, primary_key=True),
+    sa.Column("at", sa.DateTime(timezone=True), nullable=False),
+)

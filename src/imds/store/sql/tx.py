@@ -22,17 +22,20 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from imds.models import (
     METADATA,
     USERDATA,
+    Acknowledgement,
     AuditEvent,
     ChangeKey,
     JsonObject,
     Network,
+    Notice,
+    NoticeKey,
     OsRecord,
     ProjectAttributes,
     ProjectKey,
 )
 from imds.store.interface import record_kind
-from imds.store.journal import ADDRESSES, FORGET, OS, PASSWORD, PROJECT, PUT, REMOVE, Journal, Op
-from imds.store.sql import projects, statements, tables
+from imds.store.journal import ADDRESSES, FORGET, NOTICE, OS, PASSWORD, PROJECT, PUT, REMOVE, Journal, Op
+from imds.store.sql import notices, projects, statements, tables
 from imds.store.sql.os_rows import os_document, os_record
 from imds.store.sql.rows import chunks, stored_network
 from imds.store.sql.writeconn import WriteConnection
@@ -199,6 +202,22 @@ class SqlTx:
         if removed:
             self.journal.ops.append(Op(REMOVE, str(ProjectKey(project_id)), PROJECT))
         return removed
+
+    async def notice_of(self, notice_id: str) -> Notice | None:
+        return await notices.one(self.conn, notice_id)
+
+    async def put_notice(self, notice: Notice) -> None:
+        await notices.put(self.conn, notice)
+        self.journal.ops.append(Op(PUT, str(NoticeKey(notice.id)), NOTICE, notice))
+
+    async def remove_notice(self, notice_id: str) -> bool:
+        removed = await notices.remove(self.conn, notice_id)
+        if removed:
+            self.journal.ops.append(Op(REMOVE, str(NoticeKey(notice_id)), NOTICE))
+        return removed
+
+    async def acknowledge(self, notice_id: str, instance_id: str, at: datetime) -> Acknowledgement:
+        return await notices.acknowledge(self.conn, notice_id, instance_id, at)
 
     async def append_audit(self, event: AuditEvent) -> None:
         await self.append_audit_many([event])

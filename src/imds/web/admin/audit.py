@@ -1,7 +1,7 @@
 """``GET /audit``: the audit log of admin writes and deletes (read scope).
 
-Query: ``instance`` (an instance id, or ``project:<id>`` for a GCE project's attributes;
-default every entry), ``after`` (the cursor: the
+Query: ``instance`` (an instance id, ``project:<id>`` for a GCE project's attributes or
+``notice:<id>`` for a lifecycle notice; default every entry), ``after`` (the cursor: the
 ``next`` of the previous page; default 0) and ``limit`` (1-1000, default 100). Entries are
 oldest first::
 
@@ -18,9 +18,10 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request
 from starlette.responses import Response
 
-from imds.models import METADATA, ProjectKey
+from imds.models import METADATA, NoticeKey, ProjectKey
 from imds.services import Services
 from imds.services.admission.auth import read_scopes
+from imds.services.notices.wire import parse_notice_id
 from imds.services.records.projects import parse_project_id
 from imds.services.records.wire import parse_instance_id
 from imds.services.render.json import encode
@@ -35,7 +36,7 @@ def audit_router(services: Services) -> APIRouter:
     @router.get("/audit", summary="Audit log of admin writes and deletes", response_class=Response)
     async def audit(
         request: Request,
-        instance: Annotated[str | None, Query(description="only this instance id (or project:<id>)")] = None,
+        instance: Annotated[str | None, Query(description="only this instance id, project:<id> or notice:<id>")] = None,
         after: Annotated[int, Query(description="cursor: the next of the previous page")] = 0,
         limit: Annotated[int, Query(description="entries per page, 1 to 1000")] = 100,
     ) -> Response:
@@ -57,6 +58,8 @@ def audit_router(services: Services) -> APIRouter:
 
 
 def _subject_id(text: str) -> str:
-    """An instance id, or a project's ``project:<id>``, as the log holds them; InvalidInput otherwise."""
+    """An instance id, a project's ``project:<id>`` or a notice's ``notice:<id>``, as the log holds them."""
+    if (notice := NoticeKey.parse(text)) is not None:
+        return str(NoticeKey(parse_notice_id(notice.id, "instance")))
     project = ProjectKey.parse(text)
-    return parse_instance_id(text) if project is None else str(ProjectKey(parse_project_id(project.project_id)))
+    return parse_instance_id(text) if project is None else str(ProjectKey(parse_project_id(project.id)))

@@ -10,21 +10,26 @@ userdata, since both come back. ``GET /device-records`` includes each Ganeti OS 
 /device-records/{id}`` never shows them. ``POST /device-records[?dry_run=true]`` takes a JSON array of
 such objects (at most ``--max-body-bytes``) and applies them in one transaction, answering
 ``{"results": [{"id", "outcome": created|updated|unchanged|stale|rejected, "reason"}]}`` in
-order; it needs write scopes for both kinds.
+order; it needs write scopes for both kinds. ``GET /device-records?notices=true`` adds one line
+per lifecycle notice after the instances, ``{"notice": {...}}`` (``imds export`` asks for them;
+a ``notice`` read scope is needed then), and ``POST /device-records`` takes such objects too (a
+``notice`` write scope is needed then), putting each notice back as it was.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from typing import Any
 
 from fastapi import APIRouter, Request
 from starlette.responses import Response, StreamingResponse
 
 from imds.errors import InvalidInput
-from imds.models import METADATA, OS_KIND, USERDATA, Instance
+from imds.models import METADATA, NOTICE_KIND, OS_KIND, USERDATA, Instance
 from imds.services import Services
 from imds.services.admission.auth import read_scopes, upsert_scopes
+from imds.services.notices.wire import notice_wire
 from imds.services.records.wire import parse_instance_id, parse_json
 from imds.services.render.json import encode
 from imds.services.transfer.bulk import Item, apply_batch, parse_item, rejected
@@ -46,12 +51,9 @@ def records_admin_router(services: Services) -> APIRouter:
 
     @router.get("/device-records", summary="Every instance record, as JSON lines in the upsert format",
                 response_class=StreamingResponse)
-    async def list_records(request: Request, private: bool = True) -> StreamingResponse:
+    async def list_records(request: Request, private: bool = True, notices: bool = False) -> StreamingResponse:
         await authorize_both(request)
-        instances = await stored_instances(services.store)
-        await _authorize_private(services, request, instances, private=private)
-        cipher = services.os.cipher
-        wire = [to_wire(instance, cipher, private=private) for instance in instances]  # errors before streaming
+        wire = await _records_out(services, request, private=private, notices=notices)  # errors before streaming
 
         def lines() -> Iterator[bytes]:
             for record in wire:
@@ -76,7 +78,8 @@ def records_admin_router(services: Services) -> APIRouter:
                 results[index] = rejected(label, obj, exc)
         await _authorize_os_writes(services, request, [item for _, item in items])
         written = await apply_batch(services.records, services.store, [item for _, item in items],
-                                    subject=subject, dry_run=dry_run, os_records=services.os)
+                                    subject=subject, dry_run=dry_run, os_records=services.os,
+                                    notices=services.notices)
         results.update({index: result for (index, _), result in zip(items, written, strict=True)})
         body = [{"id": r.id, "outcome": r.outcome, "reason": r.reason} for _, r in sorted(results.items())]
         return Response(encode({"results": body}), media_type=JSON)
@@ -98,6 +101,19 @@ async def _authorize_private(services: Services, request: Request, instances: li
 
 
 async def _authorize_os_writes(services: Services, request: Request, items: list[Item]) -> None:
-    """Items that carry a Ganeti OS record need an ``os`` write scope too."""
+    """Items that carry a Ganeti OS record need an ``os`` write scope too; notice items a ``notice`` one."""
     if any(item.os is not None for item in items):
         await authorize(services, request, upsert_scopes(OS_KIND))
+    if any(item.notice is not None for item in items):
+        await authorize(services, request, upsert_scopes(NOTICE_KIND))
+
+
+async def _records_out(services: Services, request: Request, *, private: bool, notices: bool) -> list[dict[str, Any]]:
+    """Every instance in the upsert format, then (``notices``) every notice as ``imds export`` writes it."""
+    instances = await stored_instances(services.store)
+    await _authorize_private(services, request, instances, private=private)
+    wire = [to_wire(instance, services.os.cipher, private=private) for instance in instances]
+    if notices:  # a token with a notice read scope only
+        await authorize(services, request, read_scopes(NOTICE_KIND))
+        wire += [{"notice": notice_wire(notice, acks)} for notice, acks in await services.notices.find()]
+    return wire

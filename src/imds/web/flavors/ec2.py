@@ -6,7 +6,10 @@ carries ``X-aws-ec2-metadata-token`` must carry a valid one for the same instanc
 with ``--imdsv2 required`` every read must. A token PUT that came through a proxy (any
 header of ``imds.services.identity.tokens.FORWARDING_HEADERS``) is refused, as AWS does,
 unless a trusted proxy signed the instance id and sent only ``X-Forwarded-For`` naming the
-VM (rule in ``imds.services.identity.proxied``).
+VM (rule in ``imds.services.identity.proxied``). A read carrying the token header more than
+once is answered when one of them is valid: aws-node-termination-handler adds the new token
+to the same request after a 401 (``pkg/ec2metadata``'s ``Request``), so its retry carries the
+stale one first.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from imds.web.replies import plain
 from imds.web.routing import READ_METHODS, InstanceCall, Locator, Reply, header
 
 _TTL = TTL_HEADER.encode()
+_TOKEN = TOKEN_HEADER.encode()
 _NEEDS_METADATA = frozenset({"meta-data", "dynamic"})
 _COUNTED = frozenset({"meta-data", "user-data"})  # reads that count as hollow's metadata/userdata hits
 _VERSION_SHAPE = re.compile(r"^(?:\d{4}-\d{2}-\d{2}|1\.0|latest.*)$")
@@ -87,17 +91,28 @@ class Ec2Flavor:
         needs_record = kind in _NEEDS_METADATA or kind == "user-data"
         entry = await self._locator.entry(call, record, count=kind in _COUNTED, needs_record=needs_record)
         headers: tuple[tuple[bytes, bytes], ...] = ()
-        token = header(call.scope, TOKEN_HEADER.encode())
-        if token is not None:
-            left = self._tokens.check(token, entry.instance.id)
+        tokens = [value.decode("latin-1") for key, value in call.scope["headers"] if key == _TOKEN]
+        if tokens:
+            left = self._check(tokens, entry.instance.id)
             headers = ((_TTL, str(left).encode()),)
         elif self._required:
             raise Unauthenticated("an IMDSv2 token is required")
         signer = self._services.signer
-        root = entry.render(f"ec2/{version}", lambda instance: version_root(instance, version, signer))
+        root = entry.render_in_context(f"ec2/{version}",
+                                       lambda instance, context: version_root(instance, version, signer, context))
         node = resolve(root, subpath)
         if node is None:
             raise NotFound(f"no {subpath!r} under /{version}")
         if kind in _COUNTED:
             self._locator.served(record)
         return Reply(200, body(node), headers=headers)
+
+    def _check(self, tokens: list[str], instance_id: str) -> int:
+        """Seconds the first valid token has left; the first one's error when none is valid."""
+        failures: list[Unauthenticated] = []
+        for token in tokens:
+            try:
+                return self._tokens.check(token, instance_id)
+            except Unauthenticated as exc:
+                failures.append(exc)
+        raise failures[0]

@@ -28,7 +28,7 @@ from imds.models import METADATA
 from imds.services import Services
 from imds.services.identity.proxied import may_mint_through
 from imds.services.identity.tokens import forwarding
-from imds.services.render.gce import IDENTITY, TOKEN, find, gce_root, identity_claims
+from imds.services.render.gce import IDENTITY, TOKEN, find, gce_in_context, identity_claims
 from imds.services.render.gce import answer as render_answer
 from imds.web.errors import status_for
 from imds.web.replies import plain
@@ -134,7 +134,7 @@ class GceFlavor:
             raise InvalidInput.one("alt", "must be json or text")
         recursive = query.get("recursive", ["false"])[-1].lower() == "true"
         entry = await self._locator.entry(call, METADATA, needs_record=True)
-        node = find(entry.render_in_project("gce", gce_root), parts)
+        node = find(entry.render_in_context("gce", gce_in_context), parts)
         if node is None:
             raise NotFound(f"no {'/'.join(parts)!r} under /computeMetadata/v1")
         if node is TOKEN:

@@ -1,4 +1,9 @@
-"""The Equinix JSON flavor: ``/metadata`` and ``/userdata`` (also under ``/api/v1``: ``imds.web.routes``)."""
+"""The Equinix JSON flavor: ``/metadata``, ``/userdata`` and ``/notices`` (also under ``/api/v1``: ``imds.web.routes``).
+
+``/notices`` is the lifecycle notices reaching the caller (``imds.services.render.events``):
+``{"notices": [current…], "history": [canceled and completed…]}``, watchable like every
+instance document (``?wait_for_change=true``).
+"""
 
 from __future__ import annotations
 
@@ -7,6 +12,7 @@ from collections.abc import Callable
 from imds.errors import ImdsError
 from imds.models import METADATA, USERDATA, Instance
 from imds.services import Services
+from imds.services.render.events import notices_document
 from imds.services.render.json import metadata_bytes, userdata_bytes
 from imds.web.errors import error_body
 from imds.web.replies import userdata_type
@@ -31,6 +37,17 @@ class JsonFlavor:
     async def userdata(self, call: InstanceCall) -> Reply:
         """The caller's userdata, byte for byte."""
         return await self._serve(call, USERDATA, userdata_bytes, userdata_type)
+
+    async def notices(self, call: InstanceCall) -> Reply:
+        """The lifecycle notices reaching the caller (a document every instance has, even with none)."""
+        if call.scope["method"] not in READ_METHODS:
+            return _NOT_ALLOWED
+        try:
+            entry = await self._locator.entry(call)
+            body = entry.render_in_context("json/notices", lambda _instance, context: notices_document(context))
+        except ImdsError as exc:
+            return error_reply(exc)
+        return Reply(200, body, JSON)
 
     async def _serve(
         self, call: InstanceCall, kind: str, build: Callable[[Instance], bytes],

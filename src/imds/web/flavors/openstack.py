@@ -4,7 +4,10 @@ Reads answer from the catalog's per-version trees (``imds.services.render.openst
 ``meta_data.json`` gets a fresh ``random_seed`` on every request. ``POST
 /openstack/<version>/password`` (2013-04-04 and later) stores the password the instance
 posts, once: 200 with an empty body, 409 when one is already set, 400 over 1020 bytes.
-Errors are plain text (``404 - Not Found``), never JSON, never 500.
+Errors are plain text (``404 - Not Found``), never JSON, never 500. ``GET
+/openstack/latest/notices.json`` answers the lifecycle notices document of the JSON flavor's
+``/notices`` (``imds.services.render.events``): imds's own, so Nova's listings do not show it
+and a config drive does not hold it (a drive cannot follow notices).
 """
 
 from __future__ import annotations
@@ -13,8 +16,11 @@ from imds.errors import Conflict, ImdsError, InvalidInput, NotFound
 from imds.models import METADATA, USERDATA
 from imds.services import Services
 from imds.services.records.upsert import PASSWORD_MAX_BYTES
+from imds.services.render.events import notices_document
 from imds.services.render.openstack import (
     GRIZZLY,
+    LATEST,
+    NOTICES,
     PASSWORD,
     USER_DATA,
     VERSIONS,
@@ -59,6 +65,8 @@ class OpenStackFlavor:
             return plain_error(exc)
 
     async def _read(self, call: InstanceCall, version: str, rest: str) -> Reply:
+        if version == LATEST and rest.rstrip("/") == NOTICES:
+            return await self._notices(call)
         kind = USERDATA if rest == USER_DATA else METADATA
         entry = await self._locator.entry(call, kind, needs_record=True)
         root = entry.render(f"openstack/{version}", lambda found: version_dir(found, version))
@@ -73,6 +81,12 @@ class OpenStackFlavor:
         if kind == USERDATA:
             return Reply(200, body(node), entry.render("openstack/user_data:type", userdata_type))
         return Reply(200, body(node))
+
+    async def _notices(self, call: InstanceCall) -> Reply:
+        """``latest/notices.json``: the JSON flavor's notices document (not Nova's, so not listed, not on a drive)."""
+        entry = await self._locator.entry(call, METADATA, needs_record=True)
+        body = entry.render_in_context("json/notices", lambda _instance, context: notices_document(context))
+        return Reply(200, body, JSON)
 
     async def _post_password(self, call: InstanceCall) -> Reply:
         instance = (await self._locator.entry(call)).instance
