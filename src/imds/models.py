@@ -270,7 +270,7 @@ class Notice:
     It belongs to one instance, a project (every instance whose record has that ``project_id``)
     or a facility (every instance in it): ``scope`` and ``target``. ``time`` is when it takes
     effect (a maintenance window's start), ``window_end`` the end of a window. ``state`` is the
-    stored one; what guests see also follows the clock (``imds.services.notices.timeline``).
+    stored one; what guests see also follows the clock (``imds.services.render.timeline``).
     ``target_state`` is the Auto Scaling target lifecycle state of a ``lifecycle`` notice.
     ``revision`` counts the notice's writes (1 for the first).
     """

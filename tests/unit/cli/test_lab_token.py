@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from imds.cli.lab import _options
+from imds.cli.lab import _options, boot
 from imds.errors import LabError
 from imds.lab.server import remote_server
 
@@ -19,10 +19,9 @@ TOKEN_AT = 10  # the position of admin_token among imds.lab.boot.Options' fields
 
 def _token(monkeypatch: pytest.MonkeyPatch, tmp_path: Any, **flags: Any) -> Any:
     monkeypatch.setenv("HOME", str(tmp_path))
-    chosen = {"flavor": "ec2", "out": tmp_path, "hostname": "h", "marker": "m", "timeout": 1.0, "accel": "auto",
-              "identify": "forced", "url": None, "admin_token": None, "shared_secret_file": None,
-              "imdsv2": "required", "ipv6_only": False, "route": None, "ganeti_install": False, "suite": "bookworm",
-              "network_data": "static", "device_tags": False, "hotplug": False, "dhcp_gone": False} | flags
+    # every flag of ``imds lab boot`` as not given (off), then the few the options need
+    chosen = {param.name: False if getattr(param, "is_flag", False) else None for param in boot.params}
+    chosen |= {"flavor": "ec2", "out": tmp_path, "identify": "forced"} | flags
     made = _options(lambda *args, **_kw: args, chosen, None, None)
     return made[TOKEN_AT]
 

@@ -36,10 +36,10 @@ from imds.models import (
     NoticeKey,
 )
 from imds.services.catalog.catalog import Catalog
-from imds.services.notices.timeline import HISTORY, status
 from imds.services.notices.wire import FINAL, Draft, parse_notice_id, rules
 from imds.services.records.audit import DELETE, WRITE
 from imds.services.render.gce import facility_of, project_of
+from imds.services.render.timeline import HISTORY, status
 from imds.store.interface import Store
 
 _log = log.get("notices")
