@@ -284,3 +284,32 @@ def postgres_url(postgres_empty_url: str) -> str:
 
     in_thread(lambda: migrate.upgrade(postgres_empty_url))
     return postgres_empty_url
+
+
+@pytest.fixture
+def hollow_db(postgres_server: PostgresServer) -> Iterator[Callable[[int], str]]:
+    """Make a hollow database holding the first ``count`` generated instances; its URL. Dropped after the test."""
+    from hollow_data import create_hollow  # noqa: PLC0415 - the hollow tests' own data
+
+    made: list[str] = []
+
+    def make(count: int) -> str:
+        name = f"hollow_{uuid.uuid4().hex[:12]}"
+        _execute(postgres_server, f'CREATE DATABASE "{name}"')
+        made.append(name)
+
+        async def fill() -> None:
+            import asyncpg  # noqa: PLC0415 - only the PostgreSQL tests need the driver
+
+            conn = await asyncpg.connect(postgres_server.url(name))
+            try:
+                await create_hollow(conn, count)
+            finally:
+                await conn.close()
+
+        in_thread(lambda: asyncio.run(fill()))
+        return postgres_server.url(name)
+
+    yield make
+    for name in made:
+        _execute(postgres_server, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

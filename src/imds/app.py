@@ -14,6 +14,7 @@ from pathlib import Path
 
 import httpx
 from fastapi import APIRouter, FastAPI
+from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
 
 from imds import __version__, log
@@ -57,9 +58,10 @@ from imds.web.admin.projects import projects_router
 from imds.web.admin.push import admin_router
 from imds.web.admin.records import records_admin_router
 from imds.web.admin.refresh import refresh_router
+from imds.web.admin.scopes import gate
 from imds.web.admin.ui import ui_router
 from imds.web.bounded import Bounded
-from imds.web.errors import handle_http_error, handle_imds_error, handle_unexpected
+from imds.web.errors import handle_http_error, handle_imds_error, handle_invalid_parameters, handle_unexpected
 from imds.web.instance import InstanceFront
 from imds.web.ops import ops_router
 from imds.web.routes import API_V1, aliased
@@ -90,11 +92,12 @@ def build_app(
         version=__version__,
         lifespan=lifespan,
         exception_handlers={ImdsError: handle_imds_error, HTTPException: handle_http_error,
-                            Exception: handle_unexpected},
+                            RequestValidationError: handle_invalid_parameters, Exception: handle_unexpected},
         openapi_url=None,  # served by ops_router, behind a token (read or metrics scope)
         docs_url=None,  # imds.web.admin.docs serves /docs with local assets (no CDN)
         redoc_url=None,
         redirect_slashes=False,  # a 307 to http://<Host header>/… would be an open redirect: 404 as hollow
+        dependencies=[gate(services)],  # every route's scopes (web/admin/scopes.py), before its parameters
     )
     routers: list[APIRouter] = [admin_router(services), refresh_router(services), openstack_admin_router(services),
                                   records_admin_router(services)]
@@ -108,15 +111,16 @@ def build_app(
     mounted += [(ops_router(services, admin.openapi), False),
                 (docs_router(title=admin.title, openapi_url="/openapi.json"), False),
                 (channel_admin_router(services), False)]  # the host's side of the instance<->host channel
-    admin_paths: list[str] = []  # every admin path, aliases included: the front's metric groups
+    admin_routes: list[tuple[str, str]] = []  # (method, path) of every admin route, aliases included
     for router, versioned in mounted:
         admin.include_router(router)
-        paths = [str(getattr(route, "path", "")) for route in router.routes]
+        declared = [(method, str(getattr(route, "path", ""))) for route in router.routes
+                    for method in getattr(route, "methods", None) or ()]
         if versioned:
             admin.include_router(router, prefix=API_V1, include_in_schema=False)
-            paths = [alias for path in paths for alias in aliased(path)]
-        admin_paths += paths
-    return InstanceFront(services, admin, admin_paths=admin_paths)
+            declared = [(method, alias) for method, path in declared for alias in aliased(path)]
+        admin_routes += declared
+    return InstanceFront(services, admin, admin_routes=admin_routes)
 
 
 def build_served_app(settings: Settings) -> Bounded:

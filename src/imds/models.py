@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -48,6 +49,16 @@ def stored_network(text: str) -> Network:
         return ipaddress.IPv6Network(text) if v6 else ipaddress.IPv4Network(text)
     except ValueError:  # host bits set: stored as sent
         return SpelledIPv6Network(text) if v6 else SpelledIPv4Network(text)
+
+
+@functools.lru_cache(maxsize=4096)  # a batch names each address a few times
+def network_key(network: Network) -> str:
+    """The network an address names, however it is spelled (``10.70.17.8/31`` for ``10.70.17.9/31``).
+
+    Two addresses with one key are one address: one instance holds it. Memoised (a spelled
+    network equals and hashes as the network it names, so both spellings share one entry).
+    """
+    return f"{network.network_address}/{network.prefixlen}"
 
 
 def covered(network: Network) -> str | None:

@@ -21,7 +21,7 @@ from imds.errors import ConfigError
 from imds.models import JsonObject
 
 _ACTION = re.compile(r"\{\{(.*?)\}\}", re.DOTALL)
-_REFERENCE = re.compile(r"^\s*\.([A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*)\s*$")
+_REFERENCE = re.compile(r"\s*\.([A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*)\s*")  # fullmatch
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,7 @@ def compile_template(key: str, source: str) -> Template:
     parts: list[str | tuple[str, ...]] = []
     position = 0
     for match in _ACTION.finditer(source):
-        reference = _REFERENCE.match(match.group(1))
+        reference = _REFERENCE.fullmatch(match.group(1))
         if reference is None:
             msg = f"template for {key}: only {{{{.field}}}} references are supported, got {match.group(0)!r}"
             raise ConfigError(msg)

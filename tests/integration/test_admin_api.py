@@ -34,7 +34,12 @@ async def guest_get(app: InstanceFront, ip: str, path: str) -> httpx.Response:
 
 
 def applied_body(instance_id: str, ips: list[str], moved=None, dropped=None) -> dict[str, Any]:
-    return {"id": instance_id, "applied": True, "ipAddresses": ips, "moved": moved or {}, "dropped": dropped or []}
+    """The answer to an applied write; each moved address is also a warning (a move is never silent)."""
+    body = {"id": instance_id, "applied": True, "ipAddresses": ips, "moved": moved or {}, "dropped": dropped or []}
+    if moved:
+        body["warnings"] = [f"ipAddresses: {ip} moved here from instance {holder} (an address has one holder: "
+                            "the last write wins)" for ip, holder in moved.items()]
+    return body
 
 
 def errors_of(response: httpx.Response) -> dict[str, str]:

@@ -10,22 +10,21 @@ exactly that: taken and stored as sent, or refused with the reason, one line per
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
 import re
 import subprocess
 import tempfile
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from hollow_data import HollowInstance, create_hollow, instance
+from hollow_data import HollowInstance, instance
 from imds.errors import InvalidInput
 from imds.services.records.wire import parse_metadata_write
-from postgres_server import PostgresServer, _execute, in_thread
+from postgres_server import PostgresServer
 from serve_process import IMDS, clean_env, free_port
 
 pytestmark = pytest.mark.postgres
@@ -48,33 +47,6 @@ def interface_notation_taken() -> bool:
     except InvalidInput:
         return False
     return True
-
-
-@pytest.fixture
-def hollow_db(postgres_server: PostgresServer) -> Iterator[Callable[[int], str]]:
-    """Make a hollow database holding the first ``count`` generated instances; its URL. Dropped after the test."""
-    made: list[str] = []
-
-    def make(count: int) -> str:
-        name = f"hollow_{uuid.uuid4().hex[:12]}"
-        _execute(postgres_server, f'CREATE DATABASE "{name}"')
-        made.append(name)
-
-        async def fill() -> None:
-            import asyncpg  # noqa: PLC0415 - only the PostgreSQL tests need the driver
-
-            conn = await asyncpg.connect(postgres_server.url(name))
-            try:
-                await create_hollow(conn, count)
-            finally:
-                await conn.close()
-
-        in_thread(lambda: asyncio.run(fill()))
-        return postgres_server.url(name)
-
-    yield make
-    for name in made:
-        _execute(postgres_server, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 def expect_stored(record: dict, generated: HollowInstance) -> None:

@@ -7,46 +7,20 @@ import contextlib
 import json
 import socket
 import stat
-import uuid
+import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from helpers import client_from, make_settings, running_app
+from helpers import client_from, make_settings, running_app, wait_for_async
 from imds.errors import ConfigError
+from imds.metad import luxi
 from imds.metad.luxi import EOM, bind, serving
+from luxi_client import IP, call, instance, update
 
 pytestmark = pytest.mark.anyio
-IP = "192.0.2.50"
-
-
-def instance(ip: str = IP, **changes: Any) -> dict[str, Any]:
-    """A Ganeti instance as its node daemon sends it (ToDict plus private and secret parameters)."""
-    base: dict[str, Any] = {
-        "name": "vm1.example.com", "uuid": str(uuid.uuid4()), "os": "debootstrap+default",
-        "nics": [{"name": "eth0", "ip": "198.51.100.7"}, {"name": "ganeti:communication:x", "ip": ip}],
-        "osparams": {"dhcp": "yes"}, "osparams_private": {"root-hash": "private-value"},
-        "osparams_secret": {"root-password": "secret-value"},
-    }
-    return {**base, **changes}
-
-
-async def call(path: Path, message: bytes) -> Any:
-    """Send one framed message and decode the framed answer."""
-    reader, writer = await asyncio.open_unix_connection(str(path))
-    try:
-        writer.write(message + EOM)
-        await writer.drain()
-        return json.loads((await reader.readuntil(EOM))[:-1])
-    finally:
-        writer.close()
-
-
-async def update(path: Path, body: Any) -> Any:
-    """``updateConfig(body)``."""
-    return await call(path, json.dumps({"method": "updateConfig", "args": [body]}).encode())
 
 
 @pytest.fixture
@@ -198,3 +172,31 @@ async def test_another_replica_serves_it_through_the_store(tmp_path, sqlite_url)
         assert (await parameters(a))[1]["root-password"] == ["secret-value", "secret"]
         await b.services.catalog.catch_up()  # what B's feed follower does on its next poll
         assert await parameters(b) == (200, {"dhcp": ["yes", "public"], "root-hash": ["private-value", "private"]})
+
+
+async def test_a_push_being_parsed_never_holds_the_event_loop(metad, monkeypatch):
+    """A push's JSON is parsed in a worker thread: while one is held mid-parse, HTTP is still answered.
+
+    No timing: the parse waits for the test to release it. Were it parsed on the event loop,
+    the loop could not run the test on until the parse gave up waiting (its timeout), and the
+    parse would record that it was never released.
+    """
+    app, path = metad
+    entered, release = threading.Event(), threading.Event()
+    released: list[bool] = []
+    parse = luxi.loads_strict
+
+    def held(raw: bytes, field: str = "body") -> Any:
+        entered.set()
+        released.append(release.wait(timeout=30))
+        return parse(raw, field)
+
+    monkeypatch.setattr(luxi, "loads_strict", held)
+    push = asyncio.create_task(update(path, instance()))
+    await wait_for_async(entered.is_set, what="the push's parse to start")
+    async with client_from(app) as client:
+        assert (await client.get("/healthz")).status_code == 200
+        assert (await client.get("/metadata")).status_code == 404  # an instance read, while the parse is held
+    release.set()
+    assert await push == {"success": True, "result": []}
+    assert released == [True]

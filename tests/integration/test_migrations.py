@@ -19,7 +19,7 @@ IMDS = Path(sys.executable).with_name("imds")
 TABLES = {"instances", "instance_metadata", "instance_userdata", "instance_ip_addresses", "changes", "feed_head",
           "instance_passwords", "instance_os", "instance_events", "instance_messages", "audit_log",
           "project_attributes", "notices", "notice_acks"}
-HEAD = "0007"
+HEAD = "0008"
 NOT_MIGRATED = "(none: the database is not migrated)"
 
 

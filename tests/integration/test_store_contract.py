@@ -16,7 +16,15 @@ import pytest
 from factories import new_id
 from imds.errors import InvalidInput, RecordNotFound
 from imds.metrics import Metrics
-from imds.models import METADATA, USERDATA, MetadataWrite, Network, UserdataWrite
+from imds.models import (
+    METADATA,
+    USERDATA,
+    MetadataWrite,
+    Network,
+    SpelledIPv4Network,
+    SpelledIPv6Network,
+    UserdataWrite,
+)
 from imds.services.catalog.catalog import Catalog
 from imds.services.catalog.entry import Entry, RenderCache
 from imds.services.records.upsert import Records
@@ -203,6 +211,32 @@ async def test_replace_addresses_reports_each_previous_holder(store: Store) -> N
         net("10.7.0.3/32"): b,
         net("10.7.0.4/32"): c,
     }
+
+
+async def test_another_spelling_of_a_held_network_moves_it(store: Store) -> None:
+    """10.70.17.9/31 and 10.70.17.8/31 are one network: the later write takes it, whatever the spelling.
+
+    SQL rows are keyed by the address as sent, so both spellings stayed, each instance holding
+    "its" network, and which one a replica served depended on its load order.
+    """
+    a, b, c = new_id(), new_id(), new_id()
+    await put(store, a, (SpelledIPv4Network("10.70.17.9/31"), net("10.70.18.1/32")), metadata={})
+    moved, _ = await put(store, b, nets("10.70.17.8/31"), metadata={})
+    assert moved == {net("10.70.17.8/31"): a}
+    await put(store, c, (SpelledIPv6Network("2604:1380:4641:1f00::9/127"),), metadata={})
+    moved, _ = await put(store, a, (SpelledIPv4Network("10.70.17.9/31"), net("10.70.18.1/32"),
+                                    SpelledIPv6Network("2604:1380:4641:1f00::8/127")), metadata={})
+    assert moved == {net("10.70.17.8/31"): b, net("2604:1380:4641:1f00::8/127"): c}
+    held = await holders(store)  # asserts no network is held twice
+    assert held == {net("10.70.17.8/31"): a, net("10.70.18.1/32"): a, net("2604:1380:4641:1f00::8/127"): a}
+    found = await store.get(a)
+    assert found is not None
+    assert sorted(str(address) for address in found.addresses) == [
+        "10.70.17.9/31", "10.70.18.1/32", "2604:1380:4641:1f00::8/127"]  # kept as sent
+    for loser in (b, c):
+        instance = await store.get(loser)
+        assert instance is not None
+        assert instance.addresses == ()
 
 
 async def test_replacing_with_own_addresses_moves_nothing(store: Store) -> None:

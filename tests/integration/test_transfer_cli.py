@@ -140,7 +140,10 @@ def test_plain_progress_lines_when_not_on_a_terminal(tmp_path, data, fleet):
 
 
 def test_import_and_export_against_a_live_server(tmp_path, fleet):
-    """--url: batches go to POST /device-records; the server serves them at once; a re-run is unchanged."""
+    """--url: batches go to POST /device-records; the server serves them at once; a re-run is unchanged.
+
+    More than one batch is more than one transaction on the server: refused without --partial.
+    """
     with serving(tmp_path, "--data-dir", str(tmp_path / "served")) as server:
         env = {"IMDS_ADMIN_TOKEN": ADMIN_TOKEN}
         first = imds("import", "-", "--url", server.url, stdin=jsonl(fleet), **env)
@@ -156,6 +159,16 @@ def test_import_and_export_against_a_live_server(tmp_path, fleet):
         assert remote.returncode == 0, remote.stderr
         assert remote.stdout == local.stdout
         assert len(remote.stdout.splitlines()) == 3
+        many = [upsert(new_id(), next_ipv4(), metadata={"hostname": f"n{n}"}) for n in range(3)]
+        refused = imds("import", "-", "--url", server.url, "--batch-size", "2", stdin=jsonl(many), **env)
+        assert refused.returncode == 2  # two requests, two transactions: only with --partial
+        assert "give --partial" in refused.stderr
+        with httpx.Client(timeout=10) as client:
+            absent = client.get(f"{server.url}/device-metadata/{many[0]['id']}", headers=server.admin_headers)
+        assert absent.status_code == 404
+        partial = imds("import", "-", "--url", server.url, "--batch-size", "2", "--partial", stdin=jsonl(many),
+                       **env)
+        assert partial.stdout.startswith("3 created"), (partial.stdout, partial.stderr)
 
 
 @pytest.mark.parametrize("command", ["import", "export"])
@@ -165,7 +178,7 @@ def test_help(command, tmp_path):
     assert result.returncode == 0, result.stderr
     for flag in ("--db", "--data-dir", "--url", "--token"):
         assert flag in result.stdout
-    for flag in {"import": ("--dry-run", "--strict", "--batch-size"), "export": ("--format",)}[command]:
+    for flag in {"import": ("--dry-run", "--strict", "--batch-size", "--partial"), "export": ("--format",)}[command]:
         assert flag in result.stdout
 
 

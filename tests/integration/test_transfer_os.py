@@ -147,6 +147,8 @@ def test_private_values_need_an_os_read_scope_and_os_items_an_os_write_scope(tmp
          "scopes": ["metadata:read:metadata", "metadata:read:userdata",
                     "metadata:create:metadata", "metadata:create:userdata",
                     "metadata:update:metadata", "metadata:update:userdata"]},
+        {"subject": "os-reader", "token": "os-reader-token-0123456789abcdef",
+         "scopes": ["metadata:read:metadata", "metadata:read:userdata", "metadata:read:os"]},
     ]}))
     items = _items()
     with serving(tmp_path, "--data-dir", str(tmp_path / "served"), "--admin-tokens-file", str(tokens)) as server:
@@ -160,6 +162,10 @@ def test_private_values_need_an_os_read_scope_and_os_items_an_os_write_scope(tmp
             private = client.get(f"{server.url}/device-records", headers=headers)
             assert private.status_code == 403
             assert "metadata:read:os" in private.json()["message"]
+            public = client.get(f"{server.url}/device-records", params={"private": "false"}, headers=headers)
+            assert public.status_code == 403  # the OS record's public values are an os read too
+            assert "metadata:read:os" in public.json()["message"]
+            headers = {"Authorization": "Bearer os-reader-token-0123456789abcdef"}
             public = client.get(f"{server.url}/device-records", params={"private": "false"}, headers=headers)
             assert public.status_code == 200
             assert '"os":' in public.text

@@ -54,7 +54,7 @@ from urllib.parse import urlsplit
 from imds.errors import ConfigError
 from imds.services.identity.tokens import FORWARDING_HEADERS, FORWARDING_PREFIX, TOKEN_PATH_PATTERN
 
-_TOKEN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$")
+_TOKEN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}")  # fullmatch: a newline would start a config line
 READY_TIMEOUT = 15.0
 # imds serve's answer to a token PUT through a proxy (Refused, as imds.web.errors maps it).
 TOKEN_REFUSED = (403, "text/plain; charset=utf-8", "403 - Forbidden")
@@ -66,7 +66,7 @@ SERVER_TIMEOUT = 30  # seconds serve may take to answer an ordinary request; a w
 
 def safe_token(value: str) -> bool:
     """Whether ``value`` may appear in the config unquoted (ids and tenants from OVSDB are checked)."""
-    return bool(_TOKEN.match(value))
+    return _TOKEN.fullmatch(value) is not None
 
 
 @dataclass(frozen=True)

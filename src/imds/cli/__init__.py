@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from imds import __version__
-from imds.cli import records, transfer
+from imds.cli import export, records, transfer
 from imds.cli.agent import agent
 from imds.cli.config_cmd import config
 from imds.cli.configdrive import configdrive
@@ -46,7 +46,7 @@ cli.add_command(records.get)
 cli.add_command(records.list_)
 cli.add_command(records.delete)
 cli.add_command(transfer.import_)
-cli.add_command(transfer.export)
+cli.add_command(export.export)
 cli.add_command(agent)
 cli.add_command(proxy)
 cli.add_command(host_key_command)  # imds host-key HOST

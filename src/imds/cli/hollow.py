@@ -18,7 +18,8 @@ from typing import Any
 import click
 
 from imds.errors import ImdsError
-from imds.services.transfer.hollow_source import HollowSource
+from imds.services.records.limits import Limits
+from imds.services.transfer.hollow_source import HollowSource, preload
 from imds.services.transfer.source import Raw
 
 AHEAD = 4  # pages read ahead of the writes at most (memory stays bounded by the page size)
@@ -32,8 +33,8 @@ class _Done:
 class HollowObjects:
     """Every hollow instance as ``(label, upsert object)``; ``total`` is known once started, ``read`` grows."""
 
-    def __init__(self, dsn: str, *, page_size: int) -> None:
-        self._dsn, self._page_size = dsn, page_size
+    def __init__(self, dsn: str, *, page_size: int, limits: Limits) -> None:
+        self._dsn, self._page_size, self._limits = dsn, page_size, limits
         self._pages: queue.Queue[Any] = queue.Queue(maxsize=AHEAD)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -42,6 +43,7 @@ class HollowObjects:
 
     def start(self) -> int:
         """Connect and count; the instance count, or a ClickException naming the database and the cause."""
+        preload()  # the reader thread must import nothing (see hollow_source.preload)
         self._thread = threading.Thread(target=self._work, name="imds-hollow-reader", daemon=True)
         self._thread.start()
         first = self._next()
@@ -88,7 +90,7 @@ class HollowObjects:
     async def _read(self) -> None:
         async with HollowSource(self._dsn) as source:
             self._put(await source.count())
-            async for page in source.pages(self._page_size):
+            async for page in source.pages(self._page_size, self._limits):
                 self.read += len(page)
                 if not self._put(page):
                     return
@@ -114,17 +116,17 @@ class HollowItems:
     checking pass, which looks for ids given twice, runs only for ``--strict``.
     """
 
-    def __init__(self, dsn: str, *, page_size: int) -> None:
-        self._dsn, self._page_size = dsn, page_size
+    def __init__(self, dsn: str, *, page_size: int, limits: Limits) -> None:
+        self._dsn, self._page_size, self._limits = dsn, page_size, limits
         self._current: HollowObjects | None = None
-        self._reader: HollowObjects | None = HollowObjects(dsn, page_size=page_size)
+        self._reader: HollowObjects | None = HollowObjects(dsn, page_size=page_size, limits=limits)
         self.total = self._reader.start()
 
     def items(self) -> Iterator[Raw]:
         """Every instance as a Raw item labelled ``instance N`` (its ``line`` is N)."""
         reader = self._reader
         if reader is None:
-            reader = HollowObjects(self._dsn, page_size=self._page_size)
+            reader = HollowObjects(self._dsn, page_size=self._page_size, limits=self._limits)
             reader.start()
         self._current, self._reader = reader, None
         return (Raw(label, number, obj) for number, (label, obj) in enumerate(reader, 1))

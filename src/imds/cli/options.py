@@ -42,15 +42,20 @@ def settings_options(
 ) -> Callable[[Any], Any]:
     """Add ``--config`` and the flags for ``names`` (all options of ``table`` when None) to a click command.
 
+    An option the command already has (from another call of this decorator) is not added twice.
+
     ``hollow``: also hollow-metadataservice's flags spelled unlike imds's, hidden (``imds.config.hollow``).
     """
     chosen = [CONFIG_OPTION, *(o for o in table if names is None or o.name in names)]
 
     def apply(command: Any) -> Any:
+        # Options another decorator of this command already added (``--config`` from two tables) are added once.
+        present = {param.name for param in getattr(command, "__click_params__", ())}
         for name in ALIASED if hollow else ():
             command = _hollow_decorator(name)(command)
         for option in reversed(chosen):
-            command = _decorator(option)(command)
+            if option.name not in present:
+                command = _decorator(option)(command)
         return command
 
     return apply

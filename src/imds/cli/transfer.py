@@ -1,12 +1,17 @@
-"""``imds import`` and ``imds export``: whole fleets in the upsert wire format, on the database or a server.
+"""``imds import``: whole fleets in the upsert wire format, into the database or a server.
 
 Input: JSON lines, a JSON array (read one element at a time), or a directory of per-instance
 ``*.json`` files, each object one instance (``id``, ``ipAddresses``, ``metadata`` and/or
 ``userdata``, as ``imds export`` writes and ``POST /device-metadata`` / ``/device-userdata``
 take), held to the admin API's limits. The source is read twice: first to check that it can
 be read at all (UTF-8, parseable: otherwise nothing is written) and to find ids given twice
-(a warning naming both lines; ``--strict`` rejects the file), then to write. Items go in
-batches, each one transaction (``imds.services.transfer.bulk``); an item that would change nothing
+(a warning naming both lines; ``--strict`` rejects the file), then to write. An item longer
+than the row cap (16 x ``--max-body-bytes``) is rejected by its size, unread, so memory is
+bounded by the cap, not by the data. Items go in batches (``imds.services.transfer.bulk``), all
+in one transaction on the database: a database error leaves nothing written. ``--partial``
+commits each batch as it goes instead (other writers then interleave; a failure can leave
+earlier batches written); with ``--url`` each batch is one request, so more than one batch
+needs ``--partial``. An item that would change nothing
 is ``unchanged`` and not written, so a re-run reports everything unchanged. Progress goes to
 stderr (a bar on a terminal, a line every few seconds otherwise); the summary and every
 rejected item (with its line and reason) go to stdout; warnings (an id twice, an address with
@@ -20,16 +25,15 @@ first write, as ``imds serve`` does at start-up (``IMDS_MIGRATE=false`` turns th
 
 from __future__ import annotations
 
-import contextlib
+import codecs
 import json
-import os
 import shutil
 import sys
 import tempfile
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, TextIO
+from typing import IO, TYPE_CHECKING, Any
 
 import click
 
@@ -38,24 +42,29 @@ from imds.cli.progress import Progress
 from imds.cli.records import SUBJECT, Target, target_options
 from imds.config import OPTIONS
 from imds.config.database import DatabaseUrlError, parse_source
-from imds.errors import InvalidInput
-from imds.services.records.limits import Limits
+from imds.errors import InvalidInput, StoreUnavailable
+from imds.services.records.limits import Limits, max_item_bytes
 from imds.services.records.wire import NoteKind
-from imds.services.transfer.bulk import OUTCOMES, Item, Result, item_notes, parse_item, rejected
-from imds.services.transfer.source import Raw, UnreadableInput, read_path, read_stream
+from imds.services.transfer.bulk import OUTCOMES, Block, Item, Result, item_notes, parse_item, rejected
+from imds.services.transfer.source import CHUNK, Raw, UnreadableInput, read_path, read_stream
 
 if TYPE_CHECKING:
     from imds.cli.hollow import HollowItems
+    from imds.services.offline import OfflineRecords
 
 BATCH_BYTES = 512 * 1024  # per POST /device-records, under the default --max-body-bytes (1 MiB)
+BATCHES_NEED_PARTIAL = ("more than one batch goes to the server as requests, each its own transaction: give "
+                        "--partial to accept that a failure may leave earlier ones written (or import on the "
+                        "database with --db / --data-dir, in one transaction)")
 SHOWN_NOTES = 20  # warning lines of one kind shown before they are only counted
 
 
 class Source:
     """An import source that can be read more than once (stdin is spooled to a temporary file first)."""
 
-    def __init__(self, source: str) -> None:
+    def __init__(self, source: str, max_item_bytes: int) -> None:
         self._path = None if source == "-" else Path(source)
+        self._cap = max_item_bytes
         self._spool: IO[bytes] | None = None
         if self._path is None:
             self._spool = tempfile.SpooledTemporaryFile(max_size=8 * 1024 * 1024)  # noqa: SIM115 - closed in close()
@@ -64,10 +73,28 @@ class Source:
     def items(self) -> Iterator[Raw]:
         """The source's items from the start (see ``imds.services.transfer.source``)."""
         if self._path is not None:
-            return read_path(self._path)
+            return read_path(self._path, self._cap)
         assert self._spool is not None  # noqa: S101 - set for stdin
         self._spool.seek(0)
-        return read_stream(self._spool)
+        return read_stream(self._spool, self._cap)
+
+    def count(self) -> int | None:
+        """How many items a file or directory holds, without parsing them (None: stdin, or a JSON array)."""
+        if self._path is None:
+            return None
+        if self._path.is_dir():
+            return sum(1 for _ in self._path.glob("*.json"))
+        lines, last = 0, b"\n"
+        with self._path.open("rb") as stream:  # a chunk at a time: a line over the row cap is never held
+            head = stream.read(CHUNK)
+            if head.removeprefix(codecs.BOM_UTF8).lstrip(b" \t\r\n").startswith(b"["):
+                return None
+            chunk = head
+            while chunk:
+                lines += chunk.count(b"\n") - chunk.count(b"\n\n")  # blank lines are no items
+                last = chunk[-1:]
+                chunk = stream.read(CHUNK)
+        return lines + (last != b"\n")
 
     def close(self) -> None:
         """Drop the spooled copy of stdin."""
@@ -75,25 +102,45 @@ class Source:
             self._spool.close()
 
 
+class Twice:
+    """Ids given twice: where each id was first seen, without its document (one small entry per item)."""
+
+    def __init__(self) -> None:
+        self._first: dict[str, Raw] = {}
+
+    def see(self, raw: Raw) -> tuple[str, Raw, Raw] | None:
+        """(id, where first, here) when ``raw``'s id was seen before; else None."""
+        instance_id = raw.value.get("id") if isinstance(raw.value, dict) else None
+        if not isinstance(instance_id, str):
+            return None
+        here = Raw(raw.label, raw.line, None)
+        seen = self._first.setdefault(instance_id.lower(), here)
+        return (instance_id.lower(), seen, here) if seen.label != raw.label else None
+
+
+def say_twice(instance_id: str, seen: Raw, again: Raw, *, strict: bool) -> None:
+    """The warning for an id given twice."""
+    click.echo(f"warning: instance {instance_id} is given twice: {seen.where} and {again.where}"
+               + (" (--strict: the file is rejected)" if strict else " (the later one wins)"), err=True)
+
+
 class Survey:
     """The first pass over a source: how many items, the ids given twice, and (``--strict``) every rejection."""
 
-    def __init__(self, raws: Iterator[Raw], parse: Callable[[Raw], Item], *, strict: bool) -> None:
+    def __init__(self, raws: Iterator[Raw], parse: Callable[[Raw], Item], *, strict: bool, weigh: bool) -> None:
         self.count = 0
+        self.weight = 0  # bytes of the items as JSON (``weigh``: an import over --url without --partial)
         self.twice: list[tuple[str, Raw, Raw]] = []
         self.rejections: list[Result] = []
-        first: dict[str, Raw] = {}
+        twice = Twice()
         for raw in raws:  # UnreadableInput goes up: the import stops before writing anything
             self.count += 1
-            instance_id = raw.value.get("id") if isinstance(raw.value, dict) else None
-            if isinstance(instance_id, str):
-                # Where each id was first seen, without its document: a survey's memory is one
-                # small entry per item, not the source (the documents are read again to write).
-                seen = first.setdefault(instance_id.lower(), Raw(raw.label, raw.line, None))
-                if seen.label != raw.label:
-                    self.twice.append((instance_id.lower(), seen, Raw(raw.label, raw.line, None)))
+            if (found := twice.see(raw)) is not None:
+                self.twice.append(found)
             if strict:
                 self._check(raw, parse)
+            if weigh and not isinstance(raw.value, InvalidInput):
+                self.weight += len(json.dumps(raw.value))
         if strict:
             self.rejections += [Result(again.label, instance_id, "rejected",
                                        f"id: the same id as {seen.where} (--strict: each id once)")
@@ -121,6 +168,12 @@ class Notes:
         if self._counts[kind] <= SHOWN_NOTES:
             click.echo(f"warning: {text}", err=True)
 
+    def written(self, results: list[Result]) -> None:
+        """What the writes said: each address taken from another instance (never silent)."""
+        for result in results:
+            for text in result.warnings:
+                self.say(NoteKind.MOVED, f"{result.label} ({result.id}): {text}")
+
     def close(self) -> None:
         """How many of each kind were not shown."""
         for kind, count in sorted(self._counts.items()):
@@ -128,13 +181,19 @@ class Notes:
                 click.echo(f"warning: … and {count - SHOWN_NOTES} more {kind} warnings", err=True)
 
 
-def _batches(
+def _batches(  # noqa: PLR0913 - the pieces of one import
     raws: Iterator[Raw], size: int, rejections: list[Result], parse: Callable[[Raw], Item],
-    notes: Callable[[Item], None],
+    notes: Callable[[Item], None], *, remote: bool, twice: Twice | None,
 ) -> Iterator[list[Item]]:
+    """Parsed items in batches of ``size``, or fewer when their text reaches BATCH_BYTES (as JSON, for --url).
+
+    ``twice``: no survey came first (one pass), so ids given twice are said as they are met.
+    """
     batch: list[Item] = []
     weight = 0
     for raw in raws:
+        if twice is not None and (found := twice.see(raw)) is not None:
+            say_twice(*found, strict=False)
         if isinstance(raw.value, InvalidInput):
             rejections.append(rejected(raw.label, None, raw.value))
             continue
@@ -145,7 +204,7 @@ def _batches(
             continue
         notes(item)
         batch.append(item)
-        weight += len(json.dumps(raw.value))
+        weight += len(json.dumps(raw.value)) if remote or not raw.size else raw.size
         if len(batch) >= size or weight >= BATCH_BYTES:
             yield batch
             batch, weight = [], 0
@@ -156,8 +215,8 @@ def _batches(
 def _remote_batch(target: Target, items: list[Item], objects: list[Any], *, dry_run: bool) -> list[Result]:
     assert target.remote is not None  # noqa: S101 - only called for --url
     answer = target.remote.send_json("POST", f"/device-records?dry_run={str(dry_run).lower()}", objects)
-    return [Result(item.label, item.id, r["outcome"], r.get("reason")) for item, r in zip(items, answer["results"],
-                                                                                        strict=True)]
+    return [Result(item.label, item.id, r["outcome"], r.get("reason"), tuple(r.get("warnings", ())))
+            for item, r in zip(items, answer["results"], strict=True)]
 
 
 def _hollow_dsn(_ctx: click.Context, _param: click.Parameter, dsn: str | None) -> str | None:
@@ -173,7 +232,8 @@ def _hollow_dsn(_ctx: click.Context, _param: click.Parameter, dsn: str | None) -
 @click.command(name="import")
 @click.argument("source", required=False, type=click.Path(allow_dash=True, exists=False))
 @target_options
-@settings_options(("strict_records", "max_body_bytes"), table=tuple(o for o in OPTIONS if o.group == "limits"))
+@settings_options(("strict_records", "max_body_bytes", "allow_wide_prefixes"),
+                  table=tuple(o for o in OPTIONS if o.group == "limits"))
 @click.option("--from-hollow", "hollow", metavar="DSN", default=None, callback=_hollow_dsn,
               help="Read a hollow-metadataservice database (postgresql://USER@HOST:PORT/DB, the forms --db takes) "
                    "instead of SOURCE; its password from PGPASSWORD or ~/.pgpass (flags show in ps).")
@@ -181,41 +241,55 @@ def _hollow_dsn(_ctx: click.Context, _param: click.Parameter, dsn: str | None) -
 @click.option("--strict", is_flag=True,
               help="Check every item first; write nothing if any is rejected or an id is given twice.")
 @click.option("--batch-size", type=click.IntRange(1, 10000), default=1000, show_default=True,
-              help="Items per transaction.")
+              help="Items per batch (per request with --url).")
+@click.option("--partial", is_flag=True,
+              help="Commit each batch as it goes: a failure may leave earlier batches written "
+                   "(default: one transaction, nothing written on a failure).")
 @click.option("--progress-interval", type=float, default=5.0, show_default=True, hidden=True,
               help="Seconds between plain progress lines when stderr is not a terminal.")
 def import_(  # noqa: PLR0913, PLR0917 - click passes every option
-    source: str | None, hollow: str | None, dry_run: bool, strict: bool, batch_size: int, progress_interval: float,
-    **flags: Any,
+    source: str | None, hollow: str | None, dry_run: bool, strict: bool, batch_size: int, partial: bool,
+    progress_interval: float, **flags: Any,
 ) -> None:
     """Create or replace instances from SOURCE: a JSON-lines file, a JSON array, a directory of *.json, or -.
 
-    The whole source is read once before anything is written: input that is not UTF-8 or
-    that the JSON parser cannot take stops the import (naming the line) with nothing written,
-    and an id given twice is reported (the later item wins; --strict rejects the file). Items
-    are held to the admin API's limits (--max-body-bytes, --strict-records ...).
+    The whole source is read once before anything is written. Input that cannot be read at
+    all (not UTF-8, nested too deeply, a JSON array that does not parse) stops the import,
+    naming the line, and nothing is written. A line that is not valid JSON is rejected like
+    any other bad item (named, with its reason) and the other items are written, unless
+    --strict. An item longer than 16 x --max-body-bytes is rejected unread. An id given
+    twice is reported (the later item wins; --strict rejects the file). Items are held to
+    the admin API's limits (--max-body-bytes, --strict-records ...).
+
+    The import is one transaction: a database error leaves nothing written (other writers
+    wait until it commits). --partial commits each batch as it goes instead, so a failure
+    may leave earlier batches written. With --url each batch is one request: more than one
+    batch needs --partial.
 
     Or from a hollow-metadataservice database with --from-hollow DSN (and no SOURCE).
     """
-    if (source is None) == (hollow is None):
-        raise click.UsageError("give SOURCE or --from-hollow DSN (one of them)")
-    if source is not None and source != "-" and not Path(source).exists():
-        raise click.BadParameter(f"{source} does not exist", param_hint="SOURCE")
+    _given(source, hollow)
     rejections: list[Result] = []
     results: list[Result] = []
     with Target(flags) as target:
         limits = Limits.of(target.settings.limits)
         os_bytes = target.settings.ganeti.os_param_max_bytes
+        one_request = target.remote is not None and not partial and not dry_run
+        if one_request and hollow is not None:
+            raise click.UsageError(f"--from-hollow --url: {BATCHES_NEED_PARTIAL}")
 
         def parse(raw: Raw) -> Item:
             return parse_item(raw.value, label=raw.label, max_os_value_bytes=os_bytes, limits=limits)
 
-        opened = _open(source, hollow, batch_size)
-        try:  # hollow's ids are unique: its items are checked first only for --strict
-            survey = _survey(opened, parse, strict=strict) if hollow is None or strict else None
-            if strict and survey is not None and survey.rejections:
-                _report([], survey.rejections, dry_run=True, strict=True)
-                raise SystemExit(1)
+        opened = _open(source, hollow, batch_size, limits)
+        # One transaction on the database: input found unreadable half-way is rolled back with the
+        # rest, so a file is read once. Batches that commit apart (--partial, --url) or --strict
+        # check it whole first. hollow's ids are unique: it is checked first only for --strict.
+        first = strict or (hollow is None and (partial or target.remote is not None))
+        try:
+            survey = _survey(opened, parse, strict=strict, weigh=one_request) if first else None
+            if survey is not None:
+                _check(survey, strict=strict, one_request=one_request, batch_size=batch_size)
             if not dry_run:
                 target.migrate()
             notes = Notes()
@@ -226,13 +300,16 @@ def import_(  # noqa: PLR0913, PLR0917 - click passes every option
                     notes.say(found.kind, f"{item.label} ({item.id}): {found.text}")
 
             if isinstance(opened, Source):
-                total, read = (survey.count if survey is not None and source != "-" else None), None
+                total, read = (survey.count if survey is not None and source != "-" else opened.count()), None
             else:
                 total, read = opened.total, opened.read
             progress = Progress(total, interval=progress_interval, read=read)
             try:
-                results = _run(target, _batches(opened.items(), batch_size, rejections, parse, note), rejections,
-                               progress, dry_run=dry_run)
+                twice = Twice() if survey is None and hollow is None else None
+                batches = _batches(opened.items(), batch_size, rejections, parse, note, remote=not offline,
+                                   twice=twice)
+                results = _run(target, batches, rejections, progress, dry_run=dry_run, partial=partial)
+                notes.written(results)
             finally:
                 seconds = progress.close()
                 notes.close()
@@ -243,30 +320,47 @@ def import_(  # noqa: PLR0913, PLR0917 - click passes every option
         raise SystemExit(1)
 
 
-def _open(source: str | None, hollow: str | None, page_size: int) -> Source | HollowItems:
+def _given(source: str | None, hollow: str | None) -> None:
+    """SOURCE or --from-hollow, one of them; a SOURCE that exists."""
+    if (source is None) == (hollow is None):
+        raise click.UsageError("give SOURCE or --from-hollow DSN (one of them)")
+    if source is not None and source != "-" and not Path(source).exists():
+        raise click.BadParameter(f"{source} does not exist", param_hint="SOURCE")
+
+
+def _open(source: str | None, hollow: str | None, page_size: int, limits: Limits) -> Source | HollowItems:
     """The source to read: SOURCE, or the hollow database (connected and counted; asyncpg loads only for it)."""
     if hollow is None:
         assert source is not None  # noqa: S101 - import_ checks that one is given
-        return Source(source)
+        return Source(source, max_item_bytes(limits))
     from imds.cli.hollow import HollowItems  # noqa: PLC0415
 
-    return HollowItems(hollow, page_size=page_size)
+    return HollowItems(hollow, page_size=page_size, limits=limits)
 
 
-def _survey(opened: Source | HollowItems, parse: Callable[[Raw], Item], *, strict: bool) -> Survey:
+def _survey(opened: Source | HollowItems, parse: Callable[[Raw], Item], *, strict: bool, weigh: bool) -> Survey:
     """The first pass; unreadable input ends the import here, before anything is written."""
     try:
-        survey = Survey(opened.items(), parse, strict=strict)
+        survey = Survey(opened.items(), parse, strict=strict, weigh=weigh)
     except UnreadableInput as exc:
         raise click.ClickException(f"{exc.message} (nothing was written)") from exc
     for instance_id, seen, again in survey.twice:
-        click.echo(f"warning: instance {instance_id} is given twice: {seen.where} and {again.where}"
-                   + (" (--strict: the file is rejected)" if strict else " (the later one wins)"), err=True)
+        say_twice(instance_id, seen, again, strict=strict)
     return survey
 
 
-def _run(
+def _check(survey: Survey, *, strict: bool, one_request: bool, batch_size: int) -> None:
+    """Stop before writing: --strict with a rejection, or more than one request over --url without --partial."""
+    if strict and survey.rejections:
+        _report([], survey.rejections, dry_run=True, strict=True)
+        raise SystemExit(1)
+    if one_request and (survey.count > batch_size or survey.weight >= BATCH_BYTES):
+        raise click.UsageError(f"{survey.count} items ({survey.weight} bytes): {BATCHES_NEED_PARTIAL}")
+
+
+def _run(  # noqa: PLR0913 - the pieces of one import
     target: Target, batches: Iterator[list[Item]], rejections: list[Result], progress: Progress, *, dry_run: bool,
+    partial: bool,
 ) -> list[Result]:
     results: list[Result] = []
     if target.remote is not None:
@@ -277,15 +371,52 @@ def _run(
             progress.advance(len(batch), done, rejected=len(rejections))
         return results
 
-    async def run(offline: Any) -> list[Result]:
-        done: list[Result] = []
-        for batch in batches:
-            written = await offline.upsert(batch, subject=SUBJECT, dry_run=dry_run)
-            done += written
-            progress.advance(len(batch), written, rejected=len(rejections))
-        return done
+    def advance(count: int, written: list[Result]) -> None:
+        progress.advance(count, written, rejected=len(rejections))
+
+    async def run(offline: OfflineRecords) -> list[Result]:
+        if partial or dry_run:
+            try:
+                return (await _offline_batches(offline, batches, None, advance, dry_run=dry_run))[0]
+            except StoreUnavailable as exc:
+                raise StoreUnavailable(f"{exc.message} (--partial: the batches before this one are written)") from exc
+        return await _one_transaction(offline, batches, advance)
 
     return target.offline(run)
+
+
+async def _one_transaction(
+    offline: OfflineRecords, batches: Iterator[list[Item]], advance: Callable[[int, list[Result]], None],
+) -> list[Result]:
+    """Every instance in one store block; then the notices, each in a transaction of its own."""
+    try:
+        async with offline.transaction() as block:
+            done, later = await _offline_batches(offline, batches, block, advance, dry_run=False)
+    except UnreadableInput as exc:  # found by the one pass: rolled back with everything before it
+        raise click.ClickException(f"{exc.message} (nothing was written)") from exc
+    except StoreUnavailable as exc:
+        raise StoreUnavailable(f"{exc.message}: nothing was written (the import is one transaction; "
+                               "--partial commits batch by batch)") from exc
+    if later:
+        done += (await _offline_batches(offline, iter([later]), None, advance, dry_run=False))[0]
+    return done
+
+
+async def _offline_batches(
+    offline: OfflineRecords, batches: Iterator[list[Item]], block: Block | None,
+    advance: Callable[[int, list[Result]], None], *, dry_run: bool,
+) -> tuple[list[Result], list[Item]]:
+    """Every batch's instances (in ``block`` when given); the notices a block leaves for after it."""
+    done: list[Result] = []
+    later: list[Item] = []
+    for batch in batches:
+        if block is not None:  # a notice is written in its own transaction: after the block has committed
+            later += [item for item in batch if item.notice is not None]
+            batch = [item for item in batch if item.notice is None]  # noqa: PLW2901 - the block's part
+        written = await offline.upsert(batch, subject=SUBJECT, dry_run=dry_run, block=block)
+        done += written
+        advance(len(batch), written)
+    return done, later
 
 
 def _item_object(item: Item) -> dict[str, Any]:
@@ -338,86 +469,3 @@ def _report(
 def _order(result: Result) -> tuple[str, int]:
     kind, _, number = result.label.partition(" ")
     return (kind, int(number)) if number.isdigit() else (result.label, 0)
-
-
-@click.command()
-@click.argument("destination", default="-", type=click.Path(allow_dash=True, path_type=str))
-@target_options
-@click.option("--format", "fmt", type=click.Choice(["jsonl", "json", "dir"]), default="jsonl", show_default=True,
-              help="jsonl: one instance per line; json: one array; dir: DESTINATION/<id>.json per instance.")
-@click.option("--no-private", is_flag=True,
-              help="Leave private Ganeti OS parameter values out (secret ones are never exported).")
-@click.option("--no-notices", is_flag=True, help="Leave the lifecycle notices out.")
-def export(destination: str, fmt: str, no_private: bool, no_notices: bool, **flags: Any) -> None:
-    """Write every instance to DESTINATION (default: stdout) in the upsert format imds import reads.
-
-    An instance's Ganeti OS record is exported with it ("os"), private values decrypted
-    with --private-key-file unless --no-private. The lifecycle notices follow the instances,
-    one {"notice": {...}} each (current and history, with the guests' acknowledgements),
-    unless --no-notices.
-    """
-    if fmt == "dir" and destination == "-":
-        raise click.UsageError("--format dir needs a DESTINATION directory")
-    with Target(flags) as target:
-        if target.remote is not None:
-            query = f"?private={str(not no_private).lower()}&notices={str(not no_notices).lower()}"
-            records: Iterator[dict[str, Any]] = target.remote.lines(f"/device-records{query}")
-            count = _write(records, destination, fmt)
-        else:
-            from imds.services.transfer.readout import to_wire  # noqa: PLC0415
-
-            async def read(offline: Any) -> list[Any]:
-                cipher = offline.os.cipher
-                wire = [to_wire(instance, cipher, private=not no_private) for instance in await offline.all()]
-                return wire if no_notices else wire + await offline.all_notices()
-
-            count = _write(iter(target.offline(read)), destination, fmt)
-    instances, notices = count
-    shown = f"exported {instances} instance{'s' if instances != 1 else ''}"
-    click.echo(shown + (f" and {notices} notice{'s' if notices != 1 else ''}" if notices else ""), err=True)
-
-
-def _write(records: Iterator[dict[str, Any]], destination: str, fmt: str) -> tuple[int, int]:
-    """Stream ``records`` out as ``fmt``; how many instances and notices were written.
-
-    What is written may hold private values: files are created 0600 (a ``dir`` folder
-    made here 0700) from the start, and a file appears whole or not at all.
-    """
-    count = 0
-    notices = 0
-    if fmt == "dir":
-        folder = Path(destination)
-        if not folder.exists():
-            folder.mkdir(mode=0o700, parents=True)
-        for record in records:
-            name = record["id"] if "id" in record else f"notice-{record['notice']['id']}"
-            with _private_file(folder / f"{name}.json") as out:
-                out.write(json.dumps(record, indent=2, sort_keys=True) + "\n")
-            count += 1
-            notices += "notice" in record
-        return count - notices, notices
-    stdout: contextlib.AbstractContextManager[TextIO] = contextlib.nullcontext(sys.stdout)
-    with stdout if destination == "-" else _private_file(Path(destination)) as out:
-        if fmt == "json":
-            out.write("[")
-        for record in records:
-            line = json.dumps(record, separators=(",", ":"), sort_keys=True)
-            out.write((("," if count else "") + "\n" + line) if fmt == "json" else line + "\n")
-            count += 1
-            notices += "notice" in record
-        if fmt == "json":
-            out.write("\n]\n")
-    return count - notices, notices
-
-
-@contextlib.contextmanager
-def _private_file(path: Path) -> Iterator[TextIO]:
-    """A text file written under a temporary name (mode 0600 from the start), renamed into place when complete."""
-    fd, scratch = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as out:
-            yield out
-        Path(scratch).replace(path)
-    except BaseException:
-        Path(scratch).unlink(missing_ok=True)
-        raise

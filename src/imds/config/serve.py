@@ -99,6 +99,9 @@ OPTIONS: tuple[Option, ...] = (
         "Most object keys (counted over every level) accepted in a metadata document."),
     _limits("strict_records", "bool", False,  # noqa: FBT003 - a table row, not a call site
         "Refuse what hollow accepts: host bits in a CIDR, a metadata id not the record id, no ipAddresses."),
+    _limits("allow_wide_prefixes", "bool", False,  # noqa: FBT003 - a table row, not a call site
+        "Accept instance addresses with a prefix shorter than /8 (IPv4) or /16 (IPv6), 0.0.0.0/0 and ::/0 "
+        "included (each such write warns); off: refused."),
     _admin("metrics_public", "bool", False,  # noqa: FBT003 - a table row, not a call site
         "Serve /metrics without a token (hollow-compatible scraping); off: it needs a metrics or read scope."),
     _store("demo", "bool", False,  # noqa: FBT003 - a table row, not a call site

@@ -99,6 +99,7 @@ class LimitSettings(Group, rows=OPTIONS):
     max_document_depth: int
     max_document_keys: int
     strict_records: bool
+    allow_wide_prefixes: bool
 
 
 @dataclass(frozen=True, repr=False)

@@ -36,7 +36,7 @@ HOOKS_PATH = "/sbin:/bin:/usr/sbin:/usr/bin"  # the PATH Ganeti gives OS scripts
 MOUNT_TIMEOUT = 120.0
 MOUNT_OPTIONS = "nosuid,nodev,noexec"  # the instance's filesystem is written, never run from, in the appliance
 NODE_TIMEOUT = 10.0  # seconds a --root-device node may take to appear after the image
-_DISK_PATH = re.compile(r"^DISK_(\d+)_PATH$")
+_DISK_PATH = re.compile(r"DISK_(\d+)_PATH")  # fullmatch
 
 Report = Callable[[str], None]
 
@@ -151,7 +151,7 @@ def read_plan(service: Service, disks: list[str]) -> Plan:
     text = service.read("os/environment", 16 * 1024 * 1024).decode("utf-8", errors="replace")
     plan = Plan(parameters, parse_environment(text, service.url("os/environment")))
     # Node paths mean nothing here: each DISK_<n>_PATH is a --disk device, and DISK_COUNT their number.
-    for name in [name for name in plan.environment if _DISK_PATH.match(name)]:
+    for name in [name for name in plan.environment if _DISK_PATH.fullmatch(name)]:
         del plan.environment[name]
     for index, device in enumerate(disks):
         plan.environment[f"DISK_{index}_PATH"] = device
@@ -330,7 +330,7 @@ def _dry_run(service: Service, plan: Plan, options: argparse.Namespace, report: 
         lines.append(f"create: run {create.parent.name}/create" if create else "create: skipped (no create script)")
     lines.append(f"package: unpack {package} {where}" if plan.package else "package: skipped (no os-package parameter)")
     names = sorted(script_environment(plan))
-    shown = [f"{n}={plan.environment[n]}" if _DISK_PATH.match(n) else n for n in names]
+    shown = [f"{n}={plan.environment[n]}" if _DISK_PATH.fullmatch(n) else n for n in names]
     lines.append(f"environment: {' '.join(shown)}")
     sys.stdout.write("".join(f"{line}\n" for line in lines))
     return OK

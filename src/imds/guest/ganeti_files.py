@@ -29,7 +29,7 @@ from imds.guest.errors import InstallError, ServiceError
 
 CHUNK = 1024 * 1024
 BLKRRPART = 0x125F  # linux/fs.h _IO(0x12, 95): re-read the partition table
-_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*")  # fullmatch
 _SHOWN = 100
 
 
@@ -42,7 +42,7 @@ def parse_environment(text: str, where: str) -> dict[str, str]:
     environment: dict[str, str] = {}
     for word in words:
         name, equals, value = word.partition("=")
-        if not equals or not _NAME.match(name):
+        if not equals or not _NAME.fullmatch(name):
             msg = f"{where}: {word[:_SHOWN]!r} is not KEY=value"
             raise ServiceError(msg)
         environment[name] = value

@@ -17,12 +17,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from imds.errors import InvalidInput, Problem
+from imds.metad.network import nic_network
 from imds.models import PRIVATE, PUBLIC, SECRET
 
 COMMUNICATION_PREFIX = "ganeti:communication:"  # Ganeti's instanceCommunicationNicPrefix
-# Ganeti's instance keys → the visibility metad serves them with (later ones win a name clash,
-# as a JSON parser reading metad's duplicate keys would).
+# Ganeti's instance keys → the visibility metad serves them with.
 SECTIONS = (("osparams", PUBLIC), ("osparams_private", PRIVATE), ("osparams_secret", SECRET))
+# A name given in two sections keeps the more protected visibility: secret beats private beats
+# public, whatever order the sections come in (metad's JSON has the later duplicate key win, and
+# it writes them in this order).
+PROTECTION = {PUBLIC: 0, PRIVATE: 1, SECRET: 2}
 SHOWN_KEYS = ("name", "os", "hypervisor", "primary_node", "tags", "ctime", "mtime")  # copied into the document
 NIC_KEYS = ("name", "mac", "ip", "uuid", "nicparams", "network", "netinfo")
 DISK_KEYS = ("uuid", "name", "mode", "size", "dev_type", "logical_id", "iv_name")
@@ -94,7 +98,9 @@ def communication_ip(instance: dict[str, Any]) -> str | None:
 
 
 def _document(instance: dict[str, Any], address: str) -> dict[str, Any]:
-    """The metadata document: the hostname, and Ganeti's public facts (never an OS parameter).
+    """The metadata document: the hostname, Ganeti's public facts (never an OS parameter) and the network.
+
+    ``network`` is the NICs as every flavor describes a network (``imds.metad.network``).
 
     What ``imds.services.ganeti.environment`` needs for the OS scripts' environment is kept:
     the disks (Ganeti 3.0 pushes their UUIDs; disk objects are reduced to ``DISK_KEYS``), the
@@ -118,7 +124,8 @@ def _document(instance: dict[str, Any], address: str) -> dict[str, Any]:
         if isinstance(params, dict):
             ganeti[key] = {name: value for name, value in params.items() if isinstance(value, str | int | float | bool)}
     ganeti["communication_ip"] = address
-    return {"id": instance["uuid"], "hostname": instance["name"], "ganeti": ganeti}
+    return {"id": instance["uuid"], "hostname": instance["name"], "ganeti": ganeti,
+            "network": nic_network(instance.get("nics"))}
 
 
 def _os_body(instance: dict[str, Any], instance_id: str) -> dict[str, Any] | None:
@@ -128,12 +135,15 @@ def _os_body(instance: dict[str, Any], instance_id: str) -> dict[str, Any] | Non
         return None
     problems: list[Problem] = []
     parameters: dict[str, Any] = {}
-    for key, visibility in SECTIONS:
+    for key, visibility in sorted(SECTIONS, key=lambda section: PROTECTION[section[1]]):
         section = instance.get(key) or {}
         if not isinstance(section, dict):
             problems.append(Problem(key, "must be an object of NAME: value"))
             continue
         for name, value in section.items():
+            held = parameters.get(name)
+            if held is not None and PROTECTION[held["visibility"]] > PROTECTION[visibility]:
+                continue  # never made less protected
             parameters.pop(name, None)  # keep metad's order: a redefined name moves to its new section
             parameters[name] = {"value": value, "visibility": visibility}
     if problems:

@@ -37,8 +37,12 @@ _log = log.get("metad")
 
 
 def _framed(success: bool, result: Any) -> bytes:
-    body = json.dumps({"success": success, "result": result}, separators=(",", ":"), ensure_ascii=False)
-    return body.encode() + EOM  # json escapes every control character, 0x03 included
+    message = {"success": success, "result": result}
+    body = json.dumps(message, separators=(",", ":"), ensure_ascii=False)
+    try:
+        return body.encode() + EOM  # json escapes every control character, 0x03 included
+    except UnicodeEncodeError:  # a lone surrogate (echo("\udc80")): JSON's own escape carries it back as sent
+        return json.dumps(message, separators=(",", ":")).encode() + EOM
 
 
 def answer(result: Any) -> bytes:
@@ -81,13 +85,19 @@ class LuxiServer:
         self._connections: set[asyncio.StreamWriter] = set()
 
     async def respond(self, raw: bytes) -> bytes:
-        """The framed answer to one request (without its 0x03)."""
+        """The framed answer to one request (without its 0x03).
+
+        The JSON and the call's checks run in a worker thread: a large push (up to
+        ``--max-body-bytes``) or a flood of them never holds the event loop, which serves
+        every HTTP request of this process.
+        """
         try:
-            method, args = parse_request(raw)
+            method, args = await asyncio.to_thread(parse_request, raw)
         except InvalidInput as exc:
             return refusal(f"Failed to parse request: {error_text(exc)}")
         try:
-            return answer(await self._methods.call(method, args))
+            prepared = await asyncio.to_thread(self._methods.prepare, method, args)
+            return answer(await self._methods.run(prepared))
         except ImdsError as exc:
             _log.warning("metad.refused", method=method[:64], problem=error_text(exc))
             return refusal(["GenericError", [error_text(exc)]])

@@ -29,13 +29,14 @@ from imds import log
 from imds.errors import Conflict, InvalidInput, NotFound, PayloadTooLarge, Problem, StoreUnavailable
 from imds.models import Event
 from imds.services.admission.ratelimit import RateLimiter
+from imds.services.records.limits import NOT_TEXT, valid_text
 from imds.store.interface import Store
 
 _log = log.get("channel")
 BOOTED = "booted"
 NOTICE_ACK = "notice-ack"  # an instance acknowledges the notice its message names
 HOST_STATES = frozenset({"mode"})  # written by imds itself (imds.services.ganeti.install), never by an instance
-_STATE = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
+_STATE = re.compile(r"[A-Za-z0-9_.:-]{1,64}")  # fullmatch: "mode\n" must not pass as a state
 _FIELDS = frozenset({"state", "code", "message"})
 PAGE = 500  # events per page of GET /device-events/{id}
 
@@ -64,12 +65,14 @@ def parse_event(raw: bytes, limit: int) -> tuple[str, int | None, str | None]:
         raise InvalidInput.one("body", 'must be a JSON object: {"state", "code"?, "message"?}')
     problems = [Problem(name, "unknown field") for name in sorted(set(body) - _FIELDS)]
     state, code, message = body.get("state"), body.get("code"), body.get("message")
-    if not isinstance(state, str) or not _STATE.match(state):
+    if not isinstance(state, str) or not _STATE.fullmatch(state):
         problems.append(Problem("state", "is required: 1 to 64 of A-Z a-z 0-9 _ . : -"))
     if code is not None and (isinstance(code, bool) or not isinstance(code, int) or not -(2**31) <= code < 2**31):
         problems.append(Problem("code", "must be a 32-bit integer"))
     if message is not None and not isinstance(message, str):
         problems.append(Problem("message", "must be a string"))
+    elif message is not None and not valid_text(message):
+        problems.append(Problem("message", NOT_TEXT))
     if problems:
         raise InvalidInput(problems)
     return str(state), code, message

@@ -28,7 +28,7 @@ from imds.services.ganeti.records import OsRecords
 from imds.services.notices.records import NoticeRecords
 from imds.services.notices.wire import notice_wire
 from imds.services.records.upsert import Records
-from imds.services.transfer.bulk import Item, Result, apply_batch
+from imds.services.transfer.bulk import Block, Item, Result, apply_batch
 from imds.services.transfer.readout import stored_instance, stored_instances
 from imds.store import Store, open_store
 from imds.store.journal import Journal
@@ -78,10 +78,30 @@ class OfflineRecords:
         """Delete one record type, as ``DELETE /device-{kind}/{id}`` does (RecordNotFound when absent)."""
         await self.records.delete(kind, instance_id, subject=subject)
 
-    async def upsert(self, items: Sequence[Item], *, subject: str, dry_run: bool = False) -> list[Result]:
-        """Compare and write one batch (see ``imds.services.transfer.bulk``)."""
+    async def upsert(
+        self, items: Sequence[Item], *, subject: str, dry_run: bool = False, block: Block | None = None,
+    ) -> list[Result]:
+        """Compare and write one batch (see ``imds.services.transfer.bulk``), in ``block`` when given."""
         return await apply_batch(self.records, self.store, items, subject=subject, dry_run=dry_run,
-                                 os_records=self.os, notices=self.notices)
+                                 os_records=self.os, notices=self.notices, block=block)
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[Block]:
+        """One store block for many batches: everything they write commits together, or nothing does.
+
+        While it is open the database's write lock is held (other writers wait: SQLite's
+        writers, and PostgreSQL's, which lock the feed head first).
+        """
+        block: Block | None = None
+        try:
+            async with self.store.write() as tx:
+                block = Block(tx)
+                yield block
+        except BaseException:
+            for undo in block.undo if block is not None else ():
+                undo()
+            raise
+        await self.catalog.written(tx.journal)
 
 
 @asynccontextmanager
@@ -92,7 +112,7 @@ async def offline_records(url: str, *, private_key_file: Path | None = None) -> 
     """
     if url.startswith("memory://"):
         raise ConfigError("memory:// holds nothing outside a running server: give --db / --data-dir, or --url")
-    store = open_store(url)
+    store = open_store(url, journal=False)  # no catalog here replays the writes (see _Detached)
     try:
         yield OfflineRecords(store, PrivateCipher.from_file(private_key_file))
     finally:

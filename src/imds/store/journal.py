@@ -69,6 +69,7 @@ class Journal:
     ops: list[Op] = field(default_factory=list)
     group: Group | None = None  # the group it committed in (set by ``Group.add``)
     applied: bool = False  # set by the catalog that replayed it (or caught up past it)
+    keeps: bool = True  # False: the store records no ops (no catalog in this process replays its writes)
 
     def touched(self) -> list[str]:
         """Every instance id an operation of this block changed, first-seen order."""

@@ -22,6 +22,7 @@ from imds.errors import (
     InvalidInput,
     NotFound,
     PayloadTooLarge,
+    Problem,
     RateLimited,
     Refused,
     RequestTimeout,
@@ -105,6 +106,19 @@ async def handle_imds_error(_request: Request, exc: Exception) -> Response:
     assert isinstance(exc, ImdsError)  # noqa: S101 - registered for ImdsError only
     status, body, headers = error_parts(exc)
     return Response(body, status_code=status, media_type=JSON, headers={k.decode(): v.decode() for k, v in headers})
+
+
+async def handle_invalid_parameters(request: Request, exc: Exception) -> Response:
+    """FastAPI's parameter errors (a query that is no integer, one missing) as a 400 naming each field.
+
+    FastAPI's own answer is a 422 that echoes the input back; this one names ``query.after``
+    and what it must be, never the value sent.
+    """
+    found = getattr(exc, "errors", None)
+    errors = found() if callable(found) else []
+    problems = [Problem(".".join(str(part) for part in error.get("loc", ())) or "request",
+                        str(error.get("msg", "is invalid"))) for error in errors]
+    return await handle_imds_error(request, InvalidInput(problems or [Problem("request", "is invalid")]))
 
 
 async def handle_unexpected(_request: Request, _exc: Exception) -> Response:

@@ -118,10 +118,10 @@ def _direct(endpoint: Endpoint) -> ASGIApp:
 class InstanceFront:
     """Serves instance routes from memory; forwards every other request to ``admin``.
 
-    ``admin_paths``: the admin app's route paths, which make a request's metric group ``admin``.
+    ``admin_routes``: the admin app's routes (method, path), whose paths make a request's metric group ``admin``.
     """
 
-    def __init__(self, services: Services, admin: ASGIApp, admin_paths: Iterable[str] = ()) -> None:
+    def __init__(self, services: Services, admin: ASGIApp, admin_routes: Iterable[tuple[str, str]] = ()) -> None:
         self.services = services
         self.admin = admin
         resolver = Resolver(services.catalog, services.metrics, services.lookup)
@@ -134,7 +134,8 @@ class InstanceFront:
                    "gce": GceFlavor(services, locator)}
         guard = FlavorGuard(services, locator)  # --instance-auth: the anti-SSRF policy of the guarded routes
         self._exact, self._prefixes = dispatch(flavors, guard.wrap)
-        self._groups = Groups(admin_paths)
+        self.admin_routes = frozenset(admin_routes)
+        self._groups = Groups({path for _, path in self.admin_routes})
         self._watch_max = services.settings.channel.watch_max_timeout
         self._log_reads = services.settings.logging.log_instance_reads
         metrics = services.metrics

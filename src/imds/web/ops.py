@@ -11,15 +11,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.responses import Response
 
 from imds.services import Services
-from imds.services.admission.auth import ops_scopes
 from imds.services.readiness import readiness
 from imds.services.render.json import encode
-from imds.web.admin.auth import authorize
 from imds.web.errors import JSON
 
 
@@ -39,14 +37,11 @@ def ops_router(services: Services, openapi: Callable[[], dict[str, Any]]) -> API
                         headers=headers)
 
     @router.get("/openapi.json")
-    async def openapi_json(request: Request) -> Response:
-        await authorize(services, request, ops_scopes())
+    async def openapi_json() -> Response:
         return Response(encode(openapi()), media_type=JSON)
 
     @router.get("/metrics")
-    async def metrics(request: Request) -> Response:
-        if not services.settings.admin.metrics_public:
-            await authorize(services, request, ops_scopes())
+    async def metrics() -> Response:
         services.metrics.instances.set(len(services.catalog))
         services.metrics.feed_position.set(services.catalog.position)
         return Response(generate_latest(services.metrics.registry), media_type=CONTENT_TYPE_LATEST)

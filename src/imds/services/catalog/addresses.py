@@ -19,6 +19,7 @@ _BITS = {4: 32, 6: 128}
 _SMALL = 8  # an instance with more addresses than this compares them as a set
 
 
+@functools.lru_cache(maxsize=4096)  # a write's parts and an import's batch repeat addresses; memory stays small
 def parse_network(text: str, *, spelled: bool = False) -> Network:
     """Parse a host address or CIDR in any valid textual form into a normalised network.
 
@@ -26,12 +27,15 @@ def parse_network(text: str, *, spelled: bool = False) -> Network:
     a typo for the network or a host written with its prefix) unless ``spelled``: hollow's
     reading, where ``10.70.17.9/31`` is the address as Equinix lists it and covers the
     network ``10.70.17.8/31``; it is then kept as sent (``models.SpelledIPv4Network``).
-    Raises ValueError with a readable message.
+    Raises ValueError with a readable message. Memoised (networks are immutable): a write's
+    metadata and userdata parts, and an import's two passes, name the same addresses.
     """
     value = text.strip()
     if not value or value != text or "%" in value:
         msg = f"{text!r} is not an IP address or CIDR"
         raise ValueError(msg)
+    if "/" not in value:  # a host: one parse (ip_network and ip_interface would parse it twice)
+        return _host_network(text, value)
     try:
         network = ipaddress.ip_network(value, strict=False)
     except ValueError as exc:
@@ -50,6 +54,16 @@ def parse_network(text: str, *, spelled: bool = False) -> Network:
     if mapped is not None:
         return ipaddress.ip_network(f"{mapped}/{max(network.prefixlen - 96, 0)}", strict=False)
     return network
+
+
+def _host_network(text: str, value: str) -> Network:
+    try:
+        network = ipaddress.ip_network(value)  # a host: its /32 or /128, parsed once
+    except ValueError as exc:
+        msg = f"{text!r} is not an IP address or CIDR"
+        raise ValueError(msg) from exc
+    mapped = network.network_address.ipv4_mapped if isinstance(network, ipaddress.IPv6Network) else None
+    return network if mapped is None else ipaddress.IPv4Network(mapped)
 
 
 @functools.lru_cache(maxsize=65536)
@@ -136,8 +150,12 @@ class AddressIndex:
         """Make ``addresses`` the instance's addresses; they are taken from any other holder."""
         self.assign_packed(instance_id, tuple(dict.fromkeys(pack_network(network) for network in addresses)))
 
-    def assign_packed(self, instance_id: str, keys: tuple[int, ...]) -> None:
-        """``assign`` with the addresses packed (``pack_network``) and without duplicates."""
+    def assign_packed(self, instance_id: str, keys: tuple[int, ...]) -> list[tuple[int, str]]:
+        """``assign`` with the addresses packed (``pack_network``) and without duplicates.
+
+        Returns the (address, holder) pairs it took from another instance.
+        """
+        taken: list[tuple[int, str]] = []
         wanted: tuple[int, ...] | set[int] = keys if len(keys) <= _SMALL else set(keys)
         for key in self._held.get(instance_id, ()):
             if key not in wanted:
@@ -147,6 +165,7 @@ class AddressIndex:
             if previous is None:
                 self._count(key, 1)
             elif previous != instance_id:
+                taken.append((key, previous))
                 rest = tuple(held for held in self._held.get(previous, ()) if held != key)
                 if rest:
                     self._held[previous] = rest
@@ -157,6 +176,7 @@ class AddressIndex:
             self._held[instance_id] = keys
         else:
             self._held.pop(instance_id, None)
+        return taken
 
     def forget(self, instance_id: str) -> None:
         """Remove every address the instance holds."""

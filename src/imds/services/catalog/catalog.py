@@ -36,7 +36,7 @@ from imds.models import (
     ProjectAttributes,
     ProjectKey,
 )
-from imds.services.catalog.addresses import AddressIndex
+from imds.services.catalog.addresses import AddressIndex, unpack_network
 from imds.services.catalog.entry import Entry, RenderCache
 from imds.store.interface import Store, StoredInstance, stored_form
 from imds.store.journal import ADDRESSES, FORGET, NOTICE, PROJECT, PUT, Journal, Op
@@ -164,7 +164,9 @@ class Catalog:
             async for chunk, seq, total in self._store.snapshot_chunks(LOAD_CHUNK):
                 position, self.total, self.phase = seq, total, "indexing"
                 for stored in chunk:
-                    self._place(stored)
+                    for key, holder in self._place(stored):  # a consistent store holds each network once
+                        _log.warning("catalog.address_shared", address=str(unpack_network(key)), kept_by=stored.id,
+                                     also_held_by=holder)
                 # Loaded entries live until replaced: keep the cyclic GC from re-scanning them on every
                 # collection the load triggers (a third of a million-instance load). Refcounting still frees them.
                 gc.freeze()
@@ -340,9 +342,9 @@ class Catalog:
             return
         self._place(stored_form(instance))
 
-    def _place(self, stored: StoredInstance) -> None:
+    def _place(self, stored: StoredInstance) -> list[tuple[int, str]]:
         entry = self._entries[stored.id] = Entry(stored, self._cache)
-        self._index.assign_packed(stored.id, entry.packed)
+        return self._index.assign_packed(stored.id, entry.packed)
 
 
 def _settle(future: asyncio.Future[None]) -> None:

@@ -38,7 +38,7 @@ BLOCK_TYPES = frozenset({"blockdev", "drbd", "ext", "plain", "rbd"})  # Ganeti's
 FILE_TYPES = frozenset({"file", "gluster", "sharedfile"})  # Ganeti's DTS_FILEBASED
 NETWORK_KEYS = (("name", "NAME"), ("uuid", "UUID"), ("network", "SUBNET"), ("gateway", "GATEWAY"),
                 ("network6", "SUBNET6"), ("gateway6", "GATEWAY6"), ("mac_prefix", "MAC_PREFIX"))
-_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # fullmatch: "$" passes a trailing newline
 _SCALARS = (str, int, float, bool)
 
 
@@ -66,7 +66,7 @@ def environment(
     _instance(env, ganeti)
     for parameter, value in parameters.items():
         env[osp_name(parameter)] = value
-    return {key: value for key, value in env.items() if _NAME.match(key) and "\x00" not in value}
+    return {key: value for key, value in env.items() if _NAME.fullmatch(key) and "\x00" not in value}
 
 
 def _text(value: Any) -> str:

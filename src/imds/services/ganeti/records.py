@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -31,9 +32,8 @@ from imds.services.ganeti.definitions import OsDefinitions
 from imds.services.ganeti.environment import environment, render
 from imds.services.ganeti.memory import HELD, LOST, Held, PackageAuth, Secret, SecretVault
 from imds.services.ganeti.wire import SECTIONS, OsWrite, ParamIn
-from imds.services.records.audit import remove_record, write_event
-from imds.store.interface import Store
-from imds.store.journal import Journal
+from imds.services.records.audit import delete_event, write_event
+from imds.store.interface import Store, WriteTx
 
 _log = log.get("os")
 OS_RECORD = "os"
@@ -76,44 +76,63 @@ class OsRecords:
 
     async def put(self, write: OsWrite, *, subject: str) -> OsWriteResult:
         """Replace the instance's OS record unless the write is stale."""
+        undo: Callable[[], None] | None = None
+        try:
+            async with self._store.write() as tx:
+                result, undo = await self.put_in(tx, write, subject=subject)
+        except BaseException:
+            if undo is not None:
+                undo()
+            raise
+        if result.applied:
+            await self._catalog.written(tx.journal)
+        return result
+
+    async def put_in(self, tx: WriteTx, write: OsWrite, *, subject: str) -> tuple[OsWriteResult, Callable[[], None]]:
+        """``put`` inside a store block the caller holds open; the result, and ``undo`` for a block that fails.
+
+        The write's secrets are in the vault from here on (before the commit, so no read sees
+        the record without them); ``undo`` gives the vault back what it held, and the caller
+        calls it when the block does not commit. The caller hands the block's journal to the
+        catalog once it has committed.
+        """
         self.check_definition(write)
         generation = uuid.uuid4().hex
         record, held = self._split(write, generation)
-        previous = self.vault.keep(write.id, held)  # before the commit, so no read sees the record without them
-        try:
-            reason, journal = await self._commit(write, record, subject)
-        except BaseException:
+        previous = self.vault.keep(write.id, held)
+
+        def undo() -> None:
             self.vault.restore(write.id, previous)
+
+        try:
+            reason = await self._apply(tx, write, record, subject)
+        except BaseException:
+            undo()
             raise
         if reason is not None:
-            self.vault.restore(write.id, previous)
-        else:
-            await self._catalog.written(journal)
+            undo()
         _log.info(
             "os.written", instance_id=write.id, subject=subject, applied=reason is None, reason=reason,
             os_type=write.os_type, mode=write.mode, communication=write.communication,
             **{s: _counts(getattr(write, s)) for s in SECTIONS}, package=write.package_url is not None,
         )
-        return OsWriteResult(write.id, applied=reason is None, reason=reason)
+        return OsWriteResult(write.id, applied=reason is None, reason=reason), undo
 
-    async def _commit(self, write: OsWrite, record: OsRecord, subject: str) -> tuple[str | None, Journal]:
-        """Store the record in one transaction (with its audit entry).
-
-        Returns the reason it is stale (None once stored) and what the write did.
-        """
-        async with self._store.write() as tx:
-            if not (await tx.has_record(METADATA, write.id) or await tx.has_record(USERDATA, write.id)):
-                raise _no_instance(write.id)
-            reason = _staleness(await tx.os_of(write.id), write)
-            if reason is None:
-                await tx.put_os(write.id, record)
-                await tx.mark_changed([write.id])
-            # Facts only: the OS, the mode and how many parameters of each visibility, never a value.
-            facts = {"os_type": write.os_type, "mode": write.mode,
-                     **{section: _counts(getattr(write, section)) for section in SECTIONS}}
-            await tx.append_audit(write_event(subject=subject, instance_id=write.id, kind=OS_RECORD, reason=reason,
-                                              facts=facts))
-        return reason, tx.journal
+    @staticmethod
+    async def _apply(tx: WriteTx, write: OsWrite, record: OsRecord, subject: str) -> str | None:
+        """Store the record in ``tx`` (with its audit entry); the reason it is stale, or None once stored."""
+        if not (await tx.has_record(METADATA, write.id) or await tx.has_record(USERDATA, write.id)):
+            raise _no_instance(write.id)
+        reason = _staleness(await tx.os_of(write.id), write)
+        if reason is None:
+            await tx.put_os(write.id, record)
+            await tx.mark_changed([write.id])
+        # Facts only: the OS, the mode and how many parameters of each visibility, never a value.
+        facts = {"os_type": write.os_type, "mode": write.mode,
+                 **{section: _counts(getattr(write, section)) for section in SECTIONS}}
+        await tx.append_audit(write_event(subject=subject, instance_id=write.id, kind=OS_RECORD, reason=reason,
+                                          facts=facts))
+        return reason
 
     async def end_install(self, instance_id: str, *, subject: str, why: str) -> str | None:
         """Switch an installing record to mode ``run`` (same generation: its secrets stay); the mode it left, or None.
@@ -165,11 +184,23 @@ class OsRecords:
 
     async def delete(self, instance_id: str, *, subject: str) -> None:
         """Delete the OS record (and forget its secrets); RecordNotFound when absent."""
-        journal = await remove_record(self._store, instance_id, OS_RECORD, lambda tx: tx.remove_os(instance_id),
-                                      subject=subject)
+        async with self._store.write() as tx:
+            if not await self.delete_in(tx, instance_id, subject=subject):
+                raise RecordNotFound(OS_RECORD, instance_id)
         self.vault.drop(instance_id)
-        await self._catalog.written(journal)
+        await self._catalog.written(tx.journal)
+
+    async def delete_in(self, tx: WriteTx, instance_id: str, *, subject: str) -> bool:
+        """``delete`` inside a store block the caller holds open; False (nothing done) when there is no record.
+
+        The vault forgets the record's secrets when the catalog sees it gone (``Catalog.on_os_gone``).
+        """
+        if not await tx.remove_os(instance_id):
+            return False
+        await tx.mark_changed([instance_id])
+        await tx.append_audit(delete_event(subject=subject, instance_id=instance_id, kind=OS_RECORD))
         _log.info("os.deleted", instance_id=instance_id, subject=subject)
+        return True
 
     # --- instance side --------------------------------------------------------------------
 

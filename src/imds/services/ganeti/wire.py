@@ -16,10 +16,13 @@ from imds.errors import InvalidInput, Problem
 from imds.models import OS_MODES, PUBLIC, VISIBILITIES
 from imds.services.ganeti.memory import PackageAuth, Secret
 from imds.services.ganeti.urls import IMAGE_PARAMETER, URL_SCHEMES, url_problem
+from imds.services.records.limits import NOT_TEXT, valid_text
 from imds.services.records.wire import document_timestamp, parse_instance_id
 
-NAME = re.compile(r"^[a-z0-9_-]{1,64}$")
-OS_TYPE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$")
+# fullmatch, never match + "$": "$" also matches before a trailing newline (a name "x\n" would reach
+# os/environment as a line of its own, which sh runs as a command).
+NAME = re.compile(r"[a-z0-9_-]{1,64}")
+OS_TYPE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,63}")
 PACKAGE_SUFFIXES = (".tar.gz", ".tgz")
 SECTIONS = ("parameters", "install_parameters")
 _FIELDS = frozenset({"id", "os_type", "mode", "communication", *SECTIONS, "package", "updated_at"})
@@ -65,7 +68,7 @@ def parse_os_write(body: Any, *, max_value_bytes: int) -> OsWrite:
     except InvalidInput as exc:
         problems.extend(exc.problems)
     os_type = body.get("os_type")
-    if not isinstance(os_type, str) or not OS_TYPE.match(os_type):
+    if not isinstance(os_type, str) or not OS_TYPE.fullmatch(os_type):
         problems.append(Problem("os_type", "is required: an OS name such as debootstrap+default"))
     mode = body.get("mode")
     if mode not in OS_MODES:
@@ -97,7 +100,7 @@ def _parameters(raw: Any, section: str, max_bytes: int, problems: list[Problem])
     found: dict[str, ParamIn] = {}
     for name, entry in raw.items():
         where = f"{section}.{str(name)[:_SHOWN]}"
-        if not NAME.match(name):
+        if not NAME.fullmatch(name):
             problems.append(Problem(where, "a parameter name is 1-64 characters of a-z, 0-9, _ and -"))
             continue
         if not isinstance(entry, dict) or set(entry) - {"value", "visibility"}:
@@ -107,21 +110,31 @@ def _parameters(raw: Any, section: str, max_bytes: int, problems: list[Problem])
         if visibility not in VISIBILITIES:
             problems.append(Problem(f"{where}.visibility", f"must be one of {', '.join(VISIBILITIES)}"))
             continue
-        if not isinstance(value, str):
-            problems.append(Problem(f"{where}.value", "must be a string"))
-            continue
-        if len(value.encode()) > max_bytes:
-            problems.append(Problem(f"{where}.value", f"is longer than {max_bytes} bytes (--os-param-max-bytes)"))
-            continue
-        if name == IMAGE_PARAMETER and (problem := url_problem(value)) is not None:
+        if (problem := _value_problem(name, value, max_bytes)) is not None:
             problems.append(Problem(f"{where}.value", problem))
             continue
-        found[name] = ParamIn(visibility, value if visibility == PUBLIC else Secret(value))
+        text = str(value)  # a string: _value_problem said so
+        found[name] = ParamIn(visibility, text if visibility == PUBLIC else Secret(text))
     return found
+
+
+def _value_problem(name: str, value: Any, max_bytes: int) -> str | None:
+    """Why a parameter's value is refused (a string of valid text, within the limit; an image a good URL), or None."""
+    if not isinstance(value, str):
+        return "must be a string"
+    if not valid_text(value):
+        return NOT_TEXT
+    if len(value.encode()) > max_bytes:
+        return f"is longer than {max_bytes} bytes (--os-param-max-bytes)"
+    if name == IMAGE_PARAMETER:
+        return url_problem(value)
+    return None
 
 
 def _package_url(url: Any) -> str | None:
     """Why the package URL is refused, or None."""
+    if isinstance(url, str) and not valid_text(url):
+        return NOT_TEXT
     if not isinstance(url, str) or not url.lower().startswith(URL_SCHEMES):
         return "must be an http:// or https:// URL"
     if (problem := url_problem(url)) is not None:
@@ -147,7 +160,7 @@ def _package(raw: Any, problems: list[Problem]) -> tuple[str | None, PackageAuth
     username, password = raw.get("username"), raw.get("password")
     if username is None and password is None:
         return str(url), None
-    if not isinstance(username, str) or not isinstance(password, str):
-        problems.append(Problem("package", "username and password go together, both strings"))
+    if not (isinstance(username, str) and isinstance(password, str) and valid_text(username + password)):
+        problems.append(Problem("package", "username and password go together, both strings (valid Unicode text)"))
         return None, None
     return str(url), PackageAuth(Secret(username), Secret(password))

@@ -1,6 +1,6 @@
-"""Device role tags: the ``devices`` part of a metadata document, checked before anything is written.
+r"""Device role tags: the ``devices`` part of a metadata document, checked before anything is written.
 
-Two rules, both reported with the offending device's path (``metadata.devices[3]``):
+Three rules, each reported with the offending device's path (``metadata.devices[3]``):
 
 1. The JSON schema shipped in ``imds/services/schemas/device-role-tagging.schema.json``
    (Draft 2020-12; a copy of the design's fixture, append-only). A schema error names the
@@ -11,6 +11,9 @@ Two rules, both reported with the offending device's path (``metadata.devices[3]
    a disk may. Two entries of the same type may share a tag only when they are the same
    backend exposed twice — disks with the same ``serial`` (a Xen guest sees one volume on
    both its IDE and its PV bus).
+3. No string in a device holds a control character. The schema's patterns are anchored with
+   ``^…$``, and a JSON Schema validator in Python searches with ``re``, whose ``$`` also
+   matches before a trailing newline: ``"mac": "fa:16:3e:00:00:01\n"`` passes the schema.
 """
 
 from __future__ import annotations
@@ -30,7 +33,8 @@ if TYPE_CHECKING:
 
 SCHEMA_FILE = "device-role-tagging.schema.json"
 FIELD = "metadata.devices"
-_REQUIRED = re.compile(r"^'([^']+)' is a required property$")
+_REQUIRED = re.compile(r"'([^']+)' is a required property")  # fullmatch
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 # Entries of one type that are the same backend exposed twice carry the same value here.
 _SAME_BACKEND = {"disk": "serial"}
 
@@ -57,6 +61,7 @@ def check_devices(devices: Any) -> list[Problem]:
     problems = [_problem(error) for error in _leaves(_validator().iter_errors({"devices": devices}))]
     if isinstance(devices, list):
         problems += _shared_tags(devices)
+        problems += _control_characters(devices)
     return list(dict.fromkeys(problems))  # one branch per bus can repeat the same complaint
 
 
@@ -106,7 +111,7 @@ def _problem(error: ValidationError) -> Problem:
     if error.validator == "required":
         # Name the missing field itself: metadata.devices[3].mac "is required".
         # One error per missing property; its name is only in the message ("'mac' is a required property").
-        missing = _REQUIRED.match(message)
+        missing = _REQUIRED.fullmatch(message)
         if missing is not None:
             path.append(missing.group(1))
             message = "is required"
@@ -119,6 +124,26 @@ def _field(path: list[Any]) -> str:
     for part in path:
         text += f"[{part}]" if isinstance(part, int) else f".{part}"
     return text
+
+
+def _control_characters(devices: list[Any]) -> list[Problem]:
+    """Each string (value or key) in a device that holds a C0/C1 control character or DEL."""
+    problems = []
+    stack: list[tuple[Any, str]] = [(device, f"{FIELD}[{index}]") for index, device in enumerate(devices)]
+    while stack:
+        value, path = stack.pop()
+        if isinstance(value, dict):
+            for key, child in value.items():
+                bad = _CONTROL.search(key) is not None
+                shown = f"{path}.{key!r}" if bad else f"{path}.{key}"
+                if bad:
+                    problems.append(Problem(shown, "key holds a control character"))
+                stack.append((child, shown))
+        elif isinstance(value, list):
+            stack.extend((child, f"{path}[{index}]") for index, child in enumerate(value))
+        elif isinstance(value, str) and _CONTROL.search(value):
+            problems.append(Problem(path, "holds a control character (a newline, tab, ...)"))
+    return sorted(problems, key=lambda problem: problem.field)
 
 
 def _shared_tags(devices: list[Any]) -> list[Problem]:

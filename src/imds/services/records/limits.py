@@ -20,13 +20,16 @@ The admin API, ``imds import`` and the pull-mode lookups all check with these ``
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from typing import Any
 
 from imds.config import OPTIONS
 from imds.errors import Problem
+from imds.models import Network
 
+NOT_TEXT = "is not valid Unicode text (it holds a lone surrogate such as \\ud800)"
 MAX_PROBLEMS = 20  # a hostile document could have a million bad strings: name the first few
 
 
@@ -45,11 +48,13 @@ class Limits:
     max_document_keys: int = 20000
     max_body_bytes: int = 1024 * 1024
     strict_records: bool = False  # True: host bits, a document id not the record's, no ipAddresses → refused
+    allow_wide_prefixes: bool = False  # True: a prefix shorter than WIDEST_PREFIX is taken, with a warning
 
     @classmethod
     def of(cls, settings: Any) -> Limits:
         """The limits in a ``settings.limits`` group (fields absent there keep their defaults)."""
-        names = ("max_addresses", "max_document_depth", "max_document_keys", "max_body_bytes", "strict_records")
+        names = ("max_addresses", "max_document_depth", "max_document_keys", "max_body_bytes", "strict_records",
+                 "allow_wide_prefixes")
         return cls(**{name: getattr(settings, name) for name in names if hasattr(settings, name)})
 
 
@@ -59,6 +64,32 @@ def check_size(field: str, size: int, limits: Limits) -> Problem | None:
         return None
     return Problem(field, f"is {size} bytes; at most {limits.max_body_bytes} are accepted, as in one admin write "
                           f"({flag_of('max_body_bytes')})")
+
+
+def max_item_bytes(limits: Limits) -> int:
+    """The most one import item may take as text (the row cap): 16 x ``max_body_bytes``.
+
+    An item's userdata and its metadata may each be ``max_body_bytes``; written as JSON,
+    base64 adds a third and escapes up to six times. Anything longer is refused unread.
+    """
+    return 16 * limits.max_body_bytes
+
+
+# The shortest prefix an instance address may have by default, per IP version: a wider one
+# (0.0.0.0/0 and ::/0 above all) holds addresses far beyond any network one instance is
+# given, so its instance answers every caller that no longer prefix claims.
+WIDEST_PREFIX = {4: 8, 6: 16}
+
+
+def wide_prefix(network: Network) -> str | None:
+    """Why ``network`` is too wide for one instance, or None."""
+    widest = WIDEST_PREFIX[network.version]
+    if network.prefixlen >= widest:
+        return None
+    every = " (every address)" if network.prefixlen == 0 else ""
+    return (f"{network} is a /{network.prefixlen}{every}: its instance would answer every caller no longer prefix "
+            f"claims; an instance address is at least a /{widest} for IPv{network.version} "
+            f"(accepted, with a warning, with {flag_of('allow_wide_prefixes')})")
 
 
 def check_addresses_count(count: int, limits: Limits) -> Problem | None:
@@ -72,7 +103,13 @@ def check_addresses_count(count: int, limits: Limits) -> Problem | None:
 
 
 def check_document(document: Any, where: str, limits: Limits) -> list[Problem]:
-    """Every problem with a JSON value: bad strings, non-finite numbers, depth and key count."""
+    """Every problem with a JSON value: bad strings, non-finite numbers, depth and key count.
+
+    A document whose strings and numbers are all fine (the encoder says so, at C speed) is
+    walked for its depth and key count only; one that is not, value by value, to name each.
+    """
+    if _text_and_numbers_fine(document) and _within_shape(document, limits):
+        return []
     problems: list[Problem] = []
     keys = 0
     stack: list[tuple[Any, str, int]] = [(document, where, 1)]
@@ -85,8 +122,8 @@ def check_document(document: Any, where: str, limits: Limits) -> list[Problem]:
         if isinstance(value, dict):
             keys += len(value)
             for key, child in value.items():
-                child_path = f"{path}.{key}" if _valid_text(key) else f"{path}.{key!r}"
-                if not _valid_text(key):
+                child_path = f"{path}.{key}" if valid_text(key) else f"{path}.{key!r}"
+                if not valid_text(key):
                     problems.append(Problem(child_path, "key is not valid Unicode text (a lone surrogate)"))
                 stack.append((child, child_path, depth + 1))
         elif isinstance(value, list):
@@ -101,15 +138,42 @@ def check_document(document: Any, where: str, limits: Limits) -> list[Problem]:
     return problems
 
 
+def _text_and_numbers_fine(document: Any) -> bool:
+    """Whether every string is valid Unicode text and every number finite (one encoding pass)."""
+    try:
+        json.dumps(document, ensure_ascii=False, allow_nan=False, check_circular=False).encode()
+    except (ValueError, TypeError, RecursionError):  # UnicodeEncodeError is a ValueError
+        return False
+    return True
+
+
+def _within_shape(document: Any, limits: Limits) -> bool:
+    """Whether the document is within the depth and key limits (its containers walked, no scalar)."""
+    if not isinstance(document, dict | list):
+        return True
+    keys = 0
+    stack: list[tuple[Any, int]] = [(document, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if depth > limits.max_document_depth:
+            return False
+        if isinstance(value, dict):
+            keys += len(value)
+            value = value.values()
+        stack.extend((child, depth + 1) for child in value if isinstance(child, dict | list))
+    return keys <= limits.max_document_keys
+
+
 def _scalar(value: Any, path: str) -> Problem | None:
-    if isinstance(value, str) and not _valid_text(value):
-        return Problem(path, "is not valid Unicode text (it holds a lone surrogate such as \\ud800)")
+    if isinstance(value, str) and not valid_text(value):
+        return Problem(path, NOT_TEXT)
     if isinstance(value, float) and not math.isfinite(value):
         return Problem(path, "must be a finite number (JSON has no NaN or Infinity)")
     return None
 
 
-def _valid_text(text: str) -> bool:
+def valid_text(text: str) -> bool:
+    r"""Whether ``text`` can be encoded as UTF-8 (JSON's ``"\udc80"`` decodes to a lone surrogate, which cannot)."""
     if text.isascii():
         return True
     try:

@@ -28,8 +28,9 @@ from imds.services.catalog.catalog import Catalog
 from imds.services.identity.proxytrust import inside_trusted
 from imds.services.records.audit import delete_event, remove_record, write_event
 from imds.services.records.coalesce import Coalescer
-from imds.services.records.wire import document_timestamp, notes
-from imds.store.interface import Store
+from imds.services.records.limits import wide_prefix
+from imds.services.records.wire import document_timestamp, moved_notes, notes
+from imds.store.interface import Store, WriteTx
 
 _log = log.get("records")
 PASSWORD = "password"  # noqa: S105 - a record name, not a secret
@@ -121,6 +122,8 @@ class Records:
         readings = {note.text for note in notes(upsert.first)}
         if readings:
             _log.info("record.hollow_readings", instance_id=result.instance_id, notes=sorted(readings))
+        if wide := [display(a) for a in result.addresses if wide_prefix(a) is not None]:
+            _log.warning("record.wide_prefix", instance_id=result.instance_id, addresses=wide)
         if trusted := [warning for warning in result.warnings if warning not in readings]:
             _log.warning("record.inside_trusted_proxy", instance_id=result.instance_id, problems=trusted)
         return result
@@ -139,54 +142,72 @@ class Records:
         forms keep this to a few statements per batch; one log line for the batch.
         """
         upserts = [_Upsert(m, u, subject) for m, u in items if m is not None or u is not None]
-        results = await self._upsert_batch(upserts)
+        return self._counted(upserts, await self._upsert_batch(upserts), subject)
+
+    async def put_many_in(
+        self, tx: WriteTx, items: Sequence[tuple[MetadataWrite | None, UserdataWrite | None]], *, subject: str,
+    ) -> list[WriteResult]:
+        """``put_many`` inside a store block the caller holds open (several batches, one transaction).
+
+        The caller hands the block's journal to the catalog once it has committed.
+        """
+        upserts = [_Upsert(m, u, subject) for m, u in items if m is not None or u is not None]
+        return self._counted(upserts, await self._apply(tx, upserts), subject)
+
+    def _counted(self, upserts: Sequence[_Upsert], results: list[WriteResult], subject: str) -> list[WriteResult]:
         applied = [u for u, r in zip(upserts, results, strict=True) if r.applied]
         self._metrics.metadata_inserts.inc(sum(u.metadata is not None for u in applied))
         self._metrics.userdata_inserts.inc(sum(u.userdata is not None for u in applied))
-        _log.info("records.written", subject=subject, items=len(items), applied=len(applied),
-                  stale=len(results) - len(applied))
-        return list(results)
+        _log.info("records.written", subject=subject, items=len(upserts),
+                  applied=len(applied), stale=len(results) - len(applied))
+        return results
 
     async def _upsert_batch(self, upserts: Sequence[_Upsert]) -> list[WriteResult]:
         """Carry out upserts in one store block, in order; one result each. The catalog has them on return."""
+        async with self._store.write() as tx:
+            results = await self._apply(tx, upserts)
+        await self._catalog.written(tx.journal)
+        return results
+
+    async def _apply(self, tx: WriteTx, upserts: Sequence[_Upsert]) -> list[WriteResult]:
+        """Carry out upserts in ``tx``, in order; one result each."""
         results: list[WriteResult | None] = []
         applied: list[tuple[int, _Upsert, MetadataWrite | UserdataWrite]] = []
         events: list[AuditEvent] = []
-        async with self._store.write() as tx:
-            documents = await tx.metadata_of_many([u.metadata.id for u in upserts if u.metadata is not None])
-            for upsert in upserts:
-                first = upsert.first
-                reason = None if upsert.metadata is None else _staleness(
-                    documents.get(first.id), upsert.metadata.metadata)
-                if reason is not None:
-                    results.append(WriteResult(first.id, applied=False, reason=reason))
-                    events.append(write_event(subject=upsert.subject, instance_id=first.id, kind=METADATA,
-                                              reason=reason))
-                    continue
-                if upsert.metadata is not None:
-                    documents[first.id] = upsert.metadata.metadata
-                applied.append((len(results), upsert, first))
-                results.append(None)
-            await tx.put_records(
-                [(u.metadata.id, u.metadata.metadata) for _, u, _ in applied if u.metadata is not None],
-                [(u.userdata.id, u.userdata.userdata) for _, u, _ in applied if u.userdata is not None],
-            )
-            changes = await tx.replace_addresses_many([(first.id, first.addresses) for _, _, first in applied])
-            for (index, upsert, first), (moved, dropped) in zip(applied, changes, strict=True):
-                await tx.mark_changed([first.id, *moved.values()])  # one feed block per write, in order
-                results[index] = WriteResult(first.id, applied=True, addresses=first.addresses, moved=moved,
-                                             dropped=dropped,
-                                             warnings=(*(note.text for note in notes(first)),
-                                                       *inside_trusted(first.addresses, self._trusted)))
-                # One entry per record written, as two single writes would make (the second moves nothing).
-                kinds = [kind for kind, part in ((METADATA, upsert.metadata), (USERDATA, upsert.userdata)) if part]
-                events += [
-                    write_event(subject=upsert.subject, instance_id=first.id, kind=kind, addresses=first.addresses,
-                                moved=moved if n == 0 else None, dropped=dropped if n == 0 else ())
-                    for n, kind in enumerate(kinds)
-                ]
-            await tx.append_audit_many(events)
-        await self._catalog.written(tx.journal)
+        documents = await tx.metadata_of_many([u.metadata.id for u in upserts if u.metadata is not None])
+        for upsert in upserts:
+            first = upsert.first
+            reason = None if upsert.metadata is None else _staleness(
+                documents.get(first.id), upsert.metadata.metadata)
+            if reason is not None:
+                results.append(WriteResult(first.id, applied=False, reason=reason))
+                events.append(write_event(subject=upsert.subject, instance_id=first.id, kind=METADATA,
+                                          reason=reason))
+                continue
+            if upsert.metadata is not None:
+                documents[first.id] = upsert.metadata.metadata
+            applied.append((len(results), upsert, first))
+            results.append(None)
+        await tx.put_records(
+            [(u.metadata.id, u.metadata.metadata) for _, u, _ in applied if u.metadata is not None],
+            [(u.userdata.id, u.userdata.userdata) for _, u, _ in applied if u.userdata is not None],
+        )
+        changes = await tx.replace_addresses_many([(first.id, first.addresses) for _, _, first in applied])
+        for (index, upsert, first), (moved, dropped) in zip(applied, changes, strict=True):
+            await tx.mark_changed([first.id, *moved.values()])  # one feed block per write, in order
+            results[index] = WriteResult(first.id, applied=True, addresses=first.addresses, moved=moved,
+                                         dropped=dropped,
+                                         warnings=(*(note.text for note in notes(first)),
+                                                   *inside_trusted(first.addresses, self._trusted),
+                                                   *moved_notes(moved)))
+            # One entry per record written, as two single writes would make (the second moves nothing).
+            kinds = [kind for kind, part in ((METADATA, upsert.metadata), (USERDATA, upsert.userdata)) if part]
+            events += [
+                write_event(subject=upsert.subject, instance_id=first.id, kind=kind, addresses=first.addresses,
+                            moved=moved if n == 0 else None, dropped=dropped if n == 0 else ())
+                for n, kind in enumerate(kinds)
+            ]
+        await tx.append_audit_many(events)
         return [result for result in results if result is not None]
 
     # --- the OpenStack password: written by the instance once, cleared by an admin ---------

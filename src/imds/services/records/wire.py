@@ -11,7 +11,7 @@ import asyncio
 import base64
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -19,8 +19,8 @@ from typing import Any, TypeVar
 
 from imds.errors import InvalidInput, Problem
 from imds.models import RECORD_HOST, JsonObject, MetadataWrite, Network, UserdataWrite, covered
-from imds.services.catalog.addresses import parse_network
-from imds.services.records.limits import Limits, check_addresses_count, check_document, flag_of
+from imds.services.catalog.addresses import display, parse_network
+from imds.services.records.limits import Limits, check_addresses_count, check_document, flag_of, wide_prefix
 from imds.services.records.parts import check_parts
 from imds.services.records.shape import check_shape
 from imds.signing import valid_host
@@ -147,9 +147,10 @@ def _with_host(given: Any, document: JsonObject, problems: list[Problem]) -> Jso
 class NoteKind(StrEnum):
     """What a note is about, named by the field it reads (``imds import`` counts the notes of one kind together)."""
 
-    ADDRESSES = "ipAddresses"  # an address with host bits set
+    ADDRESSES = "ipAddresses"  # an address with host bits set, a prefix wider than WIDEST_PREFIX
     METADATA = "metadata"  # a document id other than the record id
     OS = "os"  # a secret OS value an offline import drops
+    MOVED = "moved"  # an address a write took from another instance (``moved_notes``)
 
 
 @dataclass(frozen=True)
@@ -164,14 +165,18 @@ class Note:
 
 
 def notes(write: MetadataWrite | UserdataWrite) -> list[Note]:
-    """What a write's answer says about hollow's readings it relied on (nothing is silent).
+    """What a write's answer says about hollow's readings it relied on, and wide prefixes it holds (nothing is silent).
 
     An address with host bits set covers the network it names; a document id other than the
-    record id is stored as sent while every flavor names the instance by the record id.
+    record id is stored as sent while every flavor names the instance by the record id; a
+    prefix wider than ``WIDEST_PREFIX`` (taken only with ``--allow-wide-prefixes``) answers
+    every caller no longer prefix claims.
     """
     found = [Note(NoteKind.ADDRESSES, f"ipAddresses: {network} has host bits set: it covers the network {covers} "
                                       "(matched by containment, longest prefix; stored and shown as sent)")
              for network in write.addresses if (covers := covered(network)) is not None]
+    found += [Note(NoteKind.ADDRESSES, f"ipAddresses: {why}")
+              for network in write.addresses if (why := wide_prefix(network)) is not None]
     if isinstance(write, MetadataWrite) and "id" in write.metadata:
         document_id = write.metadata["id"]
         if not isinstance(document_id, str) or document_id.lower() != write.id:
@@ -179,6 +184,12 @@ def notes(write: MetadataWrite | UserdataWrite) -> list[Note]:
                               f"metadata.id: {str(document_id)[:80]!r} is not the record id: the document is stored "
                               f"and served as sent; every flavor names the instance {write.id}"))
     return found
+
+
+def moved_notes(moved: Mapping[Network, str]) -> list[str]:
+    """A warning per address a write took from another instance (one holder per address: the last write wins)."""
+    return [f"ipAddresses: {display(network)} moved here from instance {holder} (an address has one holder: "
+            "the last write wins)" for network, holder in moved.items()]
 
 
 def _document_id(value: Any, instance_id: str, problems: list[Problem]) -> None:
@@ -251,9 +262,14 @@ def _addresses(fields: dict[str, Any], problems: list[Problem], limits: Limits) 
             problems.append(Problem(f"ipAddresses[{index}]", "must be a string"))
             continue
         try:
-            networks[parse_network(value, spelled=not limits.strict_records)] = None
+            network = parse_network(value, spelled=not limits.strict_records)
         except ValueError as exc:
             problems.append(Problem(f"ipAddresses[{index}]", str(exc)))
+            continue
+        if not limits.allow_wide_prefixes and (why := wide_prefix(network)) is not None:
+            problems.append(Problem(f"ipAddresses[{index}]", why))
+            continue
+        networks[network] = None
     return tuple(networks)
 
 

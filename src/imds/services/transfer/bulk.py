@@ -18,8 +18,8 @@ written (a re-run of the same import writes nothing); the rest go through
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from imds.errors import InvalidInput, Problem
@@ -35,11 +35,12 @@ from imds.services.records.wire import (
     DEFAULT_LIMITS,
     Note,
     NoteKind,
+    moved_notes,
     notes,
     parse_metadata_write,
     parse_userdata_write,
 )
-from imds.store import Store
+from imds.store import Store, WriteTx
 
 Outcome = Literal["created", "updated", "unchanged", "stale", "rejected"]
 OUTCOMES: tuple[Outcome, ...] = ("created", "updated", "unchanged", "stale", "rejected")
@@ -65,6 +66,7 @@ class Result:
     id: str | None
     outcome: Outcome
     reason: str | None = None
+    warnings: tuple[str, ...] = ()  # addresses the write took from other instances
 
 
 def parse_item(obj: Any, *, label: str, max_os_value_bytes: int = 4096, limits: Limits = DEFAULT_LIMITS) -> Item:
@@ -147,6 +149,7 @@ def item_notes(item: Item, *, offline: bool) -> list[Note]:
 def rejected(label: str, obj: Any, exc: InvalidInput) -> Result:
     """The Result for an item that did not parse (its id, when it has a readable one)."""
     instance_id = obj.get("id") if isinstance(obj, dict) and isinstance(obj.get("id"), str) else None
+    instance_id = instance_id or getattr(exc, "instance_id", None)  # an item refused unread knows its id
     reason = "; ".join(f"{p.field}: {p.message}" for p in exc.problems) or exc.message
     return Result(label, instance_id, "rejected", reason)
 
@@ -163,20 +166,37 @@ def _unchanged(item: Item, stored: Instance, os_records: OsRecords | None) -> bo
     return item.userdata is None or item.userdata.userdata == stored.userdata
 
 
+@dataclass
+class Block:
+    """A store block held open across batches (a whole import in one transaction).
+
+    ``undo``: what to give back if the block does not commit (the vault's secrets of OS
+    writes); ``created``: the ids it created, so a later batch says ``updated`` for them
+    (its reads do not see the block's uncommitted writes).
+    """
+
+    tx: WriteTx
+    undo: list[Callable[[], None]] = field(default_factory=list)
+    created: set[str] = field(default_factory=set)
+
+
 async def apply_batch(  # noqa: PLR0913 - the pieces of one batch
     records: Records, store: Store, items: Sequence[Item], *, subject: str, dry_run: bool = False,
-    os_records: OsRecords | None = None, notices: NoticeRecords | None = None,
+    os_records: OsRecords | None = None, notices: NoticeRecords | None = None, block: Block | None = None,
 ) -> list[Result]:
     """Compare ``items`` with the store and write the ones that change something (unless ``dry_run``).
 
     Items are applied in order; a later item for the same id sees the earlier one's write.
     An item's ``os`` record is written after the batch's metadata and userdata (``os_records``
     is required for items that carry one); notice items after those (``notices`` is required for them).
+    Each batch is one transaction, or part of ``block``'s when given (the caller commits it, or
+    undoes it). Notice items are written in transactions of their own: a caller holding a block
+    applies them after it committed (the block holds the write lock; see ``imds import``).
     """
     instances = [(index, item) for index, item in enumerate(items) if item.notice is None]
     results = dict(zip((index for index, _ in instances),
                        await _apply_instances(records, store, [item for _, item in instances], subject=subject,
-                                              dry_run=dry_run, os_records=os_records), strict=True))
+                                              dry_run=dry_run, os_records=os_records, block=block), strict=True))
     for index, item in enumerate(items):
         if item.notice is not None:
             results[index] = await _apply_notice(notices, item, subject=subject, dry_run=dry_run)
@@ -194,11 +214,13 @@ async def _apply_notice(notices: NoticeRecords | None, item: Item, *, subject: s
 
 async def _apply_instances(  # noqa: PLR0913 - the pieces of one batch
     records: Records, store: Store, items: Sequence[Item], *, subject: str, dry_run: bool,
-    os_records: OsRecords | None,
+    os_records: OsRecords | None, block: Block | None,
 ) -> list[Result]:
     if not items:
         return []
     stored = await store.get_many({item.id for item in items})
+    if block is not None:
+        stored = {instance_id: found for instance_id, found in stored.items() if instance_id not in block.created}
     results: dict[int, Result] = {}
     pending: list[tuple[int, Item]] = []
     seen: set[str] = set()
@@ -213,22 +235,35 @@ async def _apply_instances(  # noqa: PLR0913 - the pieces of one batch
         for index, item in pending:
             results[index] = Result(item.label, item.id, "updated" if item.id in stored else "created")
     elif pending:
-        written = await records.put_many([(item.metadata, item.userdata) for _, item in pending], subject=subject)
-        created: set[str] = set()
-        for (index, item), result in zip(pending, written, strict=True):
-            if not result.applied:
-                results[index] = Result(item.label, item.id, "stale", result.reason)
-            elif item.id in stored or item.id in created:
-                results[index] = Result(item.label, item.id, "updated")
-            else:
-                created.add(item.id)
-                results[index] = Result(item.label, item.id, "created")
-        await _write_os(os_records, pending, results, subject=subject)
+        await _write(records, pending, stored.keys(), results, subject=subject, block=block)
+        await _write_os(os_records, pending, results, subject=subject, block=block)
     return [results[index] for index in range(len(items))]
+
+
+async def _write(  # noqa: PLR0913 - the pieces of one batch
+    records: Records, pending: list[tuple[int, Item]], stored: Collection[str], results: dict[int, Result], *,
+    subject: str, block: Block | None,
+) -> None:
+    """The metadata and userdata of the items that change something; each one's outcome."""
+    pairs = [(item.metadata, item.userdata) for _, item in pending]
+    if block is None:
+        written = await records.put_many(pairs, subject=subject)
+    else:
+        written = await records.put_many_in(block.tx, pairs, subject=subject)
+    created: set[str] = block.created if block is not None else set()
+    for (index, item), result in zip(pending, written, strict=True):
+        if not result.applied:
+            results[index] = Result(item.label, item.id, "stale", result.reason)
+        elif item.id in stored or item.id in created:
+            results[index] = Result(item.label, item.id, "updated", warnings=tuple(moved_notes(result.moved)))
+        else:
+            created.add(item.id)
+            results[index] = Result(item.label, item.id, "created", warnings=tuple(moved_notes(result.moved)))
 
 
 async def _write_os(
     os_records: OsRecords | None, pending: list[tuple[int, Item]], results: dict[int, Result], *, subject: str,
+    block: Block | None,
 ) -> None:
     """The OS records of the written items (a stale OS write makes the item ``stale``)."""
     for index, item in pending:
@@ -237,6 +272,10 @@ async def _write_os(
         if os_records is None:
             results[index] = Result(item.label, item.id, "rejected", "os: OS records are not available here")
             continue
-        written = await os_records.put(item.os, subject=subject)
+        if block is None:
+            written = await os_records.put(item.os, subject=subject)
+        else:
+            written, undo = await os_records.put_in(block.tx, item.os, subject=subject)
+            block.undo.append(undo)
         if not written.applied:
             results[index] = Result(item.label, item.id, "stale", f"os: {written.reason}")

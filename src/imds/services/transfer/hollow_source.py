@@ -17,6 +17,10 @@ Each instance becomes one upsert object in the import wire format
 (``imds.services.transfer.readout``), so it goes through exactly the admin API's rules:
 
 - ``metadata`` is the stored JSON text, which the metadata rules parse and check;
+- a row whose userdata is over ``--max-body-bytes`` (or whose metadata text is over the row
+  cap, ``imds.services.records.limits.max_item_bytes``) is refused by its size, measured by
+  the database: the value itself is never read (``Oversized``), so memory is bounded by the
+  caps, not by the data;
 - ``userdata`` is base64 with ``"userdata_encoding": "base64"``, so any bytes survive exactly
   (NULL userdata is empty, as hollow serves it);
 - ``ipAddresses`` are written as hollow shows them: the host, with ``/prefix`` when the
@@ -27,18 +31,21 @@ Each instance becomes one upsert object in the import wire format
 
     async with HollowSource("postgresql://hollow@db:5432/hollow") as source:
         total = await source.count()
-        async for page in source.pages(1000):
+        async for page in source.pages(1000, Limits()):
             ...  # [{"id": ..., "ipAddresses": [...], "metadata": "...", "userdata": "..."}, ...]
 """
 
 from __future__ import annotations
 
 import base64
+import importlib
 from collections.abc import AsyncIterator
 from typing import Any, Self
 
 from imds.config.database import Database, parse_source
-from imds.errors import StoreUnavailable
+from imds.errors import Problem, StoreUnavailable
+from imds.services.records.limits import Limits, check_size, flag_of, max_item_bytes
+from imds.services.transfer.source import Oversized
 
 _FIRST_IDS = """
 SELECT id FROM (
@@ -54,8 +61,12 @@ SELECT id FROM (
     (SELECT id FROM instance_userdata WHERE id > $2::uuid ORDER BY id LIMIT $1)
 ) AS ids ORDER BY id LIMIT $1
 """
+# A value over its cap is measured, never sent: a row costs at most the caps in memory, whatever it holds.
 _PAGE = """
-SELECT page.id::text AS id, m.metadata::text AS metadata, u.id IS NOT NULL AS has_userdata, u.userdata
+SELECT page.id::text AS id, u.id IS NOT NULL AS has_userdata,
+       octet_length(m.metadata::text) AS metadata_bytes, octet_length(u.userdata) AS userdata_bytes,
+       CASE WHEN octet_length(m.metadata::text) <= {metadata_cap} THEN m.metadata::text END AS metadata,
+       CASE WHEN octet_length(u.userdata) <= {userdata_cap} THEN u.userdata END AS userdata
 FROM ({ids}) AS page
 LEFT JOIN instance_metadata AS m ON m.id = page.id
 LEFT JOIN instance_userdata AS u ON u.id = page.id
@@ -70,6 +81,7 @@ ORDER BY instance_id, address
 """
 _COUNT = "SELECT count(*) FROM (SELECT id FROM instance_metadata UNION SELECT id FROM instance_userdata) AS ids"
 _FULL_PREFIX = {4: 32, 6: 128}
+PRELOADED = ("asyncpg", "imds.store.sql.diagnose")  # what a reader may import (see preload)
 
 
 def address_text(host: str, prefix: int, family: int) -> str:
@@ -103,6 +115,16 @@ def connect_arguments(database: Database) -> dict[str, Any]:
     if database.session_attrs is not None:
         arguments["target_session_attrs"] = database.session_attrs
     return arguments
+
+
+def preload() -> None:
+    """Import what reading may need (the driver, the database diagnostics) in the calling thread.
+
+    A reader thread then imports nothing: two threads importing SQLAlchemy at once (the
+    reader explaining a failure while the main thread migrates) can raise ImportError.
+    """
+    for module in PRELOADED:
+        importlib.import_module(module)
 
 
 class HollowSource:
@@ -142,14 +164,17 @@ class HollowSource:
         value = await self._query("fetchval", _COUNT)
         return int(value)
 
-    async def pages(self, size: int) -> AsyncIterator[list[dict[str, Any]]]:
-        """Every instance as an upsert object, ``size`` at a time, by id."""
+    async def pages(self, size: int, limits: Limits) -> AsyncIterator[list[dict[str, Any] | Oversized]]:
+        """Every instance as an upsert object (or its refusal by size), ``size`` at a time, by id."""
         after: str | None = None
+        caps = (max_item_bytes(limits), limits.max_body_bytes)
         while True:
             if after is None:
-                rows = await self._query("fetch", _PAGE.format(ids=_FIRST_IDS), size)
+                query = _PAGE.format(ids=_FIRST_IDS, metadata_cap="$2", userdata_cap="$3")
+                rows = await self._query("fetch", query, size, *caps)
             else:
-                rows = await self._query("fetch", _PAGE.format(ids=_NEXT_IDS), size, after)
+                query = _PAGE.format(ids=_NEXT_IDS, metadata_cap="$3", userdata_cap="$4")
+                rows = await self._query("fetch", query, size, after, *caps)
             if not rows:
                 return
             ids = [row["id"] for row in rows]
@@ -157,8 +182,9 @@ class HollowSource:
             for found in await self._query("fetch", _ADDRESSES, ids):
                 text = address_text(found["host"], found["prefix"], found["family"])
                 addresses.setdefault(found["instance_id"], []).append(text)
-            yield [wire_object(row["id"], row["metadata"], row["userdata"], addresses.get(row["id"], []),
-                               has_userdata=row["has_userdata"]) for row in rows]
+            yield [_oversized(row, limits) or wire_object(
+                       row["id"], row["metadata"], row["userdata"], addresses.get(row["id"], []),
+                       has_userdata=row["has_userdata"]) for row in rows]
             after = ids[-1]
 
     async def _query(self, method: str, sql: str, *args: object) -> Any:
@@ -172,6 +198,18 @@ class HollowSource:
             raise StoreUnavailable(msg) from exc
         except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
             raise StoreUnavailable(_describe(self._database, exc)) from exc
+
+
+def _oversized(row: Any, limits: Limits) -> Oversized | None:
+    """The refusal of a row whose values were left unread for their size, or None."""
+    problems = []
+    if row["metadata_bytes"] is not None and row["metadata"] is None:
+        cap = max_item_bytes(limits)
+        problems.append(Problem("metadata", f"is {row['metadata_bytes']} bytes as stored; at most {cap} are read "
+                                            f"(16 x {flag_of('max_body_bytes')})"))
+    if row["userdata_bytes"] is not None and row["userdata"] is None:
+        problems += [p for p in [check_size("userdata", row["userdata_bytes"], limits)] if p is not None]
+    return Oversized(problems, row["id"]) if problems else None
 
 
 def _describe(database: Database, exc: BaseException) -> str:

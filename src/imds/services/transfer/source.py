@@ -9,6 +9,10 @@ is an InvalidInput; the other items go on), while input that cannot be read at a
 UTF-8, nested too deeply for the parser, an array that does not parse) raises
 ``UnreadableInput`` naming the line: an import checks the whole source before writing.
 
+Memory is bounded by ``max_item_bytes`` (the row cap), not by the data: a line or a file
+longer than that is refused by its size (``Oversized``) without being held or parsed, and
+so is an array element (the array then cannot be read on: ``UnreadableInput``).
+
 ::
 
     with open(path, "rb") as stream:
@@ -26,11 +30,26 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from imds.errors import InvalidInput
+from imds.errors import InvalidInput, Problem
+from imds.services.records.limits import flag_of
 
 CHUNK = 1024 * 1024  # bytes read at a time (doubled while one array element is larger)
 _SPACE = re.compile(r"[ \t\n\r]*")
 _BOM = "\ufeff"
+
+
+class Oversized(InvalidInput):
+    """An item refused by its size before it was read whole (the row cap); ``instance_id`` when known."""
+
+    def __init__(self, problems: list[Problem], instance_id: str | None = None) -> None:
+        super().__init__(problems)
+        self.instance_id = instance_id
+
+
+def over_cap(cap: int) -> Oversized:
+    """The refusal of an item longer than ``cap`` bytes, skipped unread."""
+    return Oversized([Problem("item", f"is longer than {cap} bytes, more than one item may hold "
+                                      f"(16 x {flag_of('max_body_bytes')}): skipped unread")])
 
 
 class UnreadableInput(InvalidInput):
@@ -45,12 +64,14 @@ class UnreadableInput(InvalidInput):
 class Raw:
     """One item as read: ``label`` (``line 12``, ``item 3``, ``web-1.json``), its first ``line``, its value.
 
-    ``value`` is the parsed JSON, or an InvalidInput when the item is not valid JSON.
+    ``value`` is the parsed JSON, or an InvalidInput when the item is not valid JSON;
+    ``size`` the length of its text as read (0: not known), which batches are weighed by.
     """
 
     label: str
     line: int
     value: Any
+    size: int = 0
 
     @property
     def where(self) -> str:
@@ -58,45 +79,60 @@ class Raw:
         return self.label if self.label.startswith("line ") else f"{self.label} (line {self.line})"
 
 
-def read_path(source: Path) -> Iterator[Raw]:
+def read_path(source: Path, max_item_bytes: int | None = None) -> Iterator[Raw]:
     """The items of a file (JSON lines or a JSON array) or of a directory's ``*.json`` files, in name order."""
     if source.is_dir():
         for path in sorted(source.glob("*.json")):
+            if max_item_bytes is not None and path.stat().st_size > max_item_bytes:
+                yield Raw(path.name, 1, over_cap(max_item_bytes))
+                continue
             data = path.read_bytes()
             try:
                 text = data.decode()
             except UnicodeDecodeError as exc:
                 line = data.count(b"\n", 0, exc.start) + 1
                 raise _not_utf8(f"{path.name} (line {line})", exc) from exc
-            yield Raw(path.name, 1, _decode(text.removeprefix(_BOM), path.name))
+            yield Raw(path.name, 1, _decode(text.removeprefix(_BOM), path.name), len(data))
         return
     with source.open("rb") as stream:
-        yield from read_stream(stream)
+        yield from read_stream(stream, max_item_bytes)
 
 
-def read_stream(stream: IO[bytes]) -> Iterator[Raw]:
+def read_stream(stream: IO[bytes], max_item_bytes: int | None = None) -> Iterator[Raw]:
     """The items of a binary stream: a JSON array when its first character is ``[``, else JSON lines."""
     head = stream.read(CHUNK)
     if head.removeprefix(codecs.BOM_UTF8).lstrip(b" \t\r\n").startswith(b"["):
-        yield from _Array(stream, head).items()
+        yield from _Array(stream, head, max_item_bytes).items()
         return
-    yield from _lines(stream, head)
+    yield from _lines(stream, head, max_item_bytes)
 
 
-def _lines(stream: IO[bytes], head: bytes) -> Iterator[Raw]:
+def _lines(stream: IO[bytes], head: bytes, cap: int | None) -> Iterator[Raw]:
     number = 0
     rest = b""
+    skipping = False  # the current line went over the cap: what is left of it is dropped as it comes
     for chunk in _chunks(stream, head):
         lines = (rest + chunk).split(b"\n")
         rest = lines.pop()
         for line in lines:
             number += 1
-            yield from _line(line, number)
-    if rest:
-        yield from _line(rest, number + 1)
+            if skipping:
+                skipping = False
+                yield Raw(f"line {number}", number, over_cap(cap or 0))
+                continue
+            yield from _line(line, number, cap)
+        if cap is not None and len(rest) > cap:
+            skipping, rest = True, b""
+    if skipping:
+        yield Raw(f"line {number + 1}", number + 1, over_cap(cap or 0))
+    elif rest:
+        yield from _line(rest, number + 1, cap)
 
 
-def _line(line: bytes, number: int) -> Iterator[Raw]:
+def _line(line: bytes, number: int, cap: int | None) -> Iterator[Raw]:
+    if cap is not None and len(line) > cap:
+        yield Raw(f"line {number}", number, over_cap(cap))
+        return
     try:
         text = line.decode()
     except UnicodeDecodeError as exc:
@@ -104,7 +140,7 @@ def _line(line: bytes, number: int) -> Iterator[Raw]:
     if number == 1:
         text = text.removeprefix(_BOM)
     if text.strip():
-        yield Raw(f"line {number}", number, _decode(text, f"line {number}"))
+        yield Raw(f"line {number}", number, _decode(text, f"line {number}"), len(line))
 
 
 def _chunks(stream: IO[bytes], head: bytes) -> Iterator[bytes]:
@@ -137,8 +173,9 @@ def _too_deep(where: str) -> UnreadableInput:
 class _Array:
     """A JSON array read one element at a time; ``line`` is the line of ``text[pos]``."""
 
-    def __init__(self, stream: IO[bytes], head: bytes) -> None:
+    def __init__(self, stream: IO[bytes], head: bytes, cap: int | None = None) -> None:
         self._stream = stream
+        self._cap = cap
         self._decoder = codecs.getincrementaldecoder("utf-8")()
         self._json = json.JSONDecoder()
         self._text, self._pos, self._line, self._eof = "", 0, 1, False
@@ -159,7 +196,8 @@ class _Array:
             self._skip_space()
             number += 1
             line = self._line
-            yield Raw(f"item {number}", line, self._value(number))
+            value, size = self._value(number)
+            yield Raw(f"item {number}", line, value, size)
             self._skip_space()
             following = self._peek()
             if following == "]":
@@ -172,11 +210,17 @@ class _Array:
                                                             f"item {number}, found {shown}")
             self._advance(self._pos + 1)
 
-    def _value(self, number: int) -> Any:
+    def _value(self, number: int) -> tuple[Any, int]:
+        """The next element and the length of its text (characters)."""
         while True:
             try:
                 value, end = self._json.raw_decode(self._text, self._pos)
             except json.JSONDecodeError as exc:
+                if self._cap is not None and len(self._text) - self._pos > self._cap:
+                    raise UnreadableInput(f"line {self._line}", f"item {number} is longer than {self._cap} bytes, "
+                                                                "more than one item may hold: an array element is "
+                                                                "read whole (use JSON lines to skip such an item)"
+                                          ) from exc
                 if not self._eof:  # perhaps only cut off by the buffer's end: read more and try again
                     self._fill()
                     continue
@@ -187,8 +231,9 @@ class _Array:
             if end == len(self._text) and not self._eof:  # a number may go on in the next chunk
                 self._fill()
                 continue
+            size = end - self._pos
             self._advance(end)
-            return value
+            return value, size
 
     def _end(self) -> None:
         self._skip_space()

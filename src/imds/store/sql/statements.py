@@ -99,10 +99,15 @@ def documents_of(dialect: str) -> sa.Select[tuple[str, Any]]:
 
 
 @functools.cache
-def addresses_touched(dialect: str) -> sa.Select[tuple[str, str]]:
-    """(address, holder) of every address held by one of ``ids`` or listed in ``addresses``."""
-    return sa.select(_a.c.address, _a.c.instance_id).where(
-        _among(_a.c.instance_id, "ids", dialect) | _among(_a.c.address, "addresses", dialect)
+def addresses_touched(dialect: str) -> sa.Select[tuple[str, str | None, str]]:
+    """(address, network, holder) of every address held by one of ``ids``, or naming one of ``networks``.
+
+    A row written before revision 0008 by an older replica has no network: it is found by
+    its address (``addresses``), and the caller reads its network from it.
+    """
+    return sa.select(_a.c.address, _a.c.network, _a.c.instance_id).where(
+        _among(_a.c.instance_id, "ids", dialect) | _among(_a.c.network, "networks", dialect)
+        | _among(_a.c.address, "addresses", dialect)
     )
 
 

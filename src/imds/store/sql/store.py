@@ -49,7 +49,10 @@ def _retrieved(done: asyncio.Future[None]) -> None:
 class SqlStore:
     """Store over an SQLAlchemy async engine. The database must be migrated."""
 
-    def __init__(self, url: str, *, connect_timeout: float = 5.0, statement_timeout: float = 5.0) -> None:
+    def __init__(
+        self, url: str, *, connect_timeout: float = 5.0, statement_timeout: float = 5.0, journal: bool = True,
+    ) -> None:
+        """``journal=False``: no catalog in this process replays the writes (``imds.store.sql.tx.SqlTx``)."""
         self._url = url
         if (problem := sqlite_problem(url)) is not None:
             raise StoreUnavailable(f"cannot open the database: {problem}")
@@ -72,7 +75,8 @@ class SqlStore:
             self._engine = postgresql_engine(connector)
             self._connect = functools.partial(AsyncWrite.open, self._engine)
             self._listener = FeedListener(connector)
-        self._group = GroupCommit(self._connect, self._explain, SqlTx, notify=self._listener)
+        make_tx = SqlTx if journal else functools.partial(SqlTx, journaled=False)
+        self._group = GroupCommit(self._connect, self._explain, make_tx, notify=self._listener)
 
     @property
     def engines(self) -> tuple[sa.Engine, ...]:

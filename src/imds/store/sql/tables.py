@@ -40,11 +40,14 @@ def _one_per_instance(name: str, column: str, kind: sa.types.TypeEngine[Any]) ->
 instance_metadata = _one_per_instance("instance_metadata", "document", sa.JSON(none_as_null=True))
 instance_userdata = _one_per_instance("instance_userdata", "userdata", sa.LargeBinary())
 
-# One row per address: the primary key is what makes an address belong to one instance.
+# One row per address: the primary key is what makes an address belong to one instance, and
+# ``network`` (``models.network_key``) what makes two spellings of one network one address
+# (the writes keep one row per network; revision 0008).
 instance_ip_addresses = sa.Table(
     "instance_ip_addresses",
     metadata_obj,
     sa.Column("address", sa.String(64), primary_key=True),
+    sa.Column("network", sa.String(64), nullable=True, index=True),
     sa.Column(
         "instance_id", _ID, sa.ForeignKey("instances.id", ondelete="CASCADE"), nullable=False, index=True
     ),

@@ -12,6 +12,7 @@ import asyncio
 import copy
 import itertools
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -32,52 +33,84 @@ from imds.models import (
     OsRecord,
     ProjectAttributes,
     ProjectKey,
+    network_key,
+    stored_network,
 )
 from imds.store.interface import record_kind
 from imds.store.journal import ADDRESSES, FORGET, NOTICE, OS, PASSWORD, PROJECT, PUT, REMOVE, Journal, Op
 from imds.store.sql import notices, projects, statements, tables
 from imds.store.sql.os_rows import os_document, os_record
-from imds.store.sql.rows import chunks, stored_network
+from imds.store.sql.rows import chunks
 from imds.store.sql.writeconn import WriteConnection
 
 _RECORD_TABLES = {METADATA: tables.instance_metadata, USERDATA: tables.instance_userdata}
 
 
+@dataclass(frozen=True)
+class _AddressRows:
+    """What a batch of address lists does to the address rows: deletes, holder moves and inserts (by address)."""
+
+    gone: list[str]
+    moved: list[dict[str, str]]
+    new: list[dict[str, str]]
+
+
 def _replay_address_lists(
-    before: dict[str, str], lists: Sequence[tuple[str, Sequence[Network]]]
-) -> tuple[dict[str, str], list[tuple[dict[Network, str], tuple[Network, ...]]]]:
-    """The address lists applied in order in memory: the final holders, and each list's (moved, dropped)."""
-    owners = dict(before)
-    holding: dict[str, set[str]] = {}
-    for address, holder in owners.items():
-        holding.setdefault(holder, set()).add(address)
+    before: Sequence[tuple[str, str]], lists: Sequence[tuple[str, Sequence[Network]]]
+) -> tuple[_AddressRows, list[tuple[dict[Network, str], tuple[Network, ...]]]]:
+    """The address lists applied in order in memory, one holder per network (``models.network_key``).
+
+    ``before``: the (address, holder) rows the batch touches. Returns the row changes and each
+    list's (moved, dropped). Another spelling of a network moves it like the same spelling.
+    """
+    owners: dict[str, tuple[str, str]] = {}  # network → (address as stored, holder)
+    holding: dict[str, set[str]] = {}  # holder → its networks
+    for address, holder in before:  # rows sharing a network (left by older revisions): the last row found
+        key = network_key(stored_network(address))
+        owners[key] = (address, holder)
+        holding.setdefault(holder, set()).add(key)
     results: list[tuple[dict[Network, str], tuple[Network, ...]]] = []
     for instance_id, addresses in lists:
-        wanted = {str(a): a for a in addresses}
+        wanted = {network_key(a): a for a in addresses}
         mine = holding.setdefault(instance_id, set())
-        dropped = sorted(a for a in mine if a not in wanted)
-        for address in dropped:
-            del owners[address]
-            mine.discard(address)
+        dropped = sorted((owners.pop(key)[0] for key in mine - wanted.keys()), key=str)
+        mine.intersection_update(wanted.keys())
         moved: dict[Network, str] = {}
-        for address, network in wanted.items():
-            previous = owners.get(address)
-            if previous is not None and previous != instance_id:
-                moved[network] = previous
-                holding[previous].discard(address)
-            owners[address] = instance_id
-            mine.add(address)
+        for key, network in wanted.items():
+            previous = owners.get(key)
+            if previous is not None and previous[1] != instance_id:
+                moved[network] = previous[1]
+                holding[previous[1]].discard(key)
+            owners[key] = (str(network), instance_id)
+            mine.add(key)
         results.append((moved, tuple(stored_network(a) for a in dropped)))
-    return owners, results
+    final = dict(owners.values())
+    held = dict(before)
+    rows = _AddressRows(
+        gone=[address for address in held if address not in final],
+        moved=[{"key": a, "holder": final[a]} for a, holder in held.items() if a in final and final[a] != holder],
+        new=[{"address": a, "network": network_key(stored_network(a)), "instance_id": holder}
+             for a, holder in final.items() if a not in held],
+    )
+    return rows, results
+
+
+SPILL_ROWS = 20_000  # feed and audit rows a block holds before it sends them (a long block: an import)
 
 
 class SqlTx:
-    """One write block inside a (possibly shared) transaction; ``seq`` is the feed head so far."""
+    """One write block inside a (possibly shared) transaction; ``seq`` is the feed head so far.
 
-    def __init__(self, conn: WriteConnection, seq: int) -> None:
+    ``journaled=False``: a store whose writes no catalog in this process replays (the offline
+    commands) keeps no journal of them, so a long block (a whole import) holds no copy of
+    what it wrote. Feed and audit rows wait for the group's commit, or are sent within the
+    transaction once a block holds ``SPILL_ROWS`` of them: a block's memory stays bounded.
+    """
+
+    def __init__(self, conn: WriteConnection, seq: int, *, journaled: bool = True) -> None:
         self.conn = conn
         self.seq = seq
-        self.journal = Journal(start=seq, end=seq)
+        self.journal = Journal(start=seq, end=seq, keeps=journaled)
         self.feed_rows: list[dict[str, Any]] = []
         self.audit_rows: list[dict[str, Any]] = []
         self._known: set[str] = set()  # instance rows known to exist in this transaction
@@ -106,38 +139,39 @@ class SqlTx:
         if self._dialect != "postgresql":  # PostgreSQL's upserts insert the instance rows themselves
             await self._ensure_instances([i for i, _ in metadata] + [i for i, _ in userdata])
         at = await self._put_many(tables.instance_metadata, "document", dict(metadata))
-        self.journal.ops += [Op(PUT, i, METADATA, copy.deepcopy(document), at) for i, document in metadata]
+        if self.journal.keeps:
+            self.journal.ops += [Op(PUT, i, METADATA, copy.deepcopy(document), at) for i, document in metadata]
         at = await self._put_many(tables.instance_userdata, "userdata", dict(userdata))
-        self.journal.ops += [Op(PUT, i, USERDATA, bytes(data), at) for i, data in userdata]
+        if self.journal.keeps:
+            self.journal.ops += [Op(PUT, i, USERDATA, bytes(data), at) for i, data in userdata]
 
     async def replace_addresses_many(
         self, lists: Sequence[tuple[str, Sequence[Network]]]
     ) -> list[tuple[dict[Network, str], tuple[Network, ...]]]:
         ids = list(dict.fromkeys(instance_id for instance_id, _ in lists))
         await self._ensure_instances(ids)
-        before: dict[str, str] = {}  # address → holder, for every address this batch touches
-        wanted_all = list(dict.fromkeys(str(a) for _, addresses in lists for a in addresses))
-        # One query per chunk finds both the batch's instances' addresses and the wanted ones' holders.
-        pairs = itertools.zip_longest(chunks(ids), chunks(wanted_all), fillvalue=())
-        for number, (id_chunk, address_chunk) in enumerate(pairs):
+        before: dict[str, str] = {}  # address → holder, for every row this batch touches
+        every = [a for _, addresses in lists for a in addresses]
+        networks = list(dict.fromkeys(network_key(a) for a in every))
+        spellings = list(dict.fromkeys(str(a) for a in every))  # rows of older replicas have no network
+        # One query per chunk finds the batch's instances' rows and the wanted networks' holders.
+        parts = itertools.zip_longest(chunks(ids), chunks(networks), chunks(spellings), fillvalue=())
+        for number, (id_chunk, network_chunk, address_chunk) in enumerate(parts):
             if number:
                 await asyncio.sleep(0)  # SQLite runs these on the event loop: let reads in between chunks
-            rows = await self.conn.execute(statements.addresses_touched(self._dialect),
-                                           {"ids": list(id_chunk), "addresses": list(address_chunk)})
+            rows = await self.conn.execute(statements.addresses_touched(self._dialect), {
+                "ids": list(id_chunk), "networks": list(network_chunk), "addresses": list(address_chunk)})
             before.update({row.address: row.instance_id for row in rows})
-        owners, results = _replay_address_lists(before, lists)
-        gone = [a for a in before if a not in owners]
-        for chunk in chunks(gone):
+        changes, results = _replay_address_lists(list(before.items()), lists)
+        for chunk in chunks(changes.gone):
             await self.conn.execute(statements.drop_addresses(self._dialect), {"addresses": list(chunk)})
-        moved = [{"key": a, "holder": owners[a]} for a in before if a in owners and owners[a] != before[a]]
-        if moved:
-            await self.conn.execute(statements.MOVE_ADDRESS, moved)
-        new = [{"address": a, "instance_id": holder} for a, holder in owners.items() if a not in before]
-        if new:
-            await self.conn.execute(statements.ADD_ADDRESSES, new)
+        if changes.moved:
+            await self.conn.execute(statements.MOVE_ADDRESS, changes.moved)
+        if changes.new:
+            await self.conn.execute(statements.ADD_ADDRESSES, changes.new)
         for (instance_id, addresses), (moved_from, _) in zip(lists, results, strict=True):
             wanted = tuple({str(a): a for a in addresses}.values())
-            self.journal.ops.append(Op(ADDRESSES, instance_id, value=wanted, moved=moved_from))
+            self._note(Op(ADDRESSES, instance_id, value=wanted, moved=moved_from))
         return results
 
     async def remove_record(self, kind: str, instance_id: str) -> bool:
@@ -151,15 +185,16 @@ class SqlTx:
         await self.remove_os(instance_id)
         await self.conn.execute(tables.instances.delete().where(tables.instances.c.id == instance_id))
         self._known.discard(instance_id)
-        self.journal.ops.append(Op(FORGET, instance_id))
+        self._note(Op(FORGET, instance_id))
 
     async def mark_changed(self, instance_ids: Iterable[ChangeKey]) -> None:
         # The rows are inserted when the group commits (one insert), so a block that
-        # raises later leaves none behind.
+        # raises later leaves none behind (nor does one that spilled: its savepoint goes).
         for instance_id in dict.fromkeys(map(str, instance_ids)):
             self.seq += 1
             self.feed_rows.append({"seq": self.seq, "instance_id": instance_id})
         self.journal.end = self.seq
+        await self._spill_when_full()
 
     async def put_password(self, instance_id: str, password: bytes) -> bool:
         t = tables.instance_passwords
@@ -169,7 +204,7 @@ class SqlTx:
         await self.conn.execute(
             t.insert().values(instance_id=instance_id, password=password, updated_at=datetime.now(UTC))
         )
-        self.journal.ops.append(Op(PUT, instance_id, PASSWORD, bytes(password)))
+        self._note(Op(PUT, instance_id, PASSWORD, bytes(password)))
         return True
 
     async def remove_password(self, instance_id: str) -> bool:
@@ -187,20 +222,21 @@ class SqlTx:
         values = {"document": document, "updated_at": datetime.now(UTC)}
         statement = self._insert(t).values(instance_id=instance_id, **values)
         await self.conn.execute(statement.on_conflict_do_update(index_elements=[t.c.instance_id], set_=values))
-        self.journal.ops.append(Op(PUT, instance_id, OS, os_record(copy.deepcopy(document))))
+        if self.journal.keeps:
+            self._note(Op(PUT, instance_id, OS, os_record(copy.deepcopy(document))))
 
     async def remove_os(self, instance_id: str) -> bool:
         return await self._remove(tables.instance_os, instance_id, OS)
 
     async def put_project(self, project_id: str, attributes: dict[str, str]) -> ProjectAttributes:
         record = await projects.put(self.conn, project_id, attributes)
-        self.journal.ops.append(Op(PUT, str(ProjectKey(project_id)), PROJECT, record))
+        self._note(Op(PUT, str(ProjectKey(project_id)), PROJECT, record))
         return record
 
     async def remove_project(self, project_id: str) -> bool:
         removed = await projects.remove(self.conn, project_id)
         if removed:
-            self.journal.ops.append(Op(REMOVE, str(ProjectKey(project_id)), PROJECT))
+            self._note(Op(REMOVE, str(ProjectKey(project_id)), PROJECT))
         return removed
 
     async def notice_of(self, notice_id: str) -> Notice | None:
@@ -208,12 +244,12 @@ class SqlTx:
 
     async def put_notice(self, notice: Notice) -> None:
         await notices.put(self.conn, notice)
-        self.journal.ops.append(Op(PUT, str(NoticeKey(notice.id)), NOTICE, notice))
+        self._note(Op(PUT, str(NoticeKey(notice.id)), NOTICE, notice))
 
     async def remove_notice(self, notice_id: str) -> bool:
         removed = await notices.remove(self.conn, notice_id)
         if removed:
-            self.journal.ops.append(Op(REMOVE, str(NoticeKey(notice_id)), NOTICE))
+            self._note(Op(REMOVE, str(NoticeKey(notice_id)), NOTICE))
         return removed
 
     async def acknowledge(self, notice_id: str, instance_id: str, at: datetime) -> Acknowledgement:
@@ -230,14 +266,30 @@ class SqlTx:
              "applied": e.applied, "detail": e.detail}
             for e in events
         ]
+        await self._spill_when_full()
 
     # --- helpers -----------------------------------------------------------------------
+
+    def _note(self, op: Op) -> None:
+        """Journal one operation (unless this store keeps no journal)."""
+        if self.journal.keeps:
+            self.journal.ops.append(op)
+
+    async def _spill_when_full(self) -> None:
+        """Send the feed and audit rows held so far, in this transaction, once there are ``SPILL_ROWS``."""
+        if len(self.feed_rows) + len(self.audit_rows) < SPILL_ROWS:
+            return
+        if self.feed_rows:
+            await self.conn.execute(statements.FEED_ROWS, self.feed_rows)
+        if self.audit_rows:
+            await self.conn.execute(statements.AUDIT_ROWS, self.audit_rows)
+        self.feed_rows, self.audit_rows = [], []
 
     async def _remove(self, table: sa.Table, instance_id: str, name: str) -> bool:
         """Delete the instance's row of ``table`` and journal clearing ``name``; False when there was none."""
         result = await self.conn.execute(table.delete().where(table.c.instance_id == instance_id))
         if result.rowcount:
-            self.journal.ops.append(Op(REMOVE, instance_id, name))
+            self._note(Op(REMOVE, instance_id, name))
         return bool(result.rowcount)
 
     async def _ensure_instance(self, instance_id: str) -> None:

@@ -6,6 +6,7 @@ from typing import Any
 
 from fastapi import Request
 
+from imds.models import Principal
 from imds.services import Services
 from imds.services.admission.auth import require
 
@@ -29,8 +30,24 @@ def _bearer(request: Request) -> str | None:
     return token.strip() or None if scheme.lower() == "bearer" else None
 
 
-async def authorize(services: Services, request: Request, needed: tuple[str, ...]) -> str:
-    """The caller's subject, if its bearer token holds one of ``needed``; else an AuthError."""
-    principal = await services.auth.authenticate(_bearer(request))
-    require(principal, needed)
-    return principal.subject
+_PRINCIPAL = "imds.principal"  # the request's Principal, once authenticated (this module's key alone)
+
+
+async def admit(services: Services, request: Request, groups: tuple[tuple[str, ...], ...]) -> Principal:
+    """The caller, once its bearer token holds one scope of each of ``groups``; else an AuthError.
+
+    The token is verified once per request (by the admin app's gate, ``imds.web.admin.scopes``,
+    or by an endpoint the front calls directly); later checks reuse the principal.
+    """
+    principal = request.scope.get(_PRINCIPAL)
+    if not isinstance(principal, Principal):
+        principal = await services.auth.authenticate(_bearer(request))
+        request.scope[_PRINCIPAL] = principal
+    for needed in groups:
+        require(principal, needed)
+    return principal
+
+
+async def authorize(services: Services, request: Request, *groups: tuple[str, ...]) -> str:
+    """The caller's subject, if its bearer token holds one scope of each of ``groups``; else an AuthError."""
+    return (await admit(services, request, groups)).subject

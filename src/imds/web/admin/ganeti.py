@@ -16,7 +16,6 @@ from starlette.responses import Response
 from imds.errors import NotFound
 from imds.models import OS_KIND
 from imds.services import Services
-from imds.services.admission.auth import delete_scopes, read_scopes, upsert_scopes
 from imds.services.ganeti.wire import parse_os_write
 from imds.services.records.wire import parse_instance_id, parse_json
 from imds.services.render.json import encode
@@ -56,7 +55,7 @@ def ganeti_admin_router(services: Services) -> APIRouter:
 
     @router.post("/device-os", summary="Create or replace the Ganeti OS record", openapi_extra=request_body(OS_SCHEMA))
     async def post_os(request: Request) -> Response:
-        subject = await authorize(services, request, upsert_scopes(OS_KIND))
+        subject = await authorize(services, request)
         raw = parse_json(await read_limited(request, settings.limits.max_body_bytes))
         write = parse_os_write(raw, max_value_bytes=settings.ganeti.os_param_max_bytes)
         del raw  # the parsed write wraps every private and secret value
@@ -72,7 +71,6 @@ def ganeti_admin_router(services: Services) -> APIRouter:
                 openapi_extra=ID_EXTRA)
     @router.head("/device-os/{instance_id}", summary="Headers of the OS record read", openapi_extra=ID_EXTRA)
     async def get_os(request: Request, instance_id: str) -> Response:
-        await authorize(services, request, read_scopes(OS_KIND))
         body = encode(await records.view(parse_instance_id(instance_id)))
         if request.method == "HEAD":
             return Response(media_type=JSON, headers={"content-length": str(len(body))})
@@ -80,19 +78,17 @@ def ganeti_admin_router(services: Services) -> APIRouter:
 
     @router.delete("/device-os/{instance_id}", summary="Delete the OS record (and its secrets)")
     async def delete_os(request: Request, instance_id: str) -> Response:
-        subject = await authorize(services, request, delete_scopes(OS_KIND))
+        subject = await authorize(services, request)
         await records.delete(parse_instance_id(instance_id), subject=subject)
         return Response(encode({"id": instance_id.lower(), "deleted": OS_KIND}), media_type=JSON)
 
     @router.get("/os-definitions", summary="The loaded Ganeti OS definitions")
-    async def list_definitions(request: Request) -> Response:
-        await authorize(services, request, read_scopes(OS_KIND))
+    async def list_definitions() -> Response:
         found = [d.summary() for name in records.definitions.names() if (d := records.definitions.get(name))]
         return Response(encode({"os_definitions": found}), media_type=JSON)
 
     @router.get("/os-definitions/{name}", summary="One loaded Ganeti OS definition")
-    async def get_definition(request: Request, name: str) -> Response:
-        await authorize(services, request, read_scopes(OS_KIND))
+    async def get_definition(name: str) -> Response:
         definition = records.definitions.get(name) if name in records.definitions.names() else None
         if definition is None:
             msg = f"no OS definition {name[:64]!r}"

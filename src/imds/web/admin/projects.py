@@ -16,7 +16,6 @@ from starlette.responses import Response
 
 from imds.models import PROJECT_KIND, ProjectAttributes
 from imds.services import Services
-from imds.services.admission.auth import delete_scopes, read_scopes, upsert_scopes
 from imds.services.records.projects import parse_attributes, parse_project_id
 from imds.services.records.wire import parse_json
 from imds.services.render.json import encode
@@ -45,7 +44,7 @@ def projects_router(services: Services) -> APIRouter:
     @router.put(_PATH, summary="Create or replace a project's attributes (GCE project/attributes/)",
                 openapi_extra={**extra, **request_body(_ATTRIBUTES)})
     async def put_attributes(request: Request, project_id: str) -> Response:
-        subject = await authorize(services, request, upsert_scopes(PROJECT_KIND))
+        subject = await authorize(services, request)
         project = parse_project_id(project_id)
         raw = parse_json(await read_limited(request, services.settings.limits.max_body_bytes))
         record = await projects.put(project, parse_attributes(raw, services.limits), subject=subject)
@@ -55,7 +54,6 @@ def projects_router(services: Services) -> APIRouter:
     @router.get(_PATH, summary="Read a project's attributes", openapi_extra=extra)
     @router.head(_PATH, summary="Headers of the project attributes read", openapi_extra=extra)
     async def get_attributes(request: Request, project_id: str) -> Response:
-        await authorize(services, request, read_scopes(PROJECT_KIND))
         body = encode(_view(await projects.get(parse_project_id(project_id))))
         if request.method == "HEAD":
             return Response(media_type=JSON, headers={"content-length": str(len(body))})
@@ -63,7 +61,7 @@ def projects_router(services: Services) -> APIRouter:
 
     @router.delete(_PATH, summary="Delete a project's attributes")
     async def delete_attributes(request: Request, project_id: str) -> Response:
-        subject = await authorize(services, request, delete_scopes(PROJECT_KIND))
+        subject = await authorize(services, request)
         project = parse_project_id(project_id)
         await projects.delete(project, subject=subject)
         return Response(encode({"project_id": project, "deleted": PROJECT_KIND}), media_type=JSON)

@@ -14,7 +14,7 @@ from starlette.responses import Response
 
 from imds.models import METADATA, USERDATA, WriteResult
 from imds.services import Services
-from imds.services.admission.auth import delete_scopes, read_scopes, upsert_scopes
+from imds.services.admission.auth import upsert_scopes
 from imds.services.catalog.addresses import display
 from imds.services.records.wire import parse_body, parse_instance_id, parse_metadata_write, parse_userdata_write
 from imds.services.render.json import encode, metadata_bytes
@@ -113,9 +113,6 @@ def admin_router(services: Services) -> APIRouter:
     router = APIRouter(tags=["admin"], responses=documented(400, 401, 403, 404, 413, 503))
     records = services.records
 
-    async def principal_for(request: Request, needed: tuple[str, ...]) -> str:
-        return await authorize(services, request, needed)
-
     upserts = upsert_endpoints(services)
     router.post("/device-metadata", openapi_extra=request_body(METADATA_SCHEMA),
                 summary="Create or replace metadata")(upserts["/device-metadata"])
@@ -126,7 +123,6 @@ def admin_router(services: Services) -> APIRouter:
     @router.get("/device-metadata/{instance_id}", summary="Read metadata by instance id", openapi_extra=ID_EXTRA)
     @router.head("/device-metadata/{instance_id}", summary="Headers of the metadata read", openapi_extra=ID_EXTRA)
     async def get_metadata(request: Request, instance_id: str) -> Response:
-        await principal_for(request, read_scopes(METADATA))
         instance = await records.get(METADATA, parse_instance_id(instance_id))
         return _data_response(request, metadata_bytes(instance, services.templates), JSON)
 
@@ -134,19 +130,18 @@ def admin_router(services: Services) -> APIRouter:
     @router.get("/device-userdata/{instance_id}", summary="Read userdata by instance id", openapi_extra=ID_EXTRA)
     @router.head("/device-userdata/{instance_id}", summary="Headers of the userdata read", openapi_extra=ID_EXTRA)
     async def get_userdata(request: Request, instance_id: str) -> Response:
-        await principal_for(request, read_scopes(USERDATA))
         instance = await records.get(USERDATA, parse_instance_id(instance_id))
         return _data_response(request, instance.userdata or b"", "application/octet-stream")
 
     @router.delete("/device-metadata/{instance_id}", summary="Delete metadata")
     async def delete_metadata(request: Request, instance_id: str) -> Response:
-        subject = await principal_for(request, delete_scopes(METADATA))
+        subject = await authorize(services, request)
         await records.delete(METADATA, parse_instance_id(instance_id), subject=subject)
         return Response(encode({"id": instance_id.lower(), "deleted": METADATA}), media_type=JSON)
 
     @router.delete("/device-userdata/{instance_id}", summary="Delete userdata")
     async def delete_userdata(request: Request, instance_id: str) -> Response:
-        subject = await principal_for(request, delete_scopes(USERDATA))
+        subject = await authorize(services, request)
         await records.delete(USERDATA, parse_instance_id(instance_id), subject=subject)
         return Response(encode({"id": instance_id.lower(), "deleted": USERDATA}), media_type=JSON)
 

@@ -4,16 +4,18 @@
 ``GET /device-records/{id}`` answers one, each in the upsert wire format
 (``imds.services.transfer.readout``): what ``POST /device-metadata`` / ``/device-userdata``
 accept, so an export is also an import. Both need a read scope for metadata *and* one for
-userdata, since both come back. ``GET /device-records`` includes each Ganeti OS record
-(``"os"``) with private values decrypted, which also needs an ``os`` read scope;
-``?private=false`` leaves them out (``imds export --no-private``); ``GET
-/device-records/{id}`` never shows them. ``POST /device-records[?dry_run=true]`` takes a JSON array of
-such objects (at most ``--max-body-bytes``) and applies them in one transaction, answering
-``{"results": [{"id", "outcome": created|updated|unchanged|stale|rejected, "reason"}]}`` in
-order; it needs write scopes for both kinds. ``GET /device-records?notices=true`` adds one line
-per lifecycle notice after the instances, ``{"notice": {...}}`` (``imds export`` asks for them;
-a ``notice`` read scope is needed then), and ``POST /device-records`` takes such objects too (a
-``notice`` write scope is needed then), putting each notice back as it was.
+userdata, since both come back (``imds.web.admin.scopes``). A record with a Ganeti OS record
+comes with it (``"os"``), which also needs an ``os`` read scope: ``GET /device-records``
+shows private values decrypted (``?private=false`` leaves them out: ``imds export
+--no-private``), ``GET /device-records/{id}`` never shows them. ``POST
+/device-records[?dry_run=true]`` takes a JSON array of such objects (at most
+``--max-body-bytes``) and applies them in one transaction, answering ``{"results": [{"id",
+"outcome": created|updated|unchanged|stale|rejected, "reason"}]}`` in order; it needs write
+scopes for both kinds (and for ``os`` when an item carries one). ``GET
+/device-records?notices=true`` adds one line per lifecycle notice after the instances,
+``{"notice": {...}}`` (``imds export`` asks for them; a ``notice`` read scope is needed then),
+and ``POST /device-records`` takes such objects too (a ``notice`` write scope is needed then),
+putting each notice back as it was.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response, StreamingResponse
 
 from imds.errors import InvalidInput
-from imds.models import METADATA, NOTICE_KIND, OS_KIND, USERDATA, Instance
+from imds.models import NOTICE_KIND, OS_KIND, Instance
 from imds.services import Services
 from imds.services.admission.auth import read_scopes, upsert_scopes
 from imds.services.notices.wire import notice_wire
@@ -45,14 +47,9 @@ def records_admin_router(services: Services) -> APIRouter:
     """``/device-records`` and ``/device-records/{id}``, bound to ``services``."""
     router = APIRouter(tags=["admin"], responses=documented(400, 401, 403, 404, 413, 503))
 
-    async def authorize_both(request: Request) -> None:
-        await authorize(services, request, read_scopes(METADATA))
-        await authorize(services, request, read_scopes(USERDATA))
-
     @router.get("/device-records", summary="Every instance record, as JSON lines in the upsert format",
                 response_class=StreamingResponse)
     async def list_records(request: Request, private: bool = True, notices: bool = False) -> StreamingResponse:
-        await authorize_both(request)
         wire = await _records_out(services, request, private=private, notices=notices)  # errors before streaming
 
         def lines() -> Iterator[bytes]:
@@ -63,8 +60,7 @@ def records_admin_router(services: Services) -> APIRouter:
 
     @router.post("/device-records", summary="Create or replace many records in one transaction (imds import)")
     async def post_records(request: Request, dry_run: bool = False) -> Response:
-        subject = await authorize(services, request, upsert_scopes(METADATA))
-        await authorize(services, request, upsert_scopes(USERDATA))
+        subject = await authorize(services, request)
         objects = parse_json(await read_limited(request, services.settings.limits.max_body_bytes))
         if not isinstance(objects, list):
             raise InvalidInput.one("body", "must be a JSON array of upsert objects")
@@ -81,22 +77,23 @@ def records_admin_router(services: Services) -> APIRouter:
                                     subject=subject, dry_run=dry_run, os_records=services.os,
                                     notices=services.notices)
         results.update({index: result for (index, _), result in zip(items, written, strict=True)})
-        body = [{"id": r.id, "outcome": r.outcome, "reason": r.reason} for _, r in sorted(results.items())]
+        body = [{"id": r.id, "outcome": r.outcome, "reason": r.reason,
+                 **({"warnings": list(r.warnings)} if r.warnings else {})} for _, r in sorted(results.items())]
         return Response(encode({"results": body}), media_type=JSON)
 
     @router.get("/device-records/{instance_id}", summary="One instance record in the upsert format",
                 openapi_extra=ID_EXTRA)
     async def get_record(request: Request, instance_id: str) -> Response:
-        await authorize_both(request)
         instance = await stored_instance(services.store, parse_instance_id(instance_id))
+        await _authorize_os_reads(services, request, [instance])
         return Response(encode(to_wire(instance, private=False)), media_type=JSON)
 
     return router
 
 
-async def _authorize_private(services: Services, request: Request, instances: list[Instance], *, private: bool) -> None:
-    """Decrypted private OS values go out only to a token with an ``os`` read scope."""
-    if private and any(instance.os is not None for instance in instances):
+async def _authorize_os_reads(services: Services, request: Request, instances: list[Instance]) -> None:
+    """Records that carry a Ganeti OS record go out only to a token with an ``os`` read scope too."""
+    if any(instance.os is not None for instance in instances):
         await authorize(services, request, read_scopes(OS_KIND))
 
 
@@ -111,7 +108,7 @@ async def _authorize_os_writes(services: Services, request: Request, items: list
 async def _records_out(services: Services, request: Request, *, private: bool, notices: bool) -> list[dict[str, Any]]:
     """Every instance in the upsert format, then (``notices``) every notice as ``imds export`` writes it."""
     instances = await stored_instances(services.store)
-    await _authorize_private(services, request, instances, private=private)
+    await _authorize_os_reads(services, request, instances)
     wire = [to_wire(instance, services.os.cipher, private=private) for instance in instances]
     if notices:  # a token with a notice read scope only
         await authorize(services, request, read_scopes(NOTICE_KIND))

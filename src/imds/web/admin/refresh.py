@@ -13,7 +13,6 @@ from starlette.responses import Response
 from imds.errors import LookupDisabled
 from imds.models import METADATA, USERDATA
 from imds.services import Services
-from imds.services.admission.auth import upsert_scopes
 from imds.services.lookup.pull import Lookup
 from imds.services.records.wire import parse_instance_id
 from imds.services.render.json import metadata_bytes
@@ -33,14 +32,14 @@ def refresh_router(services: Services) -> APIRouter:
     @router.post("/device-metadata/refresh/{instance_id}", summary="Fetch metadata from upstream now and store it",
                  openapi_extra=ID_EXTRA)
     async def refresh_metadata(request: Request, instance_id: str) -> Response:
-        subject = await authorize(services, request, upsert_scopes(METADATA))
+        subject = await authorize(services, request)
         instance = await lookup().refresh(METADATA, parse_instance_id(instance_id), subject=subject)
         return Response(metadata_bytes(instance, services.templates), media_type=JSON)
 
     @router.post("/device-userdata/refresh/{instance_id}", summary="Fetch userdata from upstream now and store it",
                  openapi_extra=ID_EXTRA)
     async def refresh_userdata(request: Request, instance_id: str) -> Response:
-        subject = await authorize(services, request, upsert_scopes(USERDATA))
+        subject = await authorize(services, request)
         instance = await lookup().refresh(USERDATA, parse_instance_id(instance_id), subject=subject)
         return Response(instance.userdata or b"", media_type="application/octet-stream")
 

@@ -32,7 +32,7 @@ _TTL = TTL_HEADER.encode()
 _TOKEN = TOKEN_HEADER.encode()
 _NEEDS_METADATA = frozenset({"meta-data", "dynamic"})
 _COUNTED = frozenset({"meta-data", "user-data"})  # reads that count as hollow's metadata/userdata hits
-_VERSION_SHAPE = re.compile(r"^(?:\d{4}-\d{2}-\d{2}|1\.0|latest.*)$")
+_VERSION_SHAPE = re.compile(r"\d{4}-\d{2}-\d{2}|1\.0|latest.*")  # fullmatch
 
 
 class Ec2Flavor:
@@ -46,7 +46,7 @@ class Ec2Flavor:
 
     def claims(self, segment: str) -> bool:
         """Whether an unknown first segment looks like an EC2 version (so 404s are EC2-style)."""
-        return _VERSION_SHAPE.match(segment) is not None
+        return _VERSION_SHAPE.fullmatch(segment) is not None
 
     async def versions(self, call: InstanceCall) -> Reply:
         """``GET /``: the versions served, one per line (GCE's root for ``Metadata-Flavor: Google``)."""
