@@ -16,12 +16,20 @@ Run on demand (never in CI)::
     apt-get install nginx-light wrk   # once
     .venv/bin/python bench/instance_read.py --duration 5 --repeat 2 --profile
 
-Every process it starts is stopped by its PID; only 127.0.0.1 is targeted.
+``--boot-storm N`` also runs the boot storm of ``bench/boot_storm.py`` against each imds
+server in the same run: N instances in a fresh SQLite store, each crawling the EC2 tree
+from its own 127.x.y.z address exactly as Debian's cloud-init does over IMDSv2 (token PUT,
+then the recorded GETs with the token, a new connection per request), ``--storm-concurrency``
+crawls at a time; request p50/p99/max, requests over 1 s, errors and server CPU per
+request. nginx has no part in it (it cannot mint tokens).
+
+Every process it starts is stopped by its PID; only loopback addresses are targeted.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import platform
@@ -39,6 +47,7 @@ ROOT = Path(__file__).resolve().parents[1]
 IMDS = Path(sys.executable).with_name("imds")
 BASELINE = "baseline"
 BUDGET_OVER_WRK = 1024  # more than any --connections used here
+START = 90.0  # seconds a server may take to answer its first read (a loaded machine starts slowly)
 PATHS = ("/metadata", "/latest/meta-data/instance-id", "/openstack/latest/meta_data.json")
 
 
@@ -210,19 +219,22 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=2, help="repetitions per server and path")
     parser.add_argument("--connections", type=int, default=64)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--server", action="append", choices=("granian", "uvicorn"),
-                        help="imds server to measure (repeatable; default: granian and uvicorn)")
+    parser.add_argument("--server", action="append", choices=("front", "granian", "uvicorn"),
+                        help="imds server to measure (repeatable; default: front and granian)")
     parser.add_argument("--path", action="append", help=f"path to load (repeatable; default: {', '.join(PATHS)})")
     parser.add_argument("--profile", action="store_true", help="also save a py-spy profile of the first server")
     parser.add_argument("--baseline", type=Path, metavar="SRC",
                         help="also measure the first server importing imds from SRC (e.g. a copy of main's src/), "
                              "as server 'baseline': a before/after ratio from the same run")
+    parser.add_argument("--boot-storm", type=int, default=0, metavar="N",
+                        help="also run a boot storm of N IMDSv2 crawls against each imds server (0: none)")
+    parser.add_argument("--storm-concurrency", type=int, default=256, help="crawls at a time in the boot storm")
     parser.add_argument("--output", type=Path, default=ROOT / "bench" / "results.md")
     args = parser.parse_args()
     if not _tools_present(profile=args.profile):
         return 2
     paths = tuple(args.path or PATHS)
-    servers = tuple(args.server or ("granian", "uvicorn"))
+    servers = tuple(args.server or ("front", "granian"))
 
     load_before = Path("/proc/loadavg").read_text().split()[:3]
     rows: list[dict[str, object]] = []
@@ -235,12 +247,12 @@ def main() -> int:
         nginx = None
         try:
             first = servers[0]
-            bodies = {path: wait_for(f"http://127.0.0.1:{ports[first]}{path}") for path in paths}
+            bodies = {path: wait_for(f"http://127.0.0.1:{ports[first]}{path}", START) for path in paths}
             nginx = start_nginx(Path(tmp), bodies, ports["nginx"])
             pids = {"nginx": nginx.pid, **{name: process.pid for name, process in imds.items()}}
             for path, body in bodies.items():
                 for name in ("nginx", *servers):
-                    if not same_bytes(path, wait_for(f"http://127.0.0.1:{ports[name]}{path}"), body):
+                    if not same_bytes(path, wait_for(f"http://127.0.0.1:{ports[name]}{path}", START), body):
                         print(f"{name} and {first} disagree on the bytes of {path}", file=sys.stderr)
                         return 1
             print(f"wrk -t{args.threads} -c{args.connections}, {args.duration}s x {args.repeat} per server and path; "
@@ -254,9 +266,59 @@ def main() -> int:
                 stop(process)
             if nginx is not None:
                 stop(nginx)
+        storms = boot_storms(tuple(name for name in servers if name != BASELINE), args, Path(tmp))
     load_after = Path("/proc/loadavg").read_text().split()[:3]
     write_results(args, rows, load_before, load_after, profiles)
+    write_storms(args, storms)
     return 0
+
+
+def boot_storms(servers: tuple[str, ...], args: argparse.Namespace, tmp: Path) -> list[dict[str, object]]:
+    """The boot storm of ``bench/boot_storm.py`` (``--boot-storm`` crawls) against each server, one after another."""
+    if not args.boot_storm:
+        return []
+    from boot_storm import SEQUENCE, storm  # noqa: PLC0415 - the storm's generator loads imds's store
+    from scale import generate, serve, wait_ready  # noqa: PLC0415
+
+    sequence = json.loads(SEQUENCE.read_text())
+    data_dir = tmp / "storm"
+    generate(data_dir, args.boot_storm)
+    rows: list[dict[str, object]] = []
+    for name in servers:
+        port, log = free_port(), tmp / f"storm-{name}.log"
+        with serve(data_dir, port, log, "--server", name, "--imdsv2", "optional", "--log-level", "warning") as proc:
+            wait_ready(proc, port, log)
+            before = cpu_seconds(proc.pid)
+            result = asyncio.run(storm(port, args.boot_storm, args.storm_concurrency, sequence))
+            result["cpu_us_per_request"] = round((cpu_seconds(proc.pid) - before) / result["requests"] * 1e6, 1)
+        rows.append({"server": name, **result})
+        print(f"boot storm {name:8} {result['crawls']} crawls in {result['total_s']} s: request p50 "
+              f"{result['request_p50_ms']} / p99 {result['request_p99_ms']} / max {result['request_max_ms']} ms, "
+              f"{result['over_1s']} over 1 s, {result['errors']} errors, cpu {result['cpu_us_per_request']} us/req")
+    return rows
+
+
+def write_storms(args: argparse.Namespace, storms: list[dict[str, object]]) -> None:
+    """Append the boot storms (if any) to bench/results.jsonl and as a table under this run's read table."""
+    if not storms:
+        return
+    with args.output.with_suffix(".jsonl").open("a") as jsonl:
+        for row in storms:
+            jsonl.write(json.dumps({"bench": "read-boot-storm", **row}) + "\n")
+    lines = [
+        "",
+        (f"Boot storm in the same run: {args.boot_storm:,} IMDSv2 crawls (cloud-init's recorded sequence, a new "
+         f"connection per request, each instance from its own 127.x.y.z), {args.storm_concurrency} at a time; "
+         "SQLite store, default limits, `--imdsv2 optional`."),
+        "",
+        "| server | crawls | requests | total s | request p50 / p99 / max ms | requests > 1 s | errors | cpu µs/req |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    lines += [f"| {row['server']} | {row['crawls']:,} | {row['requests']:,} | {row['total_s']} | "
+              f"{row['request_p50_ms']} / {row['request_p99_ms']} / {row['request_max_ms']} | {row['over_1s']} | "
+              f"{row['errors']} | {row['cpu_us_per_request']} |" for row in storms]
+    with args.output.open("a") as markdown:
+        markdown.write("\n".join([*lines, ""]))
 
 
 def write_results(
@@ -275,7 +337,8 @@ def write_results(
     command = (f".venv/bin/python bench/instance_read.py --duration {args.duration} --repeat {args.repeat} "
                f"--connections {args.connections} --threads {args.threads}"
                + "".join(f" --server {name}" for name in (args.server or ())) + (" --profile" if args.profile else "")
-               + (" --baseline SRC" if args.baseline else ""))
+               + (" --baseline SRC" if args.baseline else "")
+               + (f" --boot-storm {args.boot_storm}" if args.boot_storm else ""))
     lines = [
         "",
         f"## read: {stamp}",

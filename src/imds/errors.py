@@ -13,6 +13,7 @@ for them are chosen in exactly one place, ``imds.web.errors``.
     ├── InvalidInput             the request is malformed; carries one Problem per field
     │   ├── PayloadTooLarge      the body is over the configured limit
     │   ├── HeadersTooLarge      more header lines than the configured limit
+    │   ├── HeadTooLarge         a request line and headers over the configured size
     │   └── RequestTimeout       the body did not arrive within the configured time
     ├── RateLimited              a caller sent more requests than its rate limit allows
     │   └── SourceBusy           a caller address has --max-requests-per-source requests in flight
@@ -110,6 +111,15 @@ class HeadersTooLarge(InvalidInput):
 
     def __init__(self, limit: int) -> None:
         super().__init__([Problem("headers", f"more than {limit} header lines (--max-headers)")], "headers too large")
+        self.limit = limit
+
+
+class HeadTooLarge(InvalidInput):
+    """The request line and headers are larger than ``--max-header-bytes``."""
+
+    def __init__(self, limit: int) -> None:
+        problem = Problem("headers", f"request line and headers over {limit} bytes (--max-header-bytes)")
+        super().__init__([problem], "headers too large")
         self.limit = limit
 
 

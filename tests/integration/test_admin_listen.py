@@ -1,7 +1,7 @@
 """``--admin-listen``: the admin API on its own listener, instances alone on ``--listen``.
 
-Against real ``imds serve`` processes (granian, and uvicorn once): an admin write made on the
-admin port is what an instance reads on the instance port; admin paths on the instance port
+Against real ``imds serve`` processes (the front, and granian and uvicorn once): an admin write
+made on the admin port is what an instance reads on the instance port; admin paths on the instance port
 and instance paths on the admin port are 404 with a JSON body; probes answer on both;
 IPv6 and ``--workers 2`` work; the same address for both is refused at start.
 """
@@ -53,7 +53,7 @@ def _check_split(instance_url: str, admin_url: str, source: str = GUEST) -> None
         assert admin.get(f"{admin_url}/readyz").status_code == 200
 
 
-@pytest.mark.parametrize("server", ["granian", "uvicorn"])
+@pytest.mark.parametrize("server", ["front", "granian", "uvicorn"])
 def test_admin_api_only_on_its_listener(tmp_path, server):
     """IPv4: the admin port writes, the instance port reads; neither serves the other's paths."""
     port = free_port()

@@ -21,7 +21,7 @@ DEMO_ID = "cc40301c-4038-4011-af55-6eae3ba60246"
 POLL = 15.0
 
 
-@pytest.mark.parametrize("server", ["granian", "uvicorn"])
+@pytest.mark.parametrize("server", ["front", "granian", "uvicorn"])
 def test_each_server_sees_the_real_peer_on_ipv4_and_ipv6_and_stops_with_0(tmp_path, server):
     """Both servers: the demo instance answers 127.0.0.1 and ::1 by socket peer; SIGTERM exits 0."""
     with serving(tmp_path, "--server", server, "--demo", "--db", "memory://", v6=True) as running:
@@ -38,7 +38,7 @@ def test_each_server_sees_the_real_peer_on_ipv4_and_ipv6_and_stops_with_0(tmp_pa
         assert code == 0, running.output()
 
 
-@pytest.mark.parametrize("server", ["granian", "uvicorn"])
+@pytest.mark.parametrize("server", ["front", "granian", "uvicorn"])
 def test_sigterm_finishes_the_request_in_flight(tmp_path, server):
     """A write whose body is still arriving when SIGTERM comes is completed and acknowledged, then exit 0."""
     body = json.dumps(metadata_body(ips=["127.0.0.5"])).encode()
@@ -63,7 +63,7 @@ def test_sigterm_finishes_the_request_in_flight(tmp_path, server):
         assert running.process.wait(timeout=POLL) == 0, running.output()
 
 
-@pytest.mark.parametrize("server", ["granian", "uvicorn"])
+@pytest.mark.parametrize("server", ["front", "granian", "uvicorn"])
 def test_token_hop_limit_reaches_the_connections_serve_accepts(tmp_path, server):
     """``imds serve --token-hop-limit 3``: the sockets the server process accepted (IPv4 and IPv6) have TTL 3.
 

@@ -1,4 +1,4 @@
-"""``--max-connections-per-source`` on a real ``imds serve`` (granian, the default server).
+"""``--max-connections-per-source`` on a real ``imds serve`` (the front, the default server; granian; uvicorn).
 
 One source's slow connections over its budget are shut, the others are served meanwhile,
 and a trusted proxy's address is not limited.
@@ -23,10 +23,11 @@ READER_ID = "5e1f0c1e-1b1d-4d8e-9f00-0000000b0d9e"
 ARGS = ("--max-connections-per-source", str(BUDGET), "--header-timeout", "60", "--trusted-proxy", f"{PROXY}/32",
         "--rate-limit", "0")
 SERVERS = {
-    "granian": ("--db", "memory://"),
+    "front": ("--db", "memory://"),
+    "granian": ("--db", "memory://", "--server", "granian"),
     "uvicorn": ("--db", "memory://", "--server", "uvicorn", "--keepalive-timeout", "60"),
     # Two workers, each holding some of the connections: the budget is for the server as a whole.
-    "granian-2-workers": ("--workers", "2"),
+    "front-2-workers": ("--workers", "2"),
 }
 
 

@@ -1,6 +1,11 @@
 """The HTTP servers ``imds serve`` can run its app on, over sockets it bound itself.
 
-granian (the default) serves each listening socket with one of its Rust workers inside
+The front (the default, ``imds.cli.front``) is imds's own HTTP/1.1 server on uvloop and
+httptools: it answers instance reads without the ASGI hand-off and hands every other
+request to the ASGI app as uvicorn would; every limit below holds on it (header bytes and
+lines, header and keep-alive timeouts, connections per listener and worker).
+
+granian (``--server granian``) serves each listening socket with one of its Rust workers inside
 this process's event loop: it is given the socket's file descriptor, so TCP_NODELAY, the
 hop limit and several ``--listen`` addresses (IPv4 and IPv6) work exactly as with
 uvicorn. Its limits: ``--max-header-bytes`` (read buffer: larger heads get 431/close),
@@ -37,7 +42,7 @@ from imds.cli.warden import Warden
 from imds.config import Settings
 
 _log = log.get("serve")
-SERVER_LOGGERS = ("granian", "_granian", "asyncio", "uvicorn")
+SERVER_LOGGERS = ("granian", "_granian", "asyncio", "uvicorn", "imds.front")
 LOG_INTERVAL = 10.0
 
 
@@ -125,6 +130,14 @@ def _new_loop() -> asyncio.AbstractEventLoop:
         return asyncio.new_event_loop()
     loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
     return loop
+
+
+def serve_front(app: Any, sockets: list[socket.socket], settings: Settings) -> None:
+    """Serve ``app`` on ``sockets`` with imds's own front until SIGINT/SIGTERM; in-flight requests finish first."""
+    from imds.cli import front  # noqa: PLC0415 - the server stack loads only when serving
+
+    with connection_budget(app, sockets, settings), asyncio.Runner(loop_factory=_new_loop) as runner:
+        runner.run(front.run(app, sockets, settings))
 
 
 def serve_granian(app: Any, sockets: list[socket.socket], settings: Settings) -> None:
@@ -248,6 +261,7 @@ def run_uvicorn(config: Any, sockets: list[socket.socket], name: str) -> None:
 
 
 SERVERS: dict[str, Callable[[Any, list[socket.socket], Settings], None]] = {
+    "front": serve_front,
     "granian": serve_granian,
     "uvicorn": serve_uvicorn,
 }

@@ -165,8 +165,9 @@ OPTIONS: tuple[Option, ...] = (
     _store("db_statement_timeout", "float", 5.0,
         "Seconds one database statement (or SQLite's write lock) may take before answering 503."),
     # Server and listener limits (docs/server.md).
-    _http("server", "str", "granian",
-        "HTTP server: granian (fastest, every limit below) or uvicorn (no header read timeout)."),
+    _http("server", "str", "front",
+        "HTTP server: front (imds's own on uvloop + httptools: reads without the ASGI hand-off, every limit "
+        "below), granian, or uvicorn (no header read timeout)."),
     _http("workers", "int", 1, "Server processes sharing the listeners (each loads the catalog; not with memory://)."),
     _http("max_header_bytes", "int", 16384,
         "Largest request line plus headers, in bytes (larger: 431 or the connection is closed)."),
@@ -175,7 +176,7 @@ OPTIONS: tuple[Option, ...] = (
         "Seconds a connection may take to send a request's headers, idle keep-alive included."),
     _http("body_timeout", "float", 10.0, "Seconds the server waits for each part of a request body."),
     _http("keepalive_timeout", "float", 5.0,
-        "Seconds uvicorn keeps an idle keep-alive connection (granian closes it after --header-timeout)."),
+        "Seconds an idle keep-alive connection is kept (front, uvicorn; granian closes it after --header-timeout)."),
     _http("max_connections", "int", 4096,
         "Most open connections per listener and worker; more wait in the kernel's backlog."),
     _http("max_connections_per_source", "int", 32,
@@ -198,6 +199,6 @@ OPTIONS: tuple[Option, ...] = (
 )
 
 
-SERVERS = ("granian", "uvicorn")
+SERVERS = ("front", "granian", "uvicorn")
 MIN_HEADER_BYTES = 8192  # granian's (hyper's) smallest read buffer
 IMDSV2_MODES = ("optional", "required")

@@ -74,6 +74,25 @@ class Bounded:
             return
         await self._with_body(scope, receive, send)
 
+    def untouched(self, headers: list[tuple[bytes, bytes]]) -> bool:
+        """Whether a request with ``headers`` passes this wrapper as it is: no refusal, no body to time.
+
+        True for at most ``--max-headers`` lines with no body framing (or one
+        ``Content-Length: 0``): what imds's own front (``imds.cli.front``) may answer
+        without calling the wrapper, since it would only hand the request on.
+        """
+        if len(headers) > self.max_headers:
+            return False
+        length = False
+        for name, value in headers:
+            if name == b"content-length":
+                if length or value != b"0":
+                    return False
+                length = True
+            elif name == b"transfer-encoding":
+                return False
+        return True
+
     def _framing_problem(self, lengths: list[bytes], *, chunked: bool) -> ImdsError | None:
         if len(lengths) > 1 or (lengths and chunked):
             return InvalidInput.one("Content-Length", "ambiguous framing (repeated, or with Transfer-Encoding)")

@@ -18,6 +18,7 @@ from imds.errors import (
     Conflict,
     Forbidden,
     HeadersTooLarge,
+    HeadTooLarge,
     ImdsError,
     InvalidInput,
     NotFound,
@@ -35,6 +36,7 @@ from imds.errors import (
 STATUS: tuple[tuple[type[ImdsError], int], ...] = (
     (PayloadTooLarge, 413),
     (HeadersTooLarge, 431),
+    (HeadTooLarge, 431),
     (RequestTimeout, 408),
     (InvalidInput, 400),
     (NotFound, 404),

@@ -12,6 +12,7 @@ are measured by route group.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import time
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
@@ -21,8 +22,10 @@ from starlette.requests import Request
 
 from imds import log
 from imds.errors import ImdsError, NotFound, RateLimited, SourceBusy
+from imds.models import Address
 from imds.services import Services
 from imds.services.admission.ratelimit import InFlight, RateLimiter
+from imds.services.catalog.addresses import parse_host
 from imds.services.lookup.resolve import Resolver
 from imds.web.admin.push import Endpoint, upsert_endpoints
 from imds.web.errors import error_body, handle_imds_error
@@ -35,6 +38,8 @@ from imds.web.flavors.nocloud import NoCloudFlavor
 from imds.web.flavors.openstack import OpenStackFlavor
 from imds.web.instance_guard import FlavorGuard
 from imds.web.listeners import AdminListeners
+from imds.web.memo import ReadMemo, Remembered, inert
+from imds.web.replies import reply_head
 from imds.web.routes import INSTANCE, PROBE_PATHS, PUBLISHED_PATHS, Groups, aliased, dispatch, on_gce_path
 from imds.web.routing import (
     JSON,
@@ -115,6 +120,11 @@ def _direct(endpoint: Endpoint) -> ASGIApp:
     return app
 
 
+def _keepable(scope: Scope) -> bool:
+    """Whether a fixed answer to this request may be kept (``imds.web.memo``): a plain GET or HEAD."""
+    return scope["method"] in READ_METHODS and not scope["query_string"] and inert(scope["headers"])
+
+
 class InstanceFront:
     """Serves instance routes from memory; forwards every other request to ``admin``.
 
@@ -146,6 +156,9 @@ class InstanceFront:
         self._in_flight = InFlight(callers.max_requests_per_source)
         admin_listen = services.settings.http.admin_listen
         self._admin_listeners = AdminListeners(admin_listen) if admin_listen else None
+        # Repeated fixed reads answered whole (imds.web.memo); not in pull mode, whose caches are per kind.
+        self._memo = (ReadMemo(resolver, services.catalog, metrics.tally, callers.trusted_proxy)
+                      if services.lookup is None else None)
         upserts = {path: _direct(endpoint) for path, endpoint in upsert_endpoints(services).items()}
         self._upserts = {alias: app for path, app in upserts.items() for alias in aliased(path)}
 
@@ -154,6 +167,20 @@ class InstanceFront:
         if scope["type"] != "http":
             await self.admin(scope, receive, send)
             return
+        handler = self.route(scope)
+        if handler is None:
+            direct = self._upserts.get(scope["path"]) if scope["method"] == "POST" else None
+            await self._measured(scope, receive, send, direct or self.admin)
+            return
+        await self.serve(scope, send, handler, receive)
+
+    def route(self, scope: Scope) -> Handler | None:
+        """The handler answering an HTTP request as an instance request, or None: the admin app's.
+
+        The front's whole dispatch: the instance routes, the ``--admin-listen`` split and the
+        503 while the catalog loads. ``imds.cli.front`` asks it too, to answer instance
+        requests without an ASGI server in between.
+        """
         path = scope["path"]
         handler = self._exact.get(path)
         if handler is None:
@@ -162,14 +189,14 @@ class InstanceFront:
             if handler is None and self._ec2.claims(segment):
                 handler = self._ec2.handle
         if self._admin_listeners is not None and self._elsewhere(scope, instance_path=handler is not None):
-            handler = _not_here
-        elif handler is None:
-            direct = self._upserts.get(path) if scope["method"] == "POST" else None
-            await self._measured(scope, receive, send, direct or self.admin)
-            return
-        elif not self.services.catalog.loaded:  # answered, never left silent, until the catalog is in memory
-            handler = _loading
-        await self._serve(scope, send, handler, receive)
+            return _not_here
+        if handler is not None and not self.services.catalog.loaded:  # answered, never silent, until loaded
+            return _loading
+        return handler
+
+    def instance_listener(self, server: tuple[str, int] | None) -> bool:
+        """Whether a connection accepted on local address ``server`` carries instance requests (no admin listener)."""
+        return self._admin_listeners is None or not self._admin_listeners.serves({"server": server})
 
     def _elsewhere(self, scope: Scope, *, instance_path: bool) -> bool:
         """With ``--admin-listen``: an instance path on an admin listener, or an admin path on an instance one."""
@@ -178,7 +205,20 @@ class InstanceFront:
             return instance_path and scope["path"] not in PUBLISHED_PATHS
         return not instance_path and scope["path"] not in PROBE_PATHS
 
-    async def _serve(self, scope: Scope, send: Send, handler: Handler, receive: Receive) -> None:
+    async def serve(self, scope: Scope, send: Send, handler: Handler, receive: Receive) -> None:
+        """Answer an instance request with ``handler`` (from ``route``): limits, reply, ETag, tally, read log.
+
+        Every server runs the same coroutine: ASGI servers through ``__call__``, imds's own
+        front (``imds.cli.front``) directly, running it eagerly up to its first wait. So code
+        here and in the handlers must not need ``asyncio.current_task()`` before it first
+        waits (a Pending reply's completion is moved to a task of its own, see ``_answer``).
+        """
+        if self._memo is not None and not scope["query_string"] and handler not in (_not_here, _loading):
+            found = self.remembered(scope.get("client"), scope["path"], scope["method"], scope["headers"])
+            if found is not None:
+                await send({"type": "http.response.start", "status": found.status, "headers": list(found.headers)})
+                await send({"type": "http.response.body", "body": b"" if scope["method"] == "HEAD" else found.body})
+                return
         call = InstanceCall(scope)  # the request's context, made once: handlers, guard and watch share it
         if not self._in_flight.limit and self._limiter is None:
             await self._answer(call, send, handler, receive, None)
@@ -192,16 +232,62 @@ class InstanceFront:
         finally:  # every way out (an error, a cancelled watch, a client gone) gives the slot back
             self._in_flight.leave(key)
 
+    def remembered(self, client: Any, path: str, method: str, headers: list[tuple[bytes, bytes]]) -> Remembered | None:
+        """A repeated fixed read answered whole from the memo (``imds.web.memo``), or None: ``serve`` it.
+
+        The bookkeeping of ``serve`` is done here for it (counters, tally, read log); a caller
+        at its in-flight or rate limit gets None, and ``serve`` answers the 429. For a request
+        with no query string and an instance route that is not ``_not_here`` or ``_loading``.
+        """
+        memo = self._memo
+        if memo is None or method not in READ_METHODS or not inert(headers):
+            return None
+        started = time.perf_counter()
+        host = client[0] if client else None
+        found = memo.recall(host, path)
+        return found if found is not None and self._counted(memo, found, host, path, started) else None
+
+    def again(self, client: Any, path: str, found: Remembered) -> bool:
+        """The very read ``remembered`` answered with ``found``, asked again: whether ``found`` still answers it.
+
+        For a server that recognises a request by its bytes: the memo must still hold
+        ``found`` for this caller and path (else the caller, the instance or its rendering
+        moved); the bookkeeping is done as for ``remembered``.
+        """
+        started = time.perf_counter()
+        host = client[0] if client else None
+        memo = self._memo
+        return memo is not None and memo.recall(host, path) is found and self._counted(memo, found, host, path, started)
+
+    def _counted(self, memo: ReadMemo, found: Remembered, host: str | None, path: str, started: float) -> bool:
+        """``serve``'s bookkeeping for a remembered answer; False (nothing counted) when a limit refuses it."""
+        if self._limiter is not None or self._in_flight.limit:
+            key = self._key_of(host, parse_host(host) if self._behind_proxies and host else None)
+            if self._in_flight.limit and self._in_flight.held(key) >= self._in_flight.limit:
+                return False
+            if self._limiter is not None and self._limiter.retry_after(key):
+                return False
+        memo.replay(found)
+        self._tally.add(found.status, time.perf_counter() - started)
+        if self._log_reads:
+            _log.info("instance.read", path=path, peer=host, status=found.status)
+        return True
+
     async def _answer(
         self, call: InstanceCall, send: Send, handler: Handler, receive: Receive, key: str | None
     ) -> None:
         started = time.perf_counter()
         scope = call.scope
+        memo = self._memo
+        before = memo.counted() if memo is not None and _keepable(scope) else None
         try:
             reply = self._limited(call, key) if key is not None else None  # no key: neither limit is on
             if reply is None:
                 reply = await handler(call)
             if isinstance(reply, Pending) and reply.complete is not None:
+                # A loop turn first: the completion reads a body, fetches or streams (anyio, httpx), which
+                # needs a task; imds's own front runs requests eagerly, outside one, up to their first wait.
+                await asyncio.sleep(0)
                 reply = await reply.complete(receive)  # a write that needs the body (OpenStack password)
                 if isinstance(reply, Streamed):  # checked only here: other replies pay nothing for it
                     await self._stream(scope, send, reply, started)
@@ -211,20 +297,16 @@ class InstanceFront:
         except Exception:  # noqa: BLE001 - an instance must get an answer, never a dropped connection
             _log.exception("instance.error", path=scope["path"])
             reply = _own(call, _INTERNAL)
-        headers = [
-            *reply.headers,
-            (b"content-type", reply.content_type),
-            (b"content-length", str(len(reply.body)).encode()),
-        ]
-        entry = call.version
-        if entry is not None and reply.status == 200 and scope["method"] in READ_METHODS:
-            headers.append((b"etag", entry.etag))
-        await send({"type": "http.response.start", "status": reply.status, "headers": headers})
-        await send({"type": "http.response.body", "body": b"" if scope["method"] == "HEAD" else reply.body})
-        self._tally.add(reply.status, time.perf_counter() - started)
+        status, headers = reply_head(call, reply)
+        if before is not None and reply.fixed and status == 200 and memo is not None:
+            memo.keep(call, headers, reply.body, before)
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": b"" if scope["method"] == "HEAD" or status == 304
+                    else reply.body})
+        self._tally.add(status, time.perf_counter() - started)
         if self._log_reads:
             client = scope.get("client")
-            _log.info("instance.read", path=scope["path"], peer=client[0] if client else None, status=reply.status)
+            _log.info("instance.read", path=scope["path"], peer=client[0] if client else None, status=status)
 
     async def _stream(self, scope: Scope, send: Send, reply: Streamed, started: float) -> None:
         """Send a streamed reply chunk by chunk; a failure after the headers aborts the connection (re-raised)."""
@@ -254,14 +336,18 @@ class InstanceFront:
     def _caller_key(self, call: InstanceCall) -> str:
         """The caller's address: the socket peer, or the forwarded caller when the peer is a trusted proxy."""
         client = call.scope.get("client")
-        key: str = client[0] if client else "-"
+        address = None
         if self._behind_proxies:
             try:
                 address = self._locator.address(call)
             except ImdsError:  # a bad X-Forwarded-For: the handler answers it (400); count it against the peer
                 address = None
-            key = str(address) if address is not None else key
-        return key
+        return self._key_of(client[0] if client else None, address)
+
+    @staticmethod
+    def _key_of(peer: str | None, address: Address | None) -> str:
+        """The key of the limits: the caller's address found behind trusted proxies, else the socket peer."""
+        return str(address) if address is not None else peer or "-"
 
     def _limited(self, call: InstanceCall, key: str) -> Reply | None:
         """A 429 with Retry-After when the caller's address has used up its rate, else None."""

@@ -1,4 +1,4 @@
-"""What the instance flavors share: plain-text replies, the userdata content type, a bounded body read."""
+"""What the instance flavors share: plain-text replies, the userdata type, a bounded body read; the reply head."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from http import HTTPStatus
 from imds.errors import Conflict, ImdsError, InvalidInput
 from imds.models import Instance
 from imds.web.errors import status_for
-from imds.web.routing import BINARY, TEXT, Receive, Reply, Scope, header
+from imds.web.routing import BINARY, READ_METHODS, TEXT, InstanceCall, Receive, Reply, Scope, header
 
 
 def plain(status: int) -> Reply:
@@ -62,3 +62,31 @@ async def read_body(receive: Receive, limit: int, noun: str = "a password") -> b
         chunks.append(chunk)
         if not message.get("more_body", False):
             return b"".join(chunks)
+
+
+def reply_head(call: InstanceCall, reply: Reply) -> tuple[int, list[tuple[bytes, bytes]]]:
+    """The status and headers answering ``reply``: with the instance's ETag on a 200 read.
+
+    A read whose ``If-None-Match`` names that ETag (or ``*``) is answered 304 with no body:
+    the document the caller holds is current (RFC 9110, weak comparison).
+    """
+    entry = call.version
+    if entry is not None and reply.status == 200 and call.scope["method"] in READ_METHODS:
+        etag = entry.etag
+        held = header(call.scope, b"if-none-match")
+        if held is not None and _names(held, etag):
+            return 304, [*reply.headers, (b"etag", etag)]
+        return 200, [*reply.headers, (b"content-type", reply.content_type),
+                     (b"content-length", str(len(reply.body)).encode()), (b"etag", etag)]
+    return reply.status, [*reply.headers, (b"content-type", reply.content_type),
+                          (b"content-length", str(len(reply.body)).encode())]
+
+
+def _names(if_none_match: str, etag: bytes) -> bool:
+    """Whether an ``If-None-Match`` value lists ``etag`` (weakly: ``W/`` ignored) or is ``*``."""
+    wanted = etag.decode("latin-1")
+    for tag in if_none_match.split(","):
+        tag = tag.strip()  # noqa: PLW2901 - the list item, trimmed
+        if tag in ("*", wanted) or tag.removeprefix("W/") == wanted:
+            return True
+    return False

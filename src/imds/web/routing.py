@@ -77,12 +77,20 @@ class InstanceCall:
 
 @dataclass(frozen=True)
 class Reply:
-    """A complete response. HEAD replies are cut to headers by the front."""
+    """A complete response. HEAD replies are cut to headers by the front.
+
+    ``fixed``: the handler says this answer depends on nothing but the caller's catalog
+    entry (this version of it) and the path: no other request header, no clock, no chance,
+    no state outside the entry. The front may then keep it with the entry and answer the
+    same read again from it (``imds.web.memo``). Set it only on answers rendered from the
+    entry (``Entry.render``); leave it off for anything minted, seeded, timed or consumed.
+    """
 
     status: int
     body: bytes
     content_type: bytes = TEXT
     headers: tuple[tuple[bytes, bytes], ...] = ()
+    fixed: bool = False
 
 
 Handler = Callable[[InstanceCall], Awaitable[Reply]]

@@ -39,9 +39,9 @@ def test_different_messages_and_imds_own_logs_are_not_throttled():
 
 
 def test_server_limit_defaults_are_bounded():
-    """Out of the box: granian, 1 worker, finite heads, timeouts, connections and rate."""
+    """Out of the box: imds's own front, 1 worker, finite heads, timeouts, connections and rate."""
     settings = load({}, environ=ENV)
-    assert settings.http.server == "granian"
+    assert settings.http.server == "front"
     assert settings.http.workers == 1
     assert settings.http.max_header_bytes == 16384
     assert settings.http.max_headers == 100

@@ -64,6 +64,9 @@ class Catalog:
         self._index = AddressIndex()
         self._lock = asyncio.Lock()
         self.position = 0
+        # Moves whenever an address may lead to another entry (an entry placed, replaced or dropped):
+        # what a cache of lookups (imds.web.memo) checks to stay coherent.
+        self.version = 0
         self.loaded = False
         # Loading progress for /readyz and the log: phase ("waiting", "reading", "indexing", "loaded").
         self.phase = "waiting"
@@ -160,6 +163,7 @@ class Catalog:
             self.total, self.indexed = 0, 0  # still "reading" until the store's first chunk arrives
             self._entries = {}
             self._index = AddressIndex()
+            self.version += 1
             position = 0
             async for chunk, seq, total in self._store.snapshot_chunks(LOAD_CHUNK):
                 position, self.total, self.phase = seq, total, "indexing"
@@ -339,11 +343,13 @@ class Catalog:
         if instance is None:
             self._entries.pop(instance_id, None)
             self._index.forget(instance_id)
+            self.version += 1
             return
         self._place(stored_form(instance))
 
     def _place(self, stored: StoredInstance) -> list[tuple[int, str]]:
         entry = self._entries[stored.id] = Entry(stored, self._cache)
+        self.version += 1
         return self._index.assign_packed(stored.id, entry.packed)
 
 

@@ -291,6 +291,28 @@ class Entry:
         """``render_in_context`` for a rendering that takes only the project's record."""
         return self.render_in_context(key, lambda instance, context: build(instance, context.project))
 
+    def cached(self, key: str) -> object | None:
+        """The rendering ``key`` if this version holds it now (marked recent), else None; builds nothing.
+
+        Past ``_until`` (a notice changed on its own) nothing computed before is held, as for ``render``.
+        """
+        if self._until is not None:
+            self._fresh()
+        rendered = self._rendered
+        if rendered is None:
+            return None
+        value = rendered.get(key)
+        if value is not None:
+            self._cache.touch(self)
+        return value
+
+    def keep(self, key: str, value: object, size: int) -> None:
+        """Hold ``value`` as rendering ``key`` of this version, charged ``size`` bytes (``render`` estimates)."""
+        if self._rendered is None:
+            self._rendered = {}
+        self._rendered[key] = value
+        self._cache.charge(self, size + len(key))
+
     def _keep(self, key: str, value: T) -> T:
         if self._rendered is None:
             self._rendered = {}

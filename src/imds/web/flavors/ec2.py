@@ -105,7 +105,7 @@ class Ec2Flavor:
             raise NotFound(f"no {subpath!r} under /{version}")
         if kind in _COUNTED:
             self._locator.served(record)
-        return Reply(200, body(node), headers=headers)
+        return Reply(200, body(node), headers=headers, fixed=not tokens)  # a token's answer says its TTL
 
     def _check(self, tokens: list[str], instance_id: str) -> int:
         """Seconds the first valid token has left; the first one's error when none is valid."""

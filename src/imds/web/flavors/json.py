@@ -61,7 +61,7 @@ class JsonFlavor:
         except ImdsError as exc:
             return error_reply(exc)
         self._locator.served(kind)
-        return Reply(200, body, entry.render(f"json/{kind}:type", content_type))
+        return Reply(200, body, entry.render(f"json/{kind}:type", content_type), fixed=True)
 
 
 def _json_type(_instance: Instance) -> bytes:

@@ -46,6 +46,6 @@ class NoCloudFlavor:
             return plain(status_for(exc))
         self._locator.served(kind)
         if kind == USERDATA:
-            return Reply(200, body(node), entry.render("nocloud/user-data:type", userdata_type))
-        return Reply(200, body(node))
+            return Reply(200, body(node), entry.render("nocloud/user-data:type", userdata_type), fixed=True)
+        return Reply(200, body(node), fixed=True)
 

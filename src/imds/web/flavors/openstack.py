@@ -77,10 +77,10 @@ class OpenStackFlavor:
         if isinstance(node, SeededJson):
             return Reply(200, node.with_seed(self._seeds.take()), JSON)
         if rest.endswith(".json"):
-            return Reply(200, body(node), JSON)
+            return Reply(200, body(node), JSON, fixed=True)
         if kind == USERDATA:
-            return Reply(200, body(node), entry.render("openstack/user_data:type", userdata_type))
-        return Reply(200, body(node))
+            return Reply(200, body(node), entry.render("openstack/user_data:type", userdata_type), fixed=True)
+        return Reply(200, body(node), fixed=True)
 
     async def _notices(self, call: InstanceCall) -> Reply:
         """``latest/notices.json``: the JSON flavor's notices document (not Nova's, so not listed, not on a drive)."""

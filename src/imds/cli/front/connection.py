@@ -1,0 +1,401 @@
+"""One client connection of imds's own front: httptools parses; instance reads are answered in place.
+
+The shape is uvicorn's ``HttpToolsProtocol`` (``uvicorn/protocols/http/httptools_impl.py``):
+callbacks collect a request, one request is answered at a time, pipelined ones wait in
+order (reading paused), ``FlowControl`` pauses the writer, and a request for the ASGI app
+runs as uvicorn's own ``RequestResponseCycle`` task, its body streamed as it arrives. But:
+
+- **Instance reads skip ASGI.** A GET or HEAD that ``InstanceFront.route`` gives an
+  instance handler and the request limits pass untouched (``Bounded.untouched``) runs
+  ``InstanceFront.serve`` eagerly in the parser callback, an ``Exchange`` as send and
+  receive: a read that never waits is written before the callback returns; one that waits
+  (a watch, a lookup, a stream) goes on in a task, later requests waiting their turn.
+  A read the memo has (``InstanceFront.remembered``) is answered from it at once, and the
+  same bytes asked again alone on the connection are answered without parsing (``_again``).
+- **Limits uvicorn lacks.** The head is bounded by ``--max-header-bytes`` as it arrives
+  (431: an endless header is cut off, never buffered); it must be complete within
+  ``--header-timeout`` of the accept or of the previous answer, and an idle connection is
+  closed after ``--keepalive-timeout`` (the server's tick checks deadlines: ``expired``).
+- **HTTP/1.0 keep-alive** is honoured on the fast path; the ASGI path closes HTTP/1.0
+  connections after each answer, as uvicorn does.
+
+A malformed request gets a JSON 400 (status from ``imds.web.errors``) and the connection
+closes after the answers before it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Callable
+from typing import cast
+
+import httptools
+from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT, FlowControl
+from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
+
+from imds.cli.front import eager
+from imds.cli.front.exchange import Exchange
+from imds.cli.front.request import asgi_cycle, scope_of
+from imds.cli.front.shared import Shared
+from imds.cli.front.wire import Last, recalled, refusal
+from imds.errors import HeadTooLarge, ImdsError, InvalidInput
+from imds.web.memo import Remembered
+from imds.web.routing import Handler, Scope
+
+READS = {b"GET": "GET", b"HEAD": "HEAD"}  # the methods of the reads answered without ASGI
+Hot = tuple[Scope, Handler, bool]  # an instance read: its scope, its handler, keep-alive
+# What waits its turn: an instance read to run, an ASGI request, or a whole answer ready to write
+# (bytes: a remembered read; Last: the same, or a refusal, then the connection closes).
+Item = Hot | RequestResponseCycle | bytes
+_DETACHED = httptools.HttpRequestParser(object())  # what a closed connection holds instead of its parser
+
+
+class _Stop(Exception):
+    """Raised in a parser callback to stop parsing: the connection was refused and is closing."""
+
+
+class Connection(asyncio.Protocol):
+    """One HTTP/1.1 connection (see the module docstring)."""
+
+    __slots__ = ("_release", "active", "client", "closing", "deadline", "early", "exchange", "flow", "head_bytes",
+                 "head_size", "headers", "idle_since", "in_head", "messages", "parser", "parsing", "queue", "recalled",
+                 "recalls", "repeat", "says_connection", "server", "shared", "transport", "url")
+
+    def __init__(self, shared: Shared, release: Callable[[], None], client: tuple[str, int],
+                 server: tuple[str, int]) -> None:
+        self.shared = shared
+        self._release: Callable[[], None] | None = release  # gives the listener's connection slot back, once
+        self.client = client
+        self.server = server
+        self.parser = httptools.HttpRequestParser(self)
+        # As uvicorn: answer the requests before a "Connection: close" one, ignore what follows it.
+        self.parser.set_dangerous_leniencies(lenient_data_after_close=True)
+        self.transport: asyncio.Transport | None = None
+        self.flow: FlowControl | None = None
+        self.exchange: Exchange | None = None
+        # the request being parsed
+        self.url = b""
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.head_size = 0  # request line and header lines parsed so far, in bytes
+        self.head_bytes = 0  # bytes received since the head began (bounds one never finished)
+        self.says_connection = False  # the request has a Connection header
+        self.in_head = False
+        self.parsing: Item | None = None  # what the body and the message end go to
+        # the requests being answered
+        self.active: Hot | RequestResponseCycle | None = None
+        self.queue: deque[Item] = deque()
+        self.closing = False  # refused or stopping: read nothing more
+        self.deadline = 0.0  # loop time the head (or the idle wait) must end by; 0: an answer is under way
+        self.idle_since = 0.0
+        self.recalls = shared.instance_listener(server)  # may answer from the read memo
+        self.early = b""  # bytes the listener read before the connection was made
+        self.messages = 0  # requests completed in the chunk being parsed
+        self.recalled: tuple[Remembered, str, bool] | None = None  # the last request answered from the memo
+        self.repeat: tuple[bytes, Remembered, str, bool] | None = None  # its bytes, when they came alone
+
+    # -- asyncio.Protocol ------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        transport = cast("asyncio.Transport", transport)  # a TCP transport (uvloop's is no asyncio.Transport subclass)
+        self.transport = transport
+        self.flow = FlowControl(transport)
+        self.exchange = Exchange(transport, self.flow, self.shared.date, transport.close)
+        self.shared.connections.add(self)
+        self.idle_since = self.shared.loop.time()
+        self.deadline = self.idle_since + self.shared.header_timeout  # the first head, from the accept
+        early, self.early = self.early, b""
+        if early:  # read when accepted (imds.cli.front.listener)
+            self.data_received(early)
+
+    def connection_lost(self, exc: Exception | None) -> None:  # noqa: ARG002 - the reason changes nothing
+        self.closing = True
+        self.queue.clear()
+        active = self.active
+        if isinstance(active, RequestResponseCycle):
+            if not active.response_complete:
+                active.disconnected = True
+            active.message_event.set()
+        if self.exchange is not None:
+            self.exchange.gone()
+        if self.flow is not None:
+            self.flow.resume_writing()  # a writer waiting on drain sees the loss
+        self.shared.closed(self)
+        self.parser = _DETACHED  # the parser holds our callbacks: without this cycle, refcounting frees us now
+        release, self._release = self._release, None
+        if release is not None:
+            release()
+
+    def data_received(self, data: bytes) -> None:
+        if self.closing:
+            return
+        repeat = self.repeat
+        if repeat is not None and data == repeat[0] and self._again(repeat):
+            return
+        if self.parsing is None:  # between requests or in a head: this counts against the head limit
+            self.head_bytes += len(data)
+        self.messages = 0
+        self.recalled = None
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserCallbackError as exc:
+            if not isinstance(exc.__context__, _Stop):
+                self.shared.logger.exception("front.callback_error")
+                self._refuse(InvalidInput.one("request", "not a request imds can answer"))
+            return
+        except httptools.HttpParserUpgrade:  # an Upgrade request was answered (no upgrade): nothing follows
+            self.closing = True
+            return
+        except httptools.HttpParserError as exc:
+            self._refuse(InvalidInput.one("request", f"not a valid HTTP request ({str(exc)[:100]})"))
+            return
+        if self.in_head and self.head_bytes > self.shared.max_header_bytes:
+            self._refuse(HeadTooLarge(self.shared.max_header_bytes))
+        elif self.recalled is not None and self.messages == 1 and not self.in_head:
+            self.repeat = (data, *self.recalled)  # one whole request, answered from the memo: see _again
+
+    def eof_received(self) -> None:  # the transport closes once what is written has gone
+        return
+
+    def pause_writing(self) -> None:
+        if self.flow is not None:
+            self.flow.pause_writing()
+
+    def resume_writing(self) -> None:
+        if self.flow is not None:
+            self.flow.resume_writing()
+
+    # -- httptools callbacks -----------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        self.url = b""
+        self.headers = []
+        self.head_size = 0
+        self.says_connection = False
+        self.in_head = True
+        if self.active is None:  # no longer idle: the head has the header timeout from the idle start
+            self.deadline = self.idle_since + self.shared.header_timeout
+
+    def on_url(self, url: bytes) -> None:
+        self.url += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.head_size += len(name) + len(value) + 4
+        name = name.lower()
+        if name == b"connection":
+            self.says_connection = True  # only then can an HTTP/1.0 request keep its connection
+        self.headers.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        self.in_head = False
+        self.head_bytes = 0
+        self.deadline = 0.0
+        shared = self.shared
+        if self.head_size + len(self.url) > shared.max_header_bytes:
+            self._refuse(HeadTooLarge(shared.max_header_bytes))
+            raise _Stop
+        parser = self.parser
+        method = parser.get_method()
+        keep_alive = parser.should_keep_alive() and not shared.stopping
+        fast = shared.fast
+        read = fast is not None and method in READS and not parser.should_upgrade() and fast.untouched(self.headers)
+        # Remembered only when it is this request's turn now: behind others (pipelined), what it answers
+        # may change before then (a write among them), so it waits as a read and ``serve`` recalls it.
+        if read and self.recalls and self.active is None and not self.queue \
+                and self._recalled(method, keep_alive=keep_alive):
+            return
+        try:
+            scope = scope_of(method, self.url, parser.get_http_version(), self.headers, client=self.client,
+                             server=self.server)
+        except InvalidInput as exc:
+            self._refuse(exc)
+            raise _Stop from None
+        if read:
+            assert fast is not None  # noqa: S101 - read says so
+            handler = fast.route(scope)
+            if handler is not None:
+                self.parsing = (scope, handler, keep_alive)
+                return
+        assert self.transport is not None  # noqa: S101 - connected
+        assert self.flow is not None  # noqa: S101 - connected
+        self.parsing = cycle = asgi_cycle(scope, self.transport, self.flow, shared.logger, shared.default_headers,
+                                          keep_alive=keep_alive and not parser.should_upgrade(),
+                                          on_response=self._cycle_answered)
+        self._enqueue(cycle)
+
+    def on_body(self, body: bytes) -> None:
+        cycle = self.parsing
+        if isinstance(cycle, RequestResponseCycle) and not cycle.response_complete:
+            cycle.body += body
+            if len(cycle.body) > HIGH_WATER_LIMIT and self.flow is not None:
+                self.flow.pause_reading()
+            cycle.message_event.set()
+
+    def on_message_complete(self) -> None:
+        self.messages += 1
+        parsing, self.parsing = self.parsing, None
+        if isinstance(parsing, (tuple, bytes)):
+            self._enqueue(parsing)
+        elif parsing is not None and not parsing.response_complete:
+            parsing.more_body = False
+            parsing.message_event.set()
+
+    # -- answering, in order -------------------------------------------------------------------
+
+    def _enqueue(self, item: Item) -> None:
+        """Start ``item`` now if nothing is ahead of it, else queue it (reading paused meanwhile)."""
+        if self.active is None and not self.queue:
+            self._start(item)
+            if self.active is None:  # answered already (an instance read, a remembered one)
+                self._idle()
+        else:
+            self.queue.append(item)
+            if self.flow is not None:
+                self.flow.pause_reading()
+
+    def _start(self, item: Item) -> None:
+        """Begin answering ``item``; ``active`` is it while its answer is under way (not for whole answers)."""
+        if isinstance(item, tuple):
+            self._answer(item)
+        elif isinstance(item, RequestResponseCycle):
+            self.active = item
+            self.shared.keep(self.shared.loop.create_task(item.run_asgi(self.shared.app)))
+        elif self.transport is not None:  # a whole answer, in its turn
+            self.transport.write(item)
+            if isinstance(item, Last):
+                self.transport.close()
+
+    def _recalled(self, method: bytes, *, keep_alive: bool) -> bool:
+        """Answer a repeated read from the memo (``InstanceFront.remembered``), if it has it: whether it did."""
+        url = self.url
+        fast = self.shared.fast
+        if url[:1] != b"/" or b"?" in url or b"%" in url or not url.isascii() or fast is None:
+            return False
+        found = fast.remembered(self.client, url.decode("ascii"), READS[method], self.headers)
+        if found is None:
+            return False
+        # HTTP/1.0 keeps a connection only when asked to (Connection: keep-alive): the version matters then only.
+        http10 = keep_alive and self.says_connection and self.parser.get_http_version() == "1.0"
+        head_only = method == b"HEAD"
+        self.parsing = recalled(found, self.shared.date.line, head_only=head_only, keep_alive=keep_alive,
+                                http10=http10)
+        if keep_alive and not http10:
+            self.recalled = (found, url.decode("ascii"), head_only)
+        return True
+
+    def _again(self, repeat: tuple[bytes, Remembered, str, bool]) -> bool:
+        """The same bytes as a request answered from the memo, alone in their chunk: answer them so again.
+
+        A poller (an agent asking every second, a load generator) sends the same request
+        on its connection each time. If nothing is under way, the server is not stopping and
+        the memo still gives the same answer for this caller and path (``InstanceFront.again``,
+        which does the bookkeeping), the answer is written without parsing: the parser is
+        between requests before and after a whole request, so skipping one changes nothing.
+        """
+        fast = self.shared.fast
+        if self.active is not None or self.queue or self.in_head or self.shared.stopping or fast is None:
+            return False
+        _, found, path, head_only = repeat
+        if not fast.again(self.client, path, found):
+            self.repeat = None
+            return False
+        transport = self.transport
+        if transport is not None:  # nothing is ahead of it: written at once, as _enqueue would
+            transport.write(recalled(found, self.shared.date.line, head_only=head_only, keep_alive=True, http10=False))
+            self._idle()
+        return True
+
+    def _answer(self, hot: Hot) -> None:
+        """Run the instance front on a read, in place; if it waits, it goes on in a task."""
+        scope, handler, keep_alive = hot
+        exchange = self.exchange
+        fast = self.shared.fast
+        assert exchange is not None  # noqa: S101 - connected
+        assert fast is not None  # noqa: S101 - only the front's reads come here
+        self.active = hot
+        exchange.begin(keep_alive=keep_alive, http10=scope["http_version"] == "1.0",
+                       head_only=scope["method"] == "HEAD")
+        try:
+            task = eager.start(self.shared.loop, fast.serve(scope, exchange.send, handler, exchange.receive))
+        except Exception:  # a bug in the answer's writing (the front answers its own errors): never hang
+            self.shared.logger.exception("front.answer_failed")
+            self._abort()
+            return
+        if task is None:
+            self._answered()
+            return
+        self.shared.keep(task)
+        task.add_done_callback(self._waited)
+
+    def _waited(self, task: asyncio.Task[None]) -> None:
+        """A read that went on in a task has ended (a failure: the reply was cut, the connection goes)."""
+        if task.cancelled() or task.exception() is not None:
+            self._abort()
+            return
+        self._answered()
+        self._next()
+
+    def _answered(self) -> None:
+        """The front's coroutine for the active read has returned."""
+        exchange = self.exchange
+        self.active = None
+        if exchange is not None and not exchange.complete and not exchange.lost:
+            self._abort()  # the front returned without a whole answer (a bug): never leave the client waiting
+
+    def _cycle_answered(self) -> None:
+        """The cycle wrote its whole answer: the next request's turn (after this loop turn)."""
+        self.active = None
+        if self.transport is not None and not self.transport.is_closing():
+            self.shared.loop.call_soon(self._next)
+
+    def _next(self) -> None:
+        """Start the waiting requests in order until one is under way; idle when none is left."""
+        while self.active is None and self.queue and not self.closing_transport():
+            self._start(self.queue.popleft())
+        if self.active is None:
+            self._idle()
+
+    def _idle(self) -> None:
+        """Nothing under way: read again, and the idle (or unfinished head's) deadline runs from now."""
+        flow = self.flow
+        if flow is not None and flow.read_paused and not self.closing_transport():
+            flow.resume_reading()
+        self.idle_since = now = self.shared.now  # the tick's clock: deadlines are checked on ticks anyway
+        self.deadline = now + (self.shared.header_timeout if self.in_head else self.shared.idle_timeout)
+
+    def closing_transport(self) -> bool:
+        """Whether the connection is closed or closing."""
+        return self.transport is None or self.transport.is_closing()
+
+    # -- refusals, timeouts, stopping ----------------------------------------------------------------
+
+    def _refuse(self, exc: ImdsError) -> None:
+        """Answer ``exc`` (JSON, status from ``imds.web.errors``) after the answers before it, then close."""
+        self.closing = True
+        self._enqueue(refusal(exc, self.shared.date.line))
+
+    def _abort(self) -> None:
+        self.active = None
+        if self.transport is not None:
+            self.transport.close()
+
+    def expired(self, now: float) -> bool:
+        """Close the connection if its head (or idle wait) is past its deadline; whether it did."""
+        if self.deadline and now >= self.deadline and self.transport is not None:
+            self.transport.close()
+            return True
+        return False
+
+    def shutdown(self) -> None:
+        """Stop: close now when idle, else after the answer under way (``connection: close`` if not yet sent).
+
+        A request under way may still be receiving its body: reading goes on until it is answered.
+        """
+        active = self.active
+        if active is None:
+            if self.transport is not None:
+                self.transport.close()
+        elif isinstance(active, RequestResponseCycle):
+            active.keep_alive = False
+        elif self.exchange is not None:
+            self.exchange.keep_alive = False

@@ -1,0 +1,139 @@
+"""Accepting on one listening socket, at most ``--max-connections`` open at once (per listener and worker).
+
+asyncio servers accept whatever arrives; granian stops accepting at its cap and lets the
+rest wait in the kernel's backlog, which the hostile-input suite relies on (connections
+over the cap cost the process nothing). So the front accepts itself: the listening
+socket is watched for readability, each accepted socket is handed to the event loop as a
+``Connection`` (``loop.connect_accepted_socket``), and at the cap the socket is no longer
+watched until a connection closes. Accept errors such as ``EMFILE`` (the open-files limit)
+pause accepting for a moment rather than spin on a readable socket.
+"""
+
+from __future__ import annotations
+
+import _socket
+import contextlib
+import errno
+import ipaddress
+import socket
+from typing import Any
+
+from imds.cli.front import eager
+from imds.cli.front.connection import Connection
+from imds.cli.front.shared import Shared
+
+ACCEPT_BATCH = 64  # connections taken per wake-up before others on the loop get a turn
+EARLY_BYTES = 65536  # what is read at once from a connection just accepted
+BACKOFF = 0.2  # seconds without accepting after the process ran out of files or memory
+_OUT_OF = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+
+
+def _address(address: Any) -> tuple[str, int]:
+    """(host, port) of a socket address (IPv6 ones have four fields)."""
+    return str(address[0]), int(address[1])
+
+
+class _Accepted(socket.socket):
+    """An accepted connection's socket whose ``family`` and ``type`` are plain ints.
+
+    ``socket.socket`` turns both into enum members on every read (a Python-level enum
+    lookup); the event loop reads them for each connection it adopts, and under a boot
+    storm (a new connection per request) that was a tenth of the server's time.
+    """
+
+    __slots__ = ()
+
+    @property
+    def family(self) -> int:  # type: ignore[override] # an int: the loop compares it to ints
+        return int(_socket.socket.family.__get__(self))
+
+    @property
+    def type(self) -> int:  # type: ignore[override]
+        return int(_socket.socket.type.__get__(self))
+
+
+class Listener:
+    """Accepts connections on ``sock`` for ``shared``, up to ``cap`` open at once."""
+
+    def __init__(self, shared: Shared, sock: socket.socket, cap: int) -> None:
+        self.shared = shared
+        self.sock = sock
+        self.cap = cap
+        self._kind = (int(sock.family), int(sock.type), sock.proto)  # what each accepted socket is made with
+        host, port = _address(sock.getsockname())
+        # The local address of every connection, unless bound to a wildcard (then each has its own).
+        self._server = None if ipaddress.ip_address(host.split("%", 1)[0]).is_unspecified else (host, port)
+        self.open = 0
+        self._watching = False
+        self._stopped = False
+
+    def start(self) -> None:
+        """Begin accepting."""
+        self.sock.setblocking(False)  # noqa: FBT003 - socket's own API
+        self._watch()
+
+    def stop(self) -> None:
+        """Accept no more (the socket stays open: other workers may share it)."""
+        self._stopped = True
+        self._unwatch()
+
+    def _watch(self) -> None:
+        if not self._watching and not self._stopped and self.open < self.cap:
+            self.shared.loop.add_reader(self.sock.fileno(), self._accept)
+            self._watching = True
+
+    def _unwatch(self) -> None:
+        if self._watching:
+            self.shared.loop.remove_reader(self.sock.fileno())
+            self._watching = False
+
+    def _accept(self) -> None:
+        for _ in range(ACCEPT_BATCH):
+            if self.open >= self.cap:
+                self._unwatch()  # the rest wait in the kernel's backlog until a connection closes
+                return
+            try:
+                fd, address = self.sock._accept()  # type: ignore[attr-defined] # noqa: SLF001 - accept() less its enums
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                if exc.errno in _OUT_OF:
+                    # No traceback: the errno says it all (and repeats are throttled, servers.OncePerInterval).
+                    self.shared.logger.error("accept failed: %s; pausing %.1fs", exc.strerror, BACKOFF)  # noqa: TRY400
+                    self._unwatch()
+                    self.shared.loop.call_later(BACKOFF, self._watch)
+                    return
+                continue  # the client gave up before we accepted (ECONNABORTED...): next
+            self.open += 1
+            self._adopt(_Accepted(*self._kind, fileno=fd), _address(address))
+
+    def _adopt(self, conn: socket.socket, client: tuple[str, int]) -> None:
+        """Hand an accepted socket to the loop with a ``Connection`` on it (no task: ``eager.drive``)."""
+        conn.setblocking(False)  # noqa: FBT003 - socket's own API
+        server = self._server
+        if server is None:  # bound to a wildcard: the local address is the connection's own
+            try:
+                server = _address(conn.getsockname())
+            except OSError:  # already reset by the client
+                conn.close()
+                self.release()
+                return
+        connection = Connection(self.shared, self.release, client, server)
+        # A client that connects to ask one thing has usually sent it by now: read it here, and the
+        # connection answers it as soon as it is made, a loop turn earlier than waiting to read.
+        with contextlib.suppress(BlockingIOError, InterruptedError, ConnectionError):
+            connection.early = conn.recv(EARLY_BYTES)
+
+        def failed(_exc: BaseException) -> None:
+            with contextlib.suppress(OSError):
+                conn.close()
+            if connection.transport is None:  # never connected: its slot is given back here
+                self.release()
+
+        loop = self.shared.loop
+        eager.drive(loop.connect_accepted_socket(lambda: connection, conn), loop, failed)
+
+    def release(self) -> None:
+        """A connection of this listener closed: its slot is free."""
+        self.open -= 1
+        self._watch()

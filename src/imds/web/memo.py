@@ -1,0 +1,124 @@
+"""Whole answers to repeated instance reads, kept with the catalog entry they were made from.
+
+A fleet asks the same few paths again and again (a boot crawls ~30, an agent polls one
+every second). The first read of a path goes the whole way: handler, flavor guard,
+rendering, headers. If the handler says its answer is ``fixed`` (``Reply.fixed``: nothing
+but the caller's entry and the path went into it) and it is a 200, the status, headers and
+body are kept here; the next read of that path by a caller resolving to that same entry is
+answered from them, with the front's bookkeeping (limits, tally, read log) done as for any
+read and hollow's hit counters the handler counted counted again.
+
+Kept, and recalled, only for a request that
+
+- is a GET or HEAD without a query string;
+- carries no header but ``INERT`` ones, which no handler reads: a token, a flavor header,
+  forwarding or signed-identity headers, ``If-None-Match`` all go the whole way;
+- comes from a peer that is not a trusted proxy (whose callers are named by headers);
+- reaches a server with no upstream lookup (pull mode's caches are per kind and expire).
+
+The caller is found as the handlers find it (``Resolver.held`` on the socket peer; the
+result is reused while ``Catalog.version`` stays put: no entry placed, replaced or dropped),
+and the answer lives in that entry's render cache (``Entry.keep``): a new version of the instance,
+a change of its project, an eviction or a reload forgets it with the renderings. So a
+recall can only ever give what the handler gave for this version of this instance.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from operator import itemgetter
+
+from imds.models import METADATA, Network
+from imds.services.catalog.addresses import parse_host
+from imds.services.catalog.catalog import Catalog, Entry
+from imds.services.identity.identify import is_trusted
+from imds.services.lookup.resolve import Resolver
+from imds.tally import Tally
+from imds.web.routing import InstanceCall
+
+# Request headers that no instance handler, guard or the front reads (a request with any other is not recalled).
+INERT = frozenset({
+    b"host", b"user-agent", b"accept", b"accept-encoding", b"accept-language", b"accept-charset", b"connection",
+    b"keep-alive", b"te", b"cache-control", b"pragma", b"dnt", b"content-length", b"upgrade-insecure-requests",
+})
+_KEY = "reply "  # render-cache key prefix of a kept answer (the path follows)
+_COST = 256  # bytes charged per kept answer besides its body and headers
+MAX_CALLERS = 65536  # peers whose entry is remembered (all forgotten at once past it)
+
+
+@dataclass(slots=True)
+class Remembered:
+    """A kept answer: status, headers (without ``date``), body; hollow's counters it counted.
+
+    ``wire`` is free for a server to keep its own encoding of the answer (imds's front keeps
+    the bytes it writes there).
+    """
+
+    status: int
+    headers: tuple[tuple[bytes, bytes], ...]
+    body: bytes
+    counts: tuple[tuple[tuple[str, bool], int], ...]
+    wire: object = None
+
+
+def inert(headers: Iterable[tuple[bytes, bytes]]) -> bool:
+    """Whether every request header is one no handler reads."""
+    return INERT.issuperset(map(itemgetter(0), headers))
+
+
+class ReadMemo:
+    """Keeps and recalls ``Remembered`` answers (see the module docstring)."""
+
+    def __init__(self, resolver: Resolver, catalog: Catalog, tally: Tally, trusted: Sequence[Network]) -> None:
+        self._resolver = resolver
+        self._catalog = catalog
+        self._reads = tally.reads
+        self._trusted = tuple(trusted)
+        self._callers: dict[str, tuple[int, Entry | None]] = {}  # peer -> (catalog version, its entry then)
+
+    def recall(self, host: str | None, path: str) -> Remembered | None:
+        """The answer kept for ``path`` with the entry the peer ``host`` resolves to now, if any."""
+        entry = self._entry(host)
+        if entry is None:
+            return None
+        found = entry.cached(_KEY + path)
+        return found if isinstance(found, Remembered) else None
+
+    def counted(self) -> dict[tuple[str, bool], int]:
+        """The hollow counters now (taken before a handler runs, to see what it counted)."""
+        return dict(self._reads)
+
+    def keep(self, call: InstanceCall, headers: list[tuple[bytes, bytes]], body: bytes,
+             before: dict[tuple[str, bool], int]) -> None:
+        """Keep a fixed 200 answer with the entry it came from (only if the peer resolves to that entry)."""
+        client = call.scope.get("client")
+        entry = call.version
+        if entry is None or self._entry(client[0] if client else None) is not entry:
+            return
+        counts = tuple((key, count - before.get(key, 0)) for key, count in self._reads.items()
+                       if count != before.get(key, 0))
+        kept = Remembered(200, tuple(headers), body, counts)
+        entry.keep(_KEY + call.scope["path"], kept, _COST + len(body) + sum(len(n) + len(v) for n, v in headers))
+
+    def replay(self, found: Remembered) -> None:
+        """Count again what the handler counted when it made ``found``."""
+        for key, count in found.counts:
+            self._reads[key] += count
+
+    def _entry(self, host: str | None) -> Entry | None:
+        """The entry the peer ``host`` resolves to (``Resolver.held``), remembered until the catalog moves."""
+        if host is None:
+            return None
+        version = self._catalog.version
+        known = self._callers.get(host)
+        if known is not None and known[0] == version:
+            return known[1]
+        address = parse_host(host)
+        entry = None
+        if address is not None and not (self._trusted and is_trusted(address, self._trusted)):
+            entry = self._resolver.held(METADATA, address=address)
+        if len(self._callers) >= MAX_CALLERS:
+            self._callers.clear()
+        self._callers[host] = (version, entry)
+        return entry

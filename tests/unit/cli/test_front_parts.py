@@ -1,0 +1,227 @@
+"""The front's parts without sockets: eager starts, the Exchange's framing, the bytes it writes itself."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from uvicorn.protocols.http.flow_control import FlowControl
+
+from imds.cli.front import eager
+from imds.cli.front.exchange import DateLine, Exchange
+from imds.cli.front.wire import Last, recalled, refusal
+from imds.errors import HeadTooLarge
+from imds.web.memo import Remembered
+
+pytestmark = pytest.mark.anyio
+DATE = b"date: Sat, 28 Nov 2026 10:00:00 GMT\r\n"
+
+
+class Transport:
+    """What an Exchange writes, and whether it closed the connection."""
+
+    def __init__(self) -> None:
+        self.data = b""
+        self.closed = False
+
+    def write(self, data: bytes) -> None:
+        self.data += data
+
+    def writelines(self, parts: list[bytes]) -> None:
+        self.data += b"".join(parts)
+
+    def close(self) -> None:
+        self.closed = True
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+
+def _exchange(**begin: bool) -> tuple[Exchange, Transport]:
+    transport = Transport()
+    date = DateLine()
+    date.line = DATE
+    exchange = Exchange(transport, FlowControl(transport), date, transport.close)  # type: ignore[arg-type]
+    exchange.begin(**{"keep_alive": True, "http10": False, "head_only": False, **begin})
+    return exchange, transport
+
+
+def _run(coro) -> None:
+    with pytest.raises(StopIteration):
+        coro.send(None)
+
+
+async def test_a_coroutine_that_never_waits_finishes_in_place():
+    """eager.start runs it to the end at once and hands back no task."""
+    done: list[int] = []
+
+    async def answer() -> None:
+        done.append(1)
+
+    assert eager.start(asyncio.get_running_loop(), answer()) is None
+    assert done == [1]
+
+
+async def test_a_coroutine_that_waits_goes_on_in_a_task_from_where_it_stopped():
+    """What ran before the wait ran at once; the task resumes it with the awaited value."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[str] = loop.create_future()
+    seen: list[str] = []
+
+    async def answer() -> None:
+        seen.append("before")
+        seen.append(await future)
+
+    task = eager.start(loop, answer())
+    assert task is not None
+    assert seen == ["before"]
+    future.set_result("after")
+    await asyncio.wait_for(task, 10)
+    assert seen == ["before", "after"]
+
+
+async def test_an_error_before_the_first_wait_is_raised_in_place():
+    """eager.start raises what the coroutine raised before it ever waited."""
+
+    async def broken() -> None:
+        raise ValueError("bug")
+
+    with pytest.raises(ValueError, match="bug"):
+        eager.start(asyncio.get_running_loop(), broken())
+
+
+async def test_cancelling_the_task_cancels_the_coroutine_where_it_waits():
+    """The task's cancellation reaches the coroutine (its finally runs), and the task ends cancelled."""
+    loop = asyncio.get_running_loop()
+    cleaned: list[bool] = []
+
+    async def held() -> None:
+        try:
+            await loop.create_future()
+        finally:
+            cleaned.append(True)
+
+    task = eager.start(loop, held())
+    assert task is not None
+    await asyncio.sleep(0)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert cleaned == [True]
+
+
+def test_an_answer_goes_out_as_one_write_with_the_date():
+    """Start and body become status line, date, headers and body in one write; keep-alive: no close."""
+    exchange, transport = _exchange()
+    _run(exchange.send({"type": "http.response.start", "status": 200,
+                        "headers": [(b"content-type", b"text/plain"), (b"content-length", b"5")]}))
+    assert transport.data == b""  # the head waits for the body: one write
+    _run(exchange.send({"type": "http.response.body", "body": b"hello"}))
+    assert transport.data == (b"HTTP/1.1 200 OK\r\n" + DATE + b"content-type: text/plain\r\ncontent-length: 5\r\n\r\n"
+                              b"hello")
+    assert exchange.complete
+    assert not transport.closed
+
+
+def test_a_head_request_sends_the_length_and_no_body():
+    """HEAD: the content-length of the body is sent, the (empty) body part is accepted."""
+    exchange, transport = _exchange(head_only=True)
+    _run(exchange.send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"5")]}))
+    _run(exchange.send({"type": "http.response.body", "body": b""}))
+    assert transport.data.endswith(b"content-length: 5\r\n\r\n")
+    assert exchange.complete
+
+
+def test_a_reply_without_length_is_chunked_for_http11():
+    """No content-length, HTTP/1.1: transfer-encoding chunked, each part a chunk, the last one empty."""
+    exchange, transport = _exchange()
+    _run(exchange.send({"type": "http.response.start", "status": 200, "headers": []}))
+    _run(exchange.send({"type": "http.response.body", "body": b"abc", "more_body": True}))
+    _run(exchange.send({"type": "http.response.body", "body": b""}))
+    head, _, body = transport.data.partition(b"\r\n\r\n")
+    assert b"transfer-encoding: chunked" in head
+    assert body == b"3\r\nabc\r\n0\r\n\r\n"
+
+
+def test_a_reply_without_length_to_http10_ends_with_the_connection():
+    """No content-length, HTTP/1.0 (keep-alive asked): close-delimited, ``connection: close``, then closed."""
+    exchange, transport = _exchange(http10=True)
+    _run(exchange.send({"type": "http.response.start", "status": 200, "headers": []}))
+    _run(exchange.send({"type": "http.response.body", "body": b"abc"}))
+    assert b"connection: close\r\n" in transport.data
+    assert transport.data.endswith(b"\r\n\r\nabc")
+    assert transport.closed
+
+
+def test_http10_keep_alive_is_answered_keep_alive():
+    """HTTP/1.0 with keep-alive asked and a length: ``connection: keep-alive``, the connection stays."""
+    exchange, transport = _exchange(http10=True)
+    _run(exchange.send({"type": "http.response.start", "status": 204, "headers": []}))
+    _run(exchange.send({"type": "http.response.body", "body": b""}))
+    assert b"connection: keep-alive\r\n" in transport.data
+    assert not transport.closed
+
+
+def test_a_header_with_a_line_break_is_never_written():
+    """A header value holding CR/LF (response splitting) raises instead of being written."""
+    exchange, transport = _exchange()
+    _run(exchange.send({"type": "http.response.start", "status": 200,
+                        "headers": [(b"x-evil", b"a\r\nset-cookie: b"), (b"content-length", b"0")]}))
+    with pytest.raises(RuntimeError, match="line break"):
+        exchange.send({"type": "http.response.body", "body": b""}).send(None)
+    assert transport.data == b""
+
+
+def test_a_body_shorter_than_its_length_is_an_error():
+    """Fewer bytes than content-length at the last part: an error (the front cuts the connection)."""
+    exchange, _ = _exchange()
+    _run(exchange.send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"9")]}))
+    with pytest.raises(RuntimeError, match="shorter"):
+        exchange.send({"type": "http.response.body", "body": b"abc"}).send(None)
+
+
+async def test_receive_gives_the_empty_body_then_waits_for_the_disconnect():
+    """First receive: the (empty) request; the next waits until the connection is gone."""
+    exchange, _ = _exchange()
+    assert await exchange.receive() == {"type": "http.request", "body": b"", "more_body": False}
+    waiting = asyncio.ensure_future(exchange.receive())
+    await asyncio.sleep(0)
+    assert not waiting.done()
+    exchange.gone()
+    assert await asyncio.wait_for(waiting, 10) == {"type": "http.disconnect"}
+
+
+def test_a_remembered_read_is_built_once_per_date():
+    """The kept answer's bytes are reused for the same date line and remade for a new one."""
+    found = Remembered(200, ((b"content-type", b"application/json"), (b"content-length", b"2")), b"{}", ())
+    first = recalled(found, DATE, head_only=False, keep_alive=True, http10=False)
+    assert first == b"HTTP/1.1 200 OK\r\n" + DATE + b"content-type: application/json\r\ncontent-length: 2\r\n\r\n{}"
+    assert recalled(found, DATE, head_only=False, keep_alive=True, http10=False) is first
+    later = b"date: Sat, 28 Nov 2026 10:00:01 GMT\r\n"
+    assert recalled(found, later, head_only=False, keep_alive=True, http10=False).count(later) == 1
+    assert recalled(found, later, head_only=True, keep_alive=True, http10=False).endswith(b"\r\n\r\n")
+
+
+def test_a_remembered_read_that_ends_the_connection_says_so():
+    """Not kept alive: ``connection: close`` and a ``Last`` (the connection closes after it)."""
+    found = Remembered(200, ((b"content-length", b"2"),), b"{}", ())
+    answer = recalled(found, DATE, head_only=False, keep_alive=False, http10=False)
+    assert isinstance(answer, Last)
+    assert answer.endswith(b"content-length: 2\r\nconnection: close\r\n\r\n{}")
+    kept10 = recalled(found, DATE, head_only=False, keep_alive=True, http10=True)
+    assert not isinstance(kept10, Last)
+    assert b"connection: keep-alive\r\n" in kept10
+
+
+def test_a_refusal_is_json_from_the_error_table_and_closes():
+    """A head over the limit: 431 with the JSON body naming the flag, ``connection: close``, a ``Last``."""
+    answer = refusal(HeadTooLarge(16384), DATE)
+    assert isinstance(answer, Last)
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 431 ")
+    assert b"connection: close" in head
+    assert "--max-header-bytes" in json.loads(body)["errors"][0]["message"]

@@ -1,0 +1,117 @@
+"""The read memo in process (ASGI): when a read is answered from it, when it goes the whole way, what it replays.
+
+Each test counts how often the flavor's handler runs for ``/metadata`` (a wrapper around
+the front's dispatch entry): a remembered read does not call it. The answers themselves
+are compared too, so a memo answering something else would fail here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+
+from helpers import client_from, make_settings, push_record, running_app
+from imds.web.instance import InstanceFront
+from imds.web.routing import InstanceCall, Reply
+
+pytestmark = pytest.mark.anyio
+GUEST = "10.82.0.9"
+
+
+@pytest.fixture
+async def app() -> AsyncIterator[InstanceFront]:
+    """The app with one instance at GUEST and a call counter on the ``/metadata`` handler."""
+    async with running_app(make_settings()) as running:
+        await push_record(running, [GUEST], {"id": "11111111-1111-4111-8111-111111111111", "hostname": "one"})
+        handler = running._exact["/metadata"]
+        running.calls = 0  # type: ignore[attr-defined]
+
+        async def counted(call: InstanceCall) -> Reply:
+            running.calls += 1  # type: ignore[attr-defined]
+            return await handler(call)
+
+        running._exact["/metadata"] = counted
+        yield running
+
+
+async def _read(app: InstanceFront, times: int = 3, **headers: str) -> list[str]:
+    async with client_from(app, GUEST) as guest:
+        return [(await guest.get("/metadata", headers=headers)).json()["hostname"] for _ in range(times)]
+
+
+async def test_a_repeated_plain_read_runs_the_handler_once(app):
+    """Three plain reads: the same answer three times, the handler ran for the first only."""
+    assert await _read(app) == ["one"] * 3
+    assert app.calls == 1
+
+
+async def test_a_header_a_handler_may_read_goes_the_whole_way(app):
+    """Any header outside the inert set (a forwarding one, a flavor one) runs the handler every time."""
+    await _read(app, 2, **{"X-Forwarded-For": "10.0.0.1"})
+    await _read(app, 2, Metadata="true")
+    assert app.calls == 4
+
+
+async def test_a_query_string_goes_the_whole_way(app):
+    """A read with a query string (a watch, GCE's alt=json...) is never recalled."""
+    async with client_from(app, GUEST) as guest:
+        for _ in range(2):
+            assert (await guest.get("/metadata", params={"x": "1"})).json()["hostname"] == "one"
+    assert app.calls == 2
+
+
+async def test_a_new_version_of_the_instance_is_read_afresh(app):
+    """After a write the next read runs the handler again and answers the new document."""
+    assert await _read(app) == ["one"] * 3
+    await push_record(app, [GUEST], {"id": "11111111-1111-4111-8111-111111111111", "hostname": "two"})
+    assert await _read(app) == ["two"] * 3
+    assert app.calls == 2
+
+
+async def test_hollow_counters_count_remembered_reads(app):
+    """metadata_cache_hit counts every read, the remembered ones included."""
+    reads = app.services.metrics.tally.reads
+    before = reads[("metadata", True)]
+    await _read(app, 4)
+    assert reads[("metadata", True)] - before == 4
+    assert app.calls == 1
+
+
+async def test_the_head_of_a_remembered_read_is_the_first_one(app):
+    """A remembered answer carries the same ETag, type and length as the first."""
+    async with client_from(app, GUEST) as guest:
+        first, second = (await guest.get("/metadata")), (await guest.get("/metadata"))
+    assert app.calls == 1
+    for name in ("etag", "content-type", "content-length"):
+        assert first.headers[name] == second.headers[name]
+    assert first.content == second.content
+
+
+@pytest.mark.parametrize("value", ["{etag}", "W/{etag}", '"other", {etag}', "*"])
+async def test_if_none_match_naming_the_etag_is_304(app, value):
+    """The current ETag (strong, weak, in a list, or *) answers 304 with the ETag and no body."""
+    async with client_from(app, GUEST) as guest:
+        etag = (await guest.get("/metadata")).headers["etag"]
+        answer = await guest.get("/metadata", headers={"If-None-Match": value.format(etag=etag)})
+    assert (answer.status_code, answer.content, answer.headers["etag"]) == (304, b"", etag)
+    assert "content-length" not in answer.headers
+
+
+async def test_if_none_match_naming_another_etag_is_the_document(app):
+    """An ETag that is not the current one answers 200 with the document."""
+    async with client_from(app, GUEST) as guest:
+        answer = await guest.get("/metadata", headers={"If-None-Match": '"not-it"'})
+    assert (answer.status_code, answer.json()["hostname"]) == (200, "one")
+
+
+async def test_the_catalog_version_moves_with_every_placed_or_dropped_entry(app):
+    """A write and a delete each move Catalog.version (what the memo's caller cache checks)."""
+    catalog = app.services.catalog
+    before = catalog.version
+    instance_id = await push_record(app, ["10.82.0.10"])
+    written = catalog.version
+    assert written > before
+    async with client_from(app, "192.0.2.250", token="test-admin-token") as admin:
+        assert (await admin.delete(f"/device-metadata/{instance_id}")).status_code == 200
+    assert catalog.version > written
