@@ -27,14 +27,17 @@ from imds.services.admission.auth import Authenticator, Chain, NoAuth, StaticTok
 from imds.services.catalog.catalog import Catalog
 from imds.services.channel import Channel, ChannelLimits, EventHub
 from imds.services.demo import load_demo
+from imds.services.explain import Explainer
 from imds.services.ganeti.crypto import PrivateCipher
 from imds.services.ganeti.definitions import OsDefinitions
 from imds.services.ganeti.records import OsRecords
+from imds.services.ganeti.sources import OsSources
 from imds.services.identity.proxied import SignedIdentity
 from imds.services.identity.tokens import TokenIssuer
 from imds.services.lookup.breaker import Breaker
 from imds.services.lookup.pull import Lookup, LookupPolicy
 from imds.services.notices.records import NoticeRecords
+from imds.services.records.audit import AuditLog
 from imds.services.records.limits import Limits
 from imds.services.records.projects import ProjectRecords
 from imds.services.records.upsert import Records
@@ -162,6 +165,8 @@ def build_services(
         definitions=OsDefinitions.load(settings.ganeti.os_definitions_dir, settings.ganeti.ganeti_os_search_path),
     )
     catalog.on_os_gone = _os_gone(os_records)  # no secret outlives its record (issue 11)
+    fetch = fetch if fetch is not None else fetch_client(destination_policy(settings))
+    lookup = _lookup(settings, discovery, records, catalog, metrics)
     notices = NoticeRecords(store, catalog, clock=clock)
     channel = _channel(settings, store)
     channel.acknowledge = notices.acknowledge  # a guest's "notice-ack" event (imds.services.notices.records)
@@ -172,12 +177,15 @@ def build_services(
         records=records,
         projects=ProjectRecords(store, catalog),
         notices=notices,
-        lookup=_lookup(settings, discovery, records, catalog, metrics),
+        lookup=lookup,
         auth=_authenticator(settings, discovery),
         templates=settings.templates.compiled,
         metrics=metrics,
         http=http,
-        fetch=fetch if fetch is not None else fetch_client(destination_policy(settings)),
+        fetch=fetch,
+        os_sources=OsSources.of(settings, fetch),
+        audit=AuditLog(store),
+        explainer=Explainer(store, catalog, settings.templates.compiled, lookup),
         tokens=TokenIssuer.load(key_file=settings.ec2.imdsv2_key_file, data_dir=settings.store.key_dir, clock=clock),
         os=os_records,
         limits=limits_of(settings),

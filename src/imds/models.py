@@ -6,7 +6,7 @@ import functools
 import ipaddress
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, ClassVar, Self
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -133,10 +133,20 @@ class WriteResult:
 
 @dataclass(frozen=True)
 class Change:
-    """One entry of the change feed: instance ``instance_id`` changed at ``seq``."""
+    """One entry of the change feed: instance ``instance_id`` changed at ``seq`` (or a project: ``project``)."""
 
     seq: int
-    instance_id: str
+    instance_id: str  # the key as stored: an instance id, or a ``ProjectKey``'s or ``NoticeKey``'s text
+
+    @property
+    def project(self) -> ProjectKey | None:
+        """The project whose attributes changed, or None."""
+        return ProjectKey.parse(self.instance_id)
+
+    @property
+    def notice(self) -> NoticeKey | None:
+        """The notice that changed, or None."""
+        return NoticeKey.parse(self.instance_id)
 
 
 @dataclass(frozen=True)
@@ -251,16 +261,6 @@ class ProjectAttributes:
     updated_at: datetime
 
 
-def project_feed_id(project_id: str) -> str:
-    """The change-feed id of ``project_id``'s attributes (``project:<id>``)."""
-    return PROJECT_FEED_PREFIX + project_id
-
-
-def feed_project(feed_id: str) -> str | None:
-    """The project a change-feed id names, or None for an instance id."""
-    return feed_id[len(PROJECT_FEED_PREFIX):] if feed_id.startswith(PROJECT_FEED_PREFIX) else None
-
-
 # --- lifecycle notices the host sends to its guests (services/notices/) -------------------------
 
 NOTICE_KIND = "notice"  # the audit kind and the admin scopes' kind (metadata:create:notice ...)
@@ -281,7 +281,7 @@ class Notice:
     It belongs to one instance, a project (every instance whose record has that ``project_id``)
     or a facility (every instance in it): ``scope`` and ``target``. ``time`` is when it takes
     effect (a maintenance window's start), ``window_end`` the end of a window. ``state`` is the
-    stored one; what guests see also follows the clock (``imds.services.notices.timeline``).
+    stored one; what guests see also follows the clock (``imds.services.render.timeline``).
     ``target_state`` is the Auto Scaling target lifecycle state of a ``lifecycle`` notice.
     ``revision`` counts the notice's writes (1 for the first).
     """
@@ -309,11 +309,36 @@ class Acknowledgement:
     at: datetime
 
 
-def notice_feed_id(notice_id: str) -> str:
-    """The change-feed id of a notice (``notice:<id>``)."""
-    return NOTICE_FEED_PREFIX + notice_id
+@dataclass(frozen=True)
+class SideKey:
+    """A change-feed (and audit) key naming a record kept beside the instances; an instance's key is its id.
+
+    Stored as the text ``<PREFIX><id>`` (``str()``): instance ids are UUIDs, so the two never
+    meet. ``parse`` reads a stored key back (None when it is not of this kind).
+    """
+
+    PREFIX: ClassVar[str] = ""
+    id: str
+
+    def __str__(self) -> str:
+        return self.PREFIX + self.id
+
+    @classmethod
+    def parse(cls, key: str) -> Self | None:
+        """The key ``key`` stores, or None when it names something else (an instance id)."""
+        return cls(key[len(cls.PREFIX):]) if key.startswith(cls.PREFIX) else None
 
 
-def feed_notice(feed_id: str) -> str | None:
-    """The notice a change-feed id names, or None."""
-    return feed_id[len(NOTICE_FEED_PREFIX):] if feed_id.startswith(NOTICE_FEED_PREFIX) else None
+class ProjectKey(SideKey):
+    """A GCE project's attributes: ``project:<id>``."""
+
+    PREFIX = PROJECT_FEED_PREFIX
+
+
+class NoticeKey(SideKey):
+    """A lifecycle notice: ``notice:<id>``."""
+
+    PREFIX = NOTICE_FEED_PREFIX
+
+
+ChangeKey = str | ProjectKey | NoticeKey  # what a change-feed entry names: an instance (by id), a project, a notice

@@ -2,7 +2,7 @@
 
 A leaf: it imports only the leaves ``imds.errors`` and ``imds.models``, so the leaf
 ``imds.config`` may compile each configured field at load (a bad one is refused naming its
-flag); ``imds.services.records.templates`` applies them to documents.
+flag); ``imds.services.render.templates`` applies them to documents.
 
 hollow uses Go's text/template over the metadata document; operators write fields such
 as ``https://{{.facility}}.example/{{.id}}``. imds supports that subset: ``{{.key}}`` and

@@ -17,7 +17,7 @@ import pytest
 from helpers import client_from, make_settings, running_app, wait_for_async
 from imds.errors import ConfigError
 from imds.metad import luxi
-from imds.metad.luxi import EOM, bind, check_workers, serving
+from imds.metad.luxi import EOM, bind, serving
 from luxi_client import IP, call, instance, update
 
 pytestmark = pytest.mark.anyio
@@ -161,8 +161,6 @@ async def test_socket_is_0600_replaces_a_stale_one_and_goes_at_exit(tmp_path):
     path.write_text("not a socket")
     with pytest.raises(ConfigError, match="exists and is not a socket"):
         bind(path)
-    with pytest.raises(ConfigError, match="--workers 1"):
-        check_workers(make_settings(ganeti_metad_socket=path, workers=2))
 
 
 async def test_another_replica_serves_it_through_the_store(tmp_path, sqlite_url):

@@ -16,7 +16,7 @@ import pytest
 from factories import new_id
 from helpers import FakeClock
 from imds.metrics import Metrics
-from imds.models import ACTIVE, FACILITY_SCOPE, INSTANCE_SCOPE, PROJECT_SCOPE, MetadataWrite, Notice, notice_feed_id
+from imds.models import ACTIVE, FACILITY_SCOPE, INSTANCE_SCOPE, PROJECT_SCOPE, MetadataWrite, Notice, NoticeKey
 from imds.services.catalog.catalog import Catalog
 from imds.services.notices.records import NoticeRecords
 from imds.services.notices.wire import Draft
@@ -89,7 +89,7 @@ async def test_a_block_that_raises_leaves_no_notice_behind(store: Store):
     async def write_then_fail() -> None:
         async with store.write() as tx:
             await tx.put_notice(notice())
-            await tx.mark_changed([notice_feed_id(notice().id)])
+            await tx.mark_changed([NoticeKey(notice().id)])
             raise Boom
 
     with pytest.raises(Boom):

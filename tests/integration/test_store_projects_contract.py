@@ -13,7 +13,7 @@ import pytest
 
 from factories import new_id
 from imds.metrics import Metrics
-from imds.models import MetadataWrite, project_feed_id
+from imds.models import MetadataWrite, ProjectKey
 from imds.services.catalog.catalog import Catalog
 from imds.services.records.projects import ProjectRecords
 from imds.services.records.upsert import Records
@@ -52,7 +52,7 @@ async def test_a_block_that_raises_leaves_no_project_behind(store: Store):
     async def write_then_fail() -> None:
         async with store.write() as tx:
             await tx.put_project("acme", {"a": "b"})
-            await tx.mark_changed([project_feed_id("acme")])
+            await tx.mark_changed([ProjectKey("acme")])
             raise Boom
 
     with pytest.raises(Boom):

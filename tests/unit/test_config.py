@@ -153,6 +153,10 @@ def test_unparseable_environment_values_name_the_variable_and_the_flag(variable,
         ({"event_rate": 0.0}, {}, ("--event-rate", "IMDS_EVENT_RATE", "positive")),
         ({}, {"IMDS_WATCH_MAX_TIMEOUT": "0"}, ("--watch-max-timeout", "IMDS_WATCH_MAX_TIMEOUT")),
         ({}, {"IMDS_MESSAGE_MAX_QUEUED": "-1"}, ("--message-max-queued", "IMDS_MESSAGE_MAX_QUEUED")),
+        ({"ganeti_metad_socket": "/run/imds/metad.sock", "workers": 2}, {},
+         ("--ganeti-metad-socket", "IMDS_GANETI_METAD_SOCKET", "use --workers 1")),
+        ({}, {"IMDS_GANETI_METAD_SOCKET": "/run/imds/metad.sock", "IMDS_WORKERS": "3"},
+         ("--ganeti-metad-socket", "one process")),
     ],
 )
 def test_invalid_values_are_config_errors_naming_flag_and_variable(flags, environment, needles):

@@ -22,7 +22,7 @@ _DB_OPTIONS = ("data_dir", "db")
 async def _build(url: str, instance_id: str, fmt: str) -> Drive:
     """The drive of the instance, which must have metadata (RecordNotFound otherwise), read from the database."""
     from imds.services.drives import build_drive, drive_format  # noqa: PLC0415 - pycdlib loads only when used
-    from imds.services.records.offline import offline_records  # noqa: PLC0415 - the store loads only when a command runs
+    from imds.services.offline import offline_records  # noqa: PLC0415 - the store loads only when a command runs
 
     async with offline_records(url) as offline:
         return await build_drive(offline.records, instance_id, drive_format(fmt, "--format"))

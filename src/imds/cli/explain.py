@@ -1,6 +1,6 @@
 """``imds explain IP|ID``: which instance an address resolves to, through which entry, and what it is served.
 
-On the database (``--db`` / ``--data-dir``, through ``imds.services.records.offline``) or a live
+On the database (``--db`` / ``--data-dir``, through ``imds.services.offline``) or a live
 server (``--url`` + token: ``GET /explain?q=``, which also knows the upstream lookup's
 caches). See ``imds.services.explain``.
 """
@@ -16,7 +16,7 @@ import click
 from imds.cli.records import OUTPUTS, Target, target_options
 from imds.errors import InvalidInput
 from imds.services.explain import explain_snapshot, parse_query
-from imds.services.records.offline import OfflineRecords
+from imds.services.offline import OfflineRecords
 
 
 @click.command()

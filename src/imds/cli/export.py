@@ -46,7 +46,7 @@ def export(destination: str, fmt: str, no_private: bool, no_notices: bool, **fla
             records: Iterator[dict[str, Any]] = target.remote.lines(f"/device-records{query}")
             count = _write(records, destination, fmt)
         else:
-            from imds.services.records.readout import to_wire  # noqa: PLC0415
+            from imds.services.transfer.readout import to_wire  # noqa: PLC0415
 
             async def read(offline: Any) -> list[Any]:
                 cipher = offline.os.cipher

@@ -1,9 +1,9 @@
 """``imds import --from-hollow DSN``: a hollow-metadataservice database as an import source.
 
-The database is read (``imds.services.records.hollow_source``) in a worker thread with its
+The database is read (``imds.services.transfer.hollow_source``) in a worker thread with its
 own event loop, a few pages ahead of the writes, and handed over as the same ``(label,
 object)`` pairs a file gives; ``HollowItems`` makes them the ``Raw`` items of a file
-(``imds.services.records.source``), so everything after that (checks, limits, warnings,
+(``imds.services.transfer.source``), so everything after that (checks, limits, warnings,
 batches, outcomes, progress, the report) is ``imds import``'s own.
 """
 
@@ -18,9 +18,9 @@ from typing import Any
 import click
 
 from imds.errors import ImdsError
-from imds.services.records.hollow_source import HollowSource, preload
 from imds.services.records.limits import Limits
-from imds.services.records.source import Raw
+from imds.services.transfer.hollow_source import HollowSource, preload
+from imds.services.transfer.source import Raw
 
 AHEAD = 4  # pages read ahead of the writes at most (memory stays bounded by the page size)
 _PUT_WAIT = 1.0  # seconds between checks for a consumer that has gone

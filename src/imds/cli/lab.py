@@ -9,6 +9,7 @@ from typing import Any
 
 import click
 
+from imds.cli.options import resolve
 from imds.errors import LabError
 
 CHOICES_FLAVOR = ("ec2", "openstack", "nocloud", "configdrive")
@@ -36,10 +37,15 @@ def _say(line: str) -> None:
 
 
 def _options(options: Any, flags: dict[str, Any], chosen: Any, userdata: bytes | None) -> Any:
-    """``imds.lab.boot.Options`` from the command's flags (the class passed in: it loads only when the lab runs)."""
+    """``imds.lab.boot.Options`` from the command's flags (the class passed in: it loads only when the lab runs).
+
+    With ``--url`` and no ``--admin-token``, the token is the configured one (IMDS_ADMIN_TOKEN, read by
+    ``imds.config`` as for every command).
+    """
+    token = flags["admin_token"] or (resolve({}).admin.admin_token if flags["url"] else None)
     return options(
         flags["flavor"], flags["out"], flags["hostname"], chosen, userdata, flags["marker"], flags["timeout"],
-        flags["accel"], IDENTIFY[flags["identify"]], flags["url"], flags["admin_token"], flags["shared_secret_file"],
+        flags["accel"], IDENTIFY[flags["identify"]], flags["url"], token, flags["shared_secret_file"],
         flags["imdsv2"], flags["ipv6_only"], flags["route"], flags["ganeti_install"], flags["suite"],
         flags["network_data"], flags["device_tags"] or flags["hotplug"], flags["hotplug"],
         dhcp_gone=flags["dhcp_gone"], systemd_imds=flags["systemd_imds"],

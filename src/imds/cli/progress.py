@@ -16,7 +16,7 @@ from typing import Any
 
 import click
 
-from imds.services.records.bulk import Result
+from imds.services.transfer.bulk import Result
 
 
 class Progress:

@@ -1,10 +1,10 @@
 """``imds get / list / delete``: instance records from the database (``--db`` / ``--data-dir``) or a server (``--url``).
 
 Directly on the database, as ``imds db`` and ``imds configdrive`` do (through
-``imds.services.records.offline``; deletes take the admin API's write path and reach a running
+``imds.services.offline``; deletes take the admin API's write path and reach a running
 server through its change feed), or against a live server's admin API with ``--url`` and
 a token (``--token`` or ``IMDS_ADMIN_TOKEN``). ``--output json`` prints the upsert wire
-format (``imds.services.records.readout``); ``table`` is for people.
+format (``imds.services.transfer.readout``); ``table`` is for people.
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ from imds.cli.options import resolve, settings_options
 from imds.cli.remote import AdminClient
 from imds.errors import ConfigError, ImdsError, InvalidInput
 from imds.models import METADATA, USERDATA
-from imds.services.records.offline import OfflineRecords, offline_records
-from imds.services.records.readout import summary, to_wire
+from imds.services.offline import OfflineRecords, offline_records
 from imds.services.records.wire import parse_instance_id
+from imds.services.transfer.readout import summary, to_wire
 
 T = TypeVar("T")
 SUBJECT = "imds-cli"  # logged as the subject of CLI deletes and imports on the database

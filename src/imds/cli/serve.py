@@ -56,9 +56,7 @@ def bind(host: str, port: int, *, hop_limit: int = 0) -> socket.socket:
 def run(settings: Settings) -> None:
     """Migrate if asked, bind every listen address, and serve until SIGINT/SIGTERM."""
     from imds.app import build_served_app  # noqa: PLC0415 - the app stack loads only when serving
-    from imds.metad.luxi import check_workers  # noqa: PLC0415 - as above
 
-    check_workers(settings)
     logger = log.get("serve")
     if settings.store.migrate and not settings.store.db.startswith("memory://"):
         from imds.services import schema  # noqa: PLC0415 - Alembic loads only when a database is used

@@ -7,7 +7,7 @@ take), held to the admin API's limits. The source is read twice: first to check 
 be read at all (UTF-8, parseable: otherwise nothing is written) and to find ids given twice
 (a warning naming both lines; ``--strict`` rejects the file), then to write. An item longer
 than the row cap (16 x ``--max-body-bytes``) is rejected by its size, unread, so memory is
-bounded by the cap, not by the data. Items go in batches (``imds.services.records.bulk``), all
+bounded by the cap, not by the data. Items go in batches (``imds.services.transfer.bulk``), all
 in one transaction on the database: a database error leaves nothing written. ``--partial``
 commits each batch as it goes instead (other writers then interleave; a failure can leave
 earlier batches written); with ``--url`` each batch is one request, so more than one batch
@@ -43,13 +43,14 @@ from imds.cli.records import SUBJECT, Target, target_options
 from imds.config import OPTIONS
 from imds.config.database import DatabaseUrlError, parse_source
 from imds.errors import InvalidInput, StoreUnavailable
-from imds.services.records.bulk import OUTCOMES, Block, Item, Result, item_notes, parse_item, rejected
 from imds.services.records.limits import Limits, max_item_bytes
-from imds.services.records.source import CHUNK, Raw, UnreadableInput, read_path, read_stream
+from imds.services.records.wire import NoteKind
+from imds.services.transfer.bulk import OUTCOMES, Block, Item, Result, item_notes, parse_item, rejected
+from imds.services.transfer.source import CHUNK, Raw, UnreadableInput, read_path, read_stream
 
 if TYPE_CHECKING:
     from imds.cli.hollow import HollowItems
-    from imds.services.records.offline import OfflineRecords
+    from imds.services.offline import OfflineRecords
 
 BATCH_BYTES = 512 * 1024  # per POST /device-records, under the default --max-body-bytes (1 MiB)
 BATCHES_NEED_PARTIAL = ("more than one batch goes to the server as requests, each its own transaction: give "
@@ -70,7 +71,7 @@ class Source:
             shutil.copyfileobj(sys.stdin.buffer, self._spool)
 
     def items(self) -> Iterator[Raw]:
-        """The source's items from the start (see ``imds.services.records.source``)."""
+        """The source's items from the start (see ``imds.services.transfer.source``)."""
         if self._path is not None:
             return read_path(self._path, self._cap)
         assert self._spool is not None  # noqa: S101 - set for stdin
@@ -159,9 +160,9 @@ class Notes:
     """Warning lines on stderr: the first few of each kind, then only a count."""
 
     def __init__(self) -> None:
-        self._counts: Counter[str] = Counter()
+        self._counts: Counter[NoteKind] = Counter()
 
-    def say(self, kind: str, text: str) -> None:
+    def say(self, kind: NoteKind, text: str) -> None:
         """One warning of ``kind``."""
         self._counts[kind] += 1
         if self._counts[kind] <= SHOWN_NOTES:
@@ -171,7 +172,7 @@ class Notes:
         """What the writes said: each address taken from another instance (never silent)."""
         for result in results:
             for text in result.warnings:
-                self.say("moved", f"{result.label} ({result.id}): {text}")
+                self.say(NoteKind.MOVED, f"{result.label} ({result.id}): {text}")
 
     def close(self) -> None:
         """How many of each kind were not shown."""
@@ -295,8 +296,8 @@ def import_(  # noqa: PLR0913, PLR0917 - click passes every option
             offline = target.remote is None
 
             def note(item: Item) -> None:
-                for text in item_notes(item, offline=offline):
-                    notes.say(text.split(":", 1)[0].split(".", 1)[0], f"{item.label} ({item.id}): {text}")
+                for found in item_notes(item, offline=offline):
+                    notes.say(found.kind, f"{item.label} ({item.id}): {found.text}")
 
             if isinstance(opened, Source):
                 total, read = (survey.count if survey is not None and source != "-" else opened.count()), None

@@ -116,8 +116,11 @@ def check_admin(values: Values) -> None:
 
 
 def check_ganeti(values: Values) -> None:
-    """The private key file exists; OS parameter and package bounds are positive."""
+    """The private key file exists; OS parameter and package bounds are positive; metad's socket has one worker."""
     values.require_files(("private_key_file",))
+    if values["ganeti_metad_socket"] is not None and values["workers"] > 1:
+        msg = "--ganeti-metad-socket / IMDS_GANETI_METAD_SOCKET is served by one process: use --workers 1"
+        raise ConfigError(msg)
     values.require(("os_param_max_bytes", "os_package_max_bytes", "os_package_timeout", "os_image_max_bytes"),
                    _positive, "must be positive")
 

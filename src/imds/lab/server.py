@@ -10,7 +10,6 @@ With ``--url`` the operator's server must already trust 127.0.0.1 with the secre
 from __future__ import annotations
 
 import json
-import os
 import secrets
 import socket
 import sys
@@ -128,8 +127,7 @@ def _ready(url: str) -> bool:
 
 
 def remote_server(url: str, token: str | None) -> Server:
-    """An operator's ``imds serve``; the admin token comes from ``--admin-token`` or IMDS_ADMIN_TOKEN."""
-    token = token or os.environ.get("IMDS_ADMIN_TOKEN")
+    """An operator's ``imds serve``; ``token``: ``--admin-token``, else IMDS_ADMIN_TOKEN (``imds lab``'s config)."""
     if not token:
         msg = "--url needs an admin token: --admin-token or IMDS_ADMIN_TOKEN"
         raise LabError(msg)

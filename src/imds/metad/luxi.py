@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any
 
 from imds import log
-from imds.config import Settings
 from imds.errors import ConfigError, ImdsError, InvalidInput
 from imds.metad.methods import Methods
 from imds.services import Services
@@ -162,13 +161,6 @@ def bind(path: Path) -> socket.socket:
         msg = f"{FLAG}: cannot listen on {path}: {exc.strerror or exc}"
         raise ConfigError(msg) from exc
     return sock
-
-
-def check_workers(settings: Settings) -> None:
-    """The socket is served by one process: refuse it with ``--workers`` above 1."""
-    if settings.ganeti.ganeti_metad_socket is not None and settings.http.workers > 1:
-        msg = f"{FLAG} is served by one process: use --workers 1"
-        raise ConfigError(msg)
 
 
 @contextlib.asynccontextmanager

@@ -20,7 +20,9 @@ from imds.metrics import Metrics
 from imds.services.admission.auth import Authenticator
 from imds.services.catalog.catalog import Catalog
 from imds.services.channel import Channel
+from imds.services.explain import Explainer
 from imds.services.ganeti.records import OsRecords
+from imds.services.ganeti.sources import OsSources
 from imds.services.identity.document import IdentitySigner
 from imds.services.identity.idtoken import IdTokens, serve_url
 from imds.services.identity.proxied import SignedIdentity
@@ -28,10 +30,11 @@ from imds.services.identity.proxytrust import warn_stored
 from imds.services.identity.tokens import TokenIssuer
 from imds.services.lookup.pull import Lookup
 from imds.services.notices.records import NoticeRecords
+from imds.services.records.audit import AuditLog
 from imds.services.records.limits import Limits
 from imds.services.records.projects import ProjectRecords
-from imds.services.records.templates import Template
 from imds.services.records.upsert import Records
+from imds.services.render.templates import Template
 from imds.store import Store
 
 _log = log.get("services")
@@ -55,6 +58,9 @@ class Services:
     os: OsRecords  # Ganeti OS records: always there (no OS definition is loaded without --os-definitions-dir)
     projects: ProjectRecords  # GCE project attributes
     notices: NoticeRecords  # lifecycle notices the host sends to its guests
+    os_sources: OsSources  # where the Ganeti flavor's packages and images come from
+    audit: AuditLog
+    explainer: Explainer
     lookup: Lookup | None = None
     limits: Limits = field(default_factory=Limits)
     signed: SignedIdentity | None = None

@@ -9,6 +9,7 @@ and secret Ganeti values are masked; nothing here reveals one.
 ::
 
     explanation = explain_address(address, catalog.containing(address), instances.get, templates=t)
+    explanation = await Explainer(store, catalog, templates, lookup).explain("10.0.0.5")  # a server's answer
 """
 
 from __future__ import annotations
@@ -19,15 +20,18 @@ from typing import Any
 
 from imds.models import PRIVATE, PUBLIC, SECRET, Address, Instance, Network, covered
 from imds.services.catalog.addresses import AddressIndex, display
+from imds.services.catalog.catalog import Catalog
 from imds.services.ganeti.records import active
-from imds.services.records.readout import InstanceNotStored
-from imds.services.records.templates import Template
+from imds.services.lookup.pull import Lookup
 from imds.services.records.wire import parse_instance_id
 from imds.services.render.ec2 import aws_meta_data
 from imds.services.render.json import metadata_bytes
 from imds.services.render.nocloud import nocloud_tree
 from imds.services.render.openstack import meta_data_document
+from imds.services.render.templates import Template
 from imds.services.render.tree import body, resolve
+from imds.services.transfer.readout import InstanceNotStored
+from imds.store import Store
 
 PREVIEW_BYTES = 200
 MASKED = {PRIVATE: "<private>", SECRET: "<secret>"}
@@ -185,3 +189,39 @@ def explain_snapshot(
     for found in instances:
         index.assign(found.id, found.addresses)
     return explain_address(query, index.containing(query), by_id.get, templates=templates, upstream=None)
+
+
+class Explainer:
+    """A server's explanations: the catalog's entries, the addresses as stored, and the lookup's caches."""
+
+    def __init__(self, store: Store, catalog: Catalog, templates: tuple[Template, ...],
+                 lookup: Lookup | None = None) -> None:
+        self._store = store
+        self._catalog = catalog
+        self._templates = templates
+        self._lookup = lookup
+
+    async def explain(self, query: str) -> dict[str, Any]:
+        """The explanation for ``query`` (an address or an instance id); InvalidInput or InstanceNotStored."""
+        parsed = parse_query(query)
+        lookup = self._lookup
+        if isinstance(parsed, str):
+            held = self._catalog.get(parsed)
+            # the addresses as sent (the index holds networks)
+            found = await self._store.get(parsed) or (held.instance if held is not None else None)
+            if found is None:
+                raise InstanceNotStored(parsed)
+            upstream = lookup.provenance(None, parsed) if lookup is not None else None
+            return explain_instance(found, templates=self._templates, upstream=upstream or {"configured": False})
+        entries = self._catalog.containing(parsed)
+        holder = entries[0][1] if entries else None
+        upstream = lookup.provenance(parsed, holder) if lookup is not None else {"configured": False}
+        stored = await self._store.get_many({held_by for _, held_by in entries})
+
+        def instance(instance_id: str) -> Instance | None:
+            if instance_id in stored:
+                return stored[instance_id]
+            held = self._catalog.get(instance_id)
+            return held.instance if held is not None else None
+
+        return explain_address(parsed, entries, instance, templates=self._templates, upstream=upstream)

@@ -29,6 +29,7 @@ from imds.models import (
     AuditEntry,
     AuditEvent,
     Change,
+    ChangeKey,
     Event,
     Instance,
     JsonObject,
@@ -114,8 +115,8 @@ class WriteTx(Protocol):
         """Remove the instance and its addresses (called when no record type remains)."""
         ...
 
-    async def mark_changed(self, instance_ids: Iterable[str]) -> None:
-        """Append one change-feed entry per instance id."""
+    async def mark_changed(self, instance_ids: Iterable[ChangeKey]) -> None:
+        """Append one change-feed entry per key: an instance id, or a ``ProjectKey``."""
         ...
 
     async def put_password(self, instance_id: str, password: bytes) -> bool:

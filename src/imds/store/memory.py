@@ -22,15 +22,16 @@ from imds.models import (
     AuditEntry,
     AuditEvent,
     Change,
+    ChangeKey,
     Event,
     Instance,
     JsonObject,
     Network,
     Notice,
+    NoticeKey,
     OsRecord,
     ProjectAttributes,
-    notice_feed_id,
-    project_feed_id,
+    ProjectKey,
 )
 from imds.store.interface import StoredInstance, record_kind, stored_form
 from imds.store.journal import ADDRESSES, FORGET, NOTICE, OS, PASSWORD, PROJECT, PUT, REMOVE, Group, Journal, Op
@@ -128,8 +129,8 @@ class _MemoryTx:
             del self._s.holders[address]
         self.journal.ops.append(Op(FORGET, instance_id))
 
-    async def mark_changed(self, instance_ids: Iterable[str]) -> None:
-        for instance_id in dict.fromkeys(instance_ids):
+    async def mark_changed(self, instance_ids: Iterable[ChangeKey]) -> None:
+        for instance_id in dict.fromkeys(map(str, instance_ids)):
             seq = _head(self._s) + 1
             self._s.changes.append(Change(seq, instance_id))
             self.journal.end = seq
@@ -172,13 +173,13 @@ class _MemoryTx:
         record = ProjectAttributes(project_id, dict(attributes), 1 if before is None else before.revision + 1,
                                    datetime.now(UTC))
         self._s.projects[project_id] = record
-        self.journal.ops.append(Op(PUT, project_feed_id(project_id), PROJECT, record))
+        self.journal.ops.append(Op(PUT, str(ProjectKey(project_id)), PROJECT, record))
         return record
 
     async def remove_project(self, project_id: str) -> bool:
         if self._s.projects.pop(project_id, None) is None:
             return False
-        self.journal.ops.append(Op(REMOVE, project_feed_id(project_id), PROJECT))
+        self.journal.ops.append(Op(REMOVE, str(ProjectKey(project_id)), PROJECT))
         return True
 
     async def notice_of(self, notice_id: str) -> Notice | None:
@@ -186,13 +187,13 @@ class _MemoryTx:
 
     async def put_notice(self, notice: Notice) -> None:
         self._s.notices[notice.id] = notice
-        self.journal.ops.append(Op(PUT, notice_feed_id(notice.id), NOTICE, notice))
+        self.journal.ops.append(Op(PUT, str(NoticeKey(notice.id)), NOTICE, notice))
 
     async def remove_notice(self, notice_id: str) -> bool:
         self._s.acks.pop(notice_id, None)
         if self._s.notices.pop(notice_id, None) is None:
             return False
-        self.journal.ops.append(Op(REMOVE, notice_feed_id(notice_id), NOTICE))
+        self.journal.ops.append(Op(REMOVE, str(NoticeKey(notice_id)), NOTICE))
         return True
 
     async def acknowledge(self, notice_id: str, instance_id: str, at: datetime) -> Acknowledgement:

@@ -28,14 +28,14 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import socket
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 import anyio
 import httpcore
 import httpx
 
-from imds.errors import UpstreamError
+from imds.errors import ImdsError, UpstreamError, UpstreamUnavailable
 
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -180,3 +180,23 @@ def fetch_client(policy: DestinationPolicy, *, timeout: float = 5.0) -> httpx.As
         ssl_context=httpx.create_ssl_context(trust_env=False), network_backend=GuardedBackend(policy),
     )
     return httpx.AsyncClient(transport=transport, trust_env=False, timeout=timeout)
+
+
+@contextlib.contextmanager
+def fetch_errors(what: str, url: str, invalid: Callable[[str], ImdsError]) -> Iterator[None]:
+    """A fetch of a URL a record names, its failures said as ImdsErrors naming the record's field.
+
+    ``what`` (``package``, ``image``) names the fetch and ``url`` the field (``package.url``): a
+    refused destination is an UpstreamError ``<what> refused: <url>'s host …``, any other
+    transport failure UpstreamUnavailable ``<what> fetch failed: <kind>``; a URL that does not
+    parse is ``invalid("is not a valid URL (…)")``. Errors imds raised itself pass through.
+    """
+    try:
+        yield
+    except httpx.InvalidURL as exc:
+        raise invalid(f"is not a valid URL ({exc})") from exc
+    except DestinationRefused as exc:
+        raise UpstreamError(f"{what} refused: {url}'s {exc.message}") from exc
+    except httpx.HTTPError as exc:
+        msg = f"{what} fetch failed: {type(exc).__name__}"
+        raise UpstreamUnavailable(msg) from exc

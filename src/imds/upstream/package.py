@@ -10,7 +10,7 @@ from __future__ import annotations
 import httpx
 
 from imds.errors import UpstreamError, UpstreamUnavailable
-from imds.upstream.destination import DestinationRefused
+from imds.upstream.destination import fetch_errors
 
 
 class PackageDownloader:
@@ -29,31 +29,29 @@ class PackageDownloader:
         or a URL that does not parse is UpstreamError naming ``package.url``.
         """
         data = bytearray()
-        try:
-            async with self._http.stream(
-                "GET", url, auth=credentials, timeout=self._timeout, follow_redirects=False
-            ) as response:
-                if response.status_code != httpx.codes.OK:
-                    msg = f"package refused: the package URL answered {response.status_code}"
-                    raise UpstreamError(msg)
-                declared = response.headers.get("content-length", "")
-                if declared.isdigit() and int(declared) > self._max:
-                    raise UpstreamError(self._too_large())
-                async for chunk in response.aiter_bytes():
-                    data += chunk
-                    if len(data) > self._max:
+        with fetch_errors("package", "package.url", _invalid_url):
+            try:
+                async with self._http.stream(
+                    "GET", url, auth=credentials, timeout=self._timeout, follow_redirects=False
+                ) as response:
+                    if response.status_code != httpx.codes.OK:
+                        msg = f"package refused: the package URL answered {response.status_code}"
+                        raise UpstreamError(msg)
+                    declared = response.headers.get("content-length", "")
+                    if declared.isdigit() and int(declared) > self._max:
                         raise UpstreamError(self._too_large())
-        except httpx.InvalidURL as exc:
-            raise UpstreamError(f"package refused: package.url is not a valid URL ({exc})") from exc
-        except DestinationRefused as exc:
-            raise UpstreamError(f"package refused: package.url's {exc.message}") from exc
-        except httpx.RemoteProtocolError as exc:
-            msg = f"package cut: the package URL sent {len(data)} bytes and broke off ({exc})"
-            raise UpstreamUnavailable(msg) from exc
-        except httpx.HTTPError as exc:
-            msg = f"package fetch failed: {type(exc).__name__}"
-            raise UpstreamUnavailable(msg) from exc
+                    async for chunk in response.aiter_bytes():
+                        data += chunk
+                        if len(data) > self._max:
+                            raise UpstreamError(self._too_large())
+            except httpx.RemoteProtocolError as exc:
+                msg = f"package cut: the package URL sent {len(data)} bytes and broke off ({exc})"
+                raise UpstreamUnavailable(msg) from exc
         return bytes(data)
 
     def _too_large(self) -> str:
         return f"package refused: larger than {self._max} bytes (--os-package-max-bytes)"
+
+
+def _invalid_url(problem: str) -> UpstreamError:
+    return UpstreamError(f"package refused: package.url {problem}")

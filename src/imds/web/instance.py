@@ -26,7 +26,7 @@ from imds.models import Address
 from imds.services import Services
 from imds.services.admission.ratelimit import InFlight, RateLimiter
 from imds.services.catalog.addresses import parse_host
-from imds.services.catalog.resolve import Resolver
+from imds.services.lookup.resolve import Resolver
 from imds.web.admin.push import Endpoint, upsert_endpoints
 from imds.web.errors import error_body, handle_imds_error
 from imds.web.flavors.channel import ChannelFlavor
@@ -361,9 +361,9 @@ class InstanceFront:
         try:
             watch = parse_watch(call.scope["query_string"], self._watch_max)
         except ImdsError as exc:
-            call.entry = None
+            call.unversioned()
             return error_reply(exc)
-        if watch is None or call.entry is None:
+        if watch is None or call.version is None:
             return reply
         waiting = self.services.metrics.watch_waiting
         waiting.inc()

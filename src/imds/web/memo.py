@@ -32,8 +32,8 @@ from operator import itemgetter
 from imds.models import METADATA, Network
 from imds.services.catalog.addresses import parse_host
 from imds.services.catalog.catalog import Catalog, Entry
-from imds.services.catalog.resolve import Resolver
 from imds.services.identity.identify import is_trusted
+from imds.services.lookup.resolve import Resolver
 from imds.tally import Tally
 from imds.web.routing import InstanceCall
 
@@ -93,7 +93,7 @@ class ReadMemo:
              before: dict[tuple[str, bool], int]) -> None:
         """Keep a fixed 200 answer with the entry it came from (only if the peer resolves to that entry)."""
         client = call.scope.get("client")
-        entry = call.entry
+        entry = call.version
         if entry is None or self._entry(client[0] if client else None) is not entry:
             return
         counts = tuple((key, count - before.get(key, 0)) for key, count in self._reads.items()

@@ -16,7 +16,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.responses import Response
 
 from imds.services import Services
-from imds.services.catalog.readiness import readiness
+from imds.services.readiness import readiness
 from imds.services.render.json import encode
 from imds.web.errors import JSON
 

@@ -70,7 +70,7 @@ def reply_head(call: InstanceCall, reply: Reply) -> tuple[int, list[tuple[bytes,
     A read whose ``If-None-Match`` names that ETag (or ``*``) is answered 304 with no body:
     the document the caller holds is current (RFC 9110, weak comparison).
     """
-    entry = call.entry
+    entry = call.version
     if entry is not None and reply.status == 200 and call.scope["method"] in READ_METHODS:
         etag = entry.etag
         held = header(call.scope, b"if-none-match")

@@ -11,9 +11,9 @@ from imds.errors import ImdsError
 from imds.models import METADATA, Address, Network
 from imds.services.catalog.addresses import parse_host
 from imds.services.catalog.catalog import Entry
-from imds.services.catalog.resolve import Resolver
 from imds.services.identity.identify import caller_address
 from imds.services.identity.proxied import Claim, SignedIdentity
+from imds.services.lookup.resolve import Resolver
 from imds.signing import HOST_HEADER, INSTANCE_ID_HEADER, SIGNATURE_HEADER, TENANT_HEADER, TIMESTAMP_HEADER
 from imds.web.errors import error_parts
 
@@ -43,19 +43,36 @@ class InstanceCall:
     each at most once per request (``UNKNOWN`` until then): ``address``, the caller's
     address; ``claim``, what a trusted proxy signed for (or None); and ``entry``, the
     caller's catalog entry however it was found (by address, or by the id a trusted proxy
-    signed for): the front sends its ETag with a 200 read and the change watch holds on it.
-    A handler whose answer is no instance document sets ``entry`` back to None. Slotted,
-    four fields: it costs what the scope keys it replaced did.
+    signed for). Finding it makes the reply ``versioned``: a version of the instance's
+    document, so the front sends the entry's ETag with a 200 read and the change watch holds
+    on it (``version``). A handler whose answer is no instance document (a message, a token,
+    an error) calls ``unversioned``. Slotted, five fields: it costs what the scope keys it
+    replaced did.
     """
 
-    __slots__ = ("address", "claim", "entry", "scope")
+    __slots__ = ("address", "claim", "entry", "scope", "versioned")
 
     def __init__(self, scope: Scope) -> None:
         self.scope = scope
         self.entry: Entry | None = None
+        self.versioned = False
         self.claim: Claim | Literal[Unknown.UNKNOWN] | None
         self.address: Address | Literal[Unknown.UNKNOWN] | None
         self.claim = self.address = UNKNOWN
+
+    @property
+    def version(self) -> Entry | None:
+        """The entry whose ETag the reply carries and whose changes a watch waits for; None: no document."""
+        return self.entry if self.versioned else None
+
+    def found(self, entry: Entry) -> None:
+        """The caller is ``entry``: the reply is a version of its document until ``unversioned``."""
+        self.entry = entry
+        self.versioned = True
+
+    def unversioned(self) -> None:
+        """The reply is no instance document: no ETag is sent and no change watch holds on it."""
+        self.versioned = False
 
 
 @dataclass(frozen=True)
@@ -96,7 +113,7 @@ def header(scope: Scope, name: bytes) -> str | None:
 class Locator:
     """Finds the calling instance from the socket peer (and trusted proxies only).
 
-    The web side of ``imds.services.catalog.resolve.Resolver``: it reads the peer, the forwarded
+    The web side of ``imds.services.lookup.resolve.Resolver``: it reads the peer, the forwarded
     addresses and the signed-identity headers from the scope; the resolver does the rest
     (catalog, lookup cache, upstream lookup in pull mode, hollow's counters).
     """
@@ -161,14 +178,14 @@ class Locator:
         claim = self.claim(call)
         address = self.address(call) if claim is None else None
         entry = await self._resolver.caller(kind, address=address, claim=claim, count=count, needs_record=needs_record)
-        call.entry = entry  # by address or by claim alike: through a proxy the ETag and the watch work too
+        call.found(entry)  # by address or by claim alike: through a proxy the ETag and the watch work too
         return entry
 
     async def record(self, call: InstanceCall, entry: Entry, kind: str) -> Entry:
         """The caller holding its ``kind`` record (looked up by id in pull mode), else RecordNotFound."""
         found = await self._resolver.record(entry, kind)
-        if found is not entry and call.entry is not None:
-            call.entry = found
+        if found is not entry:
+            call.entry = found  # the version a versioned reply carries; an unversioned one stays so
         return found
 
     def served(self, kind: str) -> None:

@@ -73,7 +73,7 @@ async def hold(
     """Wait until the caller's instance has an ETag other than ``last_etag`` (or the timeout, or a disconnect)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + watch.timeout
-    entry: Entry | None = call.entry
+    entry: Entry | None = call.version
     last = watch.last_etag if watch.last_etag is not None else entry.etag if entry is not None else None
     if entry is None or reply.status != 200 or entry.etag != last:
         return reply
@@ -95,9 +95,9 @@ async def hold(
                 timer.cancel()
                 current.clear()
                 entry.unwatch(waiter)
-            call.entry = None
+            call.unversioned()
             reply = await rerun()
-            entry = call.entry
+            entry = call.version
     finally:
         gone.cancel()
     return reply

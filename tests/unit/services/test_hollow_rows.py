@@ -8,8 +8,8 @@ import pytest
 
 from imds.config.database import parse_source
 from imds.errors import ConfigError, InvalidInput
-from imds.services.records.bulk import parse_item
-from imds.services.records.hollow_source import HollowSource, address_text, connect_arguments, wire_object
+from imds.services.transfer.bulk import parse_item
+from imds.services.transfer.hollow_source import HollowSource, address_text, connect_arguments, wire_object
 
 ID = "7d0ab2bc-3a53-4d5e-8f44-2b2b9c1f6a10"
 

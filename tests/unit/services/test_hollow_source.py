@@ -9,8 +9,8 @@ import tracemalloc
 import pytest
 
 from imds.errors import InvalidInput
-from imds.services.records import source
-from imds.services.records.source import Raw, UnreadableInput, read_path, read_stream
+from imds.services.transfer import source
+from imds.services.transfer.source import Raw, UnreadableInput, read_path, read_stream
 
 
 class Counted(io.BytesIO):

@@ -10,9 +10,9 @@ from imds.errors import InvalidInput
 from imds.models import SECRET, SpelledIPv4Network, SpelledIPv6Network, covered, stored_network
 from imds.services.catalog.addresses import AddressIndex, pack_network, pack_stored, parse_network
 from imds.services.explain import explain_address
-from imds.services.records.bulk import item_notes, parse_item
 from imds.services.records.limits import Limits, check_size
-from imds.services.records.wire import notes, parse_metadata_write, parse_userdata_write
+from imds.services.records.wire import NoteKind, notes, parse_metadata_write, parse_userdata_write
+from imds.services.transfer.bulk import item_notes, parse_item
 
 ID = "316ed337-feee-48c6-a11b-3d4738e3cd6d"
 STRICT = Limits(strict_records=True)
@@ -74,11 +74,11 @@ def test_the_wire_reads_hollows_forms_by_default_and_says_so():
     parsed = parse_metadata_write(write(metadata={"id": other}))
     assert [str(a) for a in parsed.addresses] == ["10.70.17.9/31"]
     assert parsed.metadata == {"id": other}
-    assert notes(parsed) == [
+    assert [(note.kind, note.text) for note in notes(parsed)] == [(NoteKind.ADDRESSES,
         ("ipAddresses: 10.70.17.9/31 has host bits set: it covers the network 10.70.17.8/31 "
-         "(matched by containment, longest prefix; stored and shown as sent)"),
+         "(matched by containment, longest prefix; stored and shown as sent)")), (NoteKind.METADATA,
         (f"metadata.id: {other!r} is not the record id: the document is stored and served as sent; "
-         f"every flavor names the instance {ID}"),
+         f"every flavor names the instance {ID}")),
     ]
     assert notes(parse_metadata_write(write(metadata={"id": ID.upper()}, ipAddresses=["10.0.0.1"]))) == []
     for missing in ({"ipAddresses": None}, {}):
@@ -141,7 +141,8 @@ def test_an_offline_import_names_each_secret_it_drops():
                        "root_password": {"value": "hunter2", "visibility": SECRET}}}}, label="line 1")
     dropped = item_notes(item, offline=True)
     assert len(dropped) == 1
-    assert dropped[0].startswith("os.parameters.root_password: a secret value is never stored in the database")
+    assert dropped[0].kind == NoteKind.OS
+    assert dropped[0].text.startswith("os.parameters.root_password: a secret value is never stored in the database")
     assert item_notes(item, offline=False) == []
 
 

@@ -17,9 +17,9 @@ from helpers import FakeClock, wait_for_async
 from imds.errors import InstanceNotFound, RecordNotFound, StoreUnavailable, UpstreamError, UpstreamUnavailable
 from imds.metrics import Metrics
 from imds.services.catalog.catalog import Catalog
-from imds.services.catalog.resolve import Resolver
 from imds.services.lookup.breaker import CLOSED, HALF_OPEN, Breaker
 from imds.services.lookup.pull import Lookup, LookupPolicy
+from imds.services.lookup.resolve import Resolver
 from imds.services.records.upsert import Records
 from imds.store import MemoryStore
 

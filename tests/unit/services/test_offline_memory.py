@@ -8,8 +8,8 @@ import pytest
 
 from imds.models import MetadataWrite, UserdataWrite
 from imds.services.catalog.addresses import parse_network
-from imds.services.records.bulk import Item
-from imds.services.records.offline import OfflineRecords
+from imds.services.offline import OfflineRecords
+from imds.services.transfer.bulk import Item
 from imds.store import open_store
 
 pytestmark = pytest.mark.anyio

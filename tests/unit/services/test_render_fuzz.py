@@ -21,11 +21,11 @@ from imds.errors import InvalidInput
 from imds.models import Instance
 from imds.services.drives import CONFIG_2, NOCLOUD, image
 from imds.services.identity.document import IdentitySigner
-from imds.services.records.templates import compile_all
 from imds.services.records.wire import parse_metadata_write
 from imds.services.render import ec2, openstack
 from imds.services.render.json import metadata_bytes
 from imds.services.render.nocloud import nocloud_tree
+from imds.services.render.templates import compile_all
 from imds.services.render.tree import Dir, body, walk
 
 INSTANCE_ID = "3f2504e0-4f89-11d3-9a0c-0305e82c3301"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from imds.errors import ConfigError
-from imds.services.records.templates import apply, compile_all, compile_template
+from imds.services.render.templates import apply, compile_all, compile_template
 
 DOC = {
     "id": "3f2504e0-4f89-11d3-9a0c-0305e82c3301",

@@ -19,8 +19,26 @@ def test_the_request_context_is_slotted_and_starts_empty():
     assert not hasattr(call, "__dict__")
     assert call.scope is scope
     assert (call.entry, call.claim, call.address) == (None, UNKNOWN, UNKNOWN)
+    assert (call.versioned, call.version) == (False, None)
     with pytest.raises(AttributeError):
         call.anything = 1  # type: ignore[attr-defined]
+
+
+def _entry() -> Entry:
+    return Entry(stored_form(Instance("11111111-2222-3333-4444-555555555555")), RenderCache(1 << 20))
+
+
+def test_a_found_entry_versions_the_reply_until_a_handler_says_it_is_no_document():
+    """``found`` makes the reply a version of the entry (its ETag, its watch); ``unversioned`` says it is not."""
+    call = InstanceCall({"method": "GET", "path": "/", "headers": []})
+    entry = _entry()
+    call.found(entry)
+    assert call.version is entry
+    call.unversioned()  # a message, a token, an error: no ETag, no watch
+    assert call.version is None
+    assert call.entry is entry  # the caller is still known
+    call.found(entry)  # a rerun (the change watch) looks the caller up again
+    assert call.version is entry
 
 
 @pytest.mark.anyio

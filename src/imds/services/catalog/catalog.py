@@ -31,10 +31,10 @@ from imds.models import (
     Instance,
     Network,
     Notice,
+    NoticeKey,
     OsRecord,
     ProjectAttributes,
-    feed_notice,
-    feed_project,
+    ProjectKey,
 )
 from imds.services.catalog.addresses import AddressIndex, unpack_network
 from imds.services.catalog.entry import Entry, RenderCache
@@ -240,10 +240,10 @@ class Catalog:
             async with self._lock:
                 batch = await self._store.changes_since(self.position, FEED_BATCH)
                 if batch:
-                    ids = list(dict.fromkeys(change.instance_id for change in batch))
-                    projects = [p for i in ids if (p := feed_project(i)) is not None]
-                    notices = [n for i in ids if (n := feed_notice(i)) is not None]
-                    ids = [i for i in ids if feed_project(i) is None and feed_notice(i) is None]
+                    projects = list(dict.fromkeys(p.id for change in batch if (p := change.project)))
+                    notices = list(dict.fromkeys(n.id for change in batch if (n := change.notice)))
+                    ids = list(dict.fromkeys(change.instance_id for change in batch
+                                             if change.project is None and change.notice is None))
                     found = await self._store.get_many(ids)
                     for instance_id in ids:
                         self._apply(instance_id, found.get(instance_id))
@@ -291,11 +291,13 @@ class Catalog:
         """Apply the journal's project and notice operations; the others, for ``_replay``."""
         for op in ops:
             if op.field == PROJECT:
-                project_id = feed_project(op.instance_id) or ""
-                self._cache.projects.apply(project_id, cast("ProjectAttributes", op.value) if op.kind == PUT else None)
+                project = ProjectKey.parse(op.instance_id)
+                self._cache.projects.apply(project.id if project is not None else "",
+                                           cast("ProjectAttributes", op.value) if op.kind == PUT else None)
             elif op.field == NOTICE:
-                notice_id = feed_notice(op.instance_id) or ""
-                self._cache.notices.apply(notice_id, cast("Notice", op.value) if op.kind == PUT else None)
+                notice = NoticeKey.parse(op.instance_id)
+                self._cache.notices.apply(notice.id if notice is not None else "",
+                                          cast("Notice", op.value) if op.kind == PUT else None)
         return [op for op in ops if op.field not in _SIDE_RECORDS]
 
     def _replay(self, ops: list[Op]) -> None:

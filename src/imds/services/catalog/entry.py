@@ -31,9 +31,9 @@ from imds.services.catalog.members import Members, scope_keys
 from imds.services.catalog.notices import NoticeBoard
 from imds.services.catalog.projects import Projects, project_tag
 from imds.services.catalog.watch import instance_etag, notices_tag
-from imds.services.notices.timeline import next_change, seen
 from imds.services.render.context import Context
 from imds.services.render.gce import facility_of, project_of
+from imds.services.render.timeline import next_change, seen
 from imds.services.render.tree import Dir
 from imds.store.interface import StoredInstance
 
@@ -285,13 +285,7 @@ class Entry:
 
     def render_in_context(self, key: str, build: Callable[[Instance, Context], T]) -> T:
         """``render``, for a rendering that also takes the instance's context (project record, notices)."""
-        if self._until is not None:
-            self._fresh()
-        rendered = self._rendered
-        if rendered is not None and key in rendered:
-            self._cache.touch(self)
-            return cast("T", rendered[key])
-        return self._keep(key, build(self.instance, self.context()))
+        return self.render(key, lambda instance: build(instance, self.context()))
 
     def render_in_project(self, key: str, build: Callable[[Instance, ProjectAttributes | None], T]) -> T:
         """``render_in_context`` for a rendering that takes only the project's record."""

@@ -4,7 +4,7 @@ Loaded with the instances and kept coherent like them (a local write's journal, 
 feed's ``notice:<id>`` entries). A change of a notice resets the entries it reaches: the one
 instance of an instance notice (``on_instance``), the members of a project's or facility's
 scope (``imds.services.catalog.members``). A notice also changes with the clock (a maintenance
-window opens, then closes: ``imds.services.notices.timeline``): every moment at which one of
+window opens, then closes: ``imds.services.render.timeline``): every moment at which one of
 them does is kept in a heap, and ``expire`` resets whom the notices due by then reach, so a
 held watch wakes when a window opens as it does for a write.
 """

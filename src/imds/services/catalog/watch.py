@@ -13,7 +13,7 @@ import json
 from collections.abc import Sequence
 
 from imds.models import Instance
-from imds.services.notices.timeline import Seen
+from imds.services.render.timeline import Seen
 
 
 def instance_etag(instance: Instance) -> bytes:

@@ -30,6 +30,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from imds.services.ganeti.definitions import OsDefinition
+from imds.services.render.fields import as_object
 
 GANETI_API_VERSIONS = frozenset({10, 15, 20})  # Ganeti 3.0's constants.OS_API_VERSIONS
 HOOKS_PATH = "/sbin:/bin:/usr/sbin:/usr/bin"  # Ganeti's constants.HOOKS_PATH
@@ -73,10 +74,6 @@ def _text(value: Any) -> str:
     return value if isinstance(value, str) else str(value)
 
 
-def _object(value: Any) -> Mapping[str, Any]:
-    return value if isinstance(value, dict) else {}
-
-
 def _copy(env: dict[str, str], source: Mapping[str, Any], keys: tuple[tuple[str, str], ...], prefix: str = "") -> None:
     """``env[prefix + variable] = source[key]`` for each scalar, non-empty value (Ganeti leaves empty ones out)."""
     for key, variable in keys:
@@ -88,20 +85,20 @@ def _copy(env: dict[str, str], source: Mapping[str, Any], keys: tuple[tuple[str,
 def _instance(env: dict[str, str], ganeti: Mapping[str, Any]) -> None:
     _copy(env, ganeti, (("primary_node", "INSTANCE_PRIMARY_NODE"), ("ctime", "INSTANCE_CTIME"),
                         ("mtime", "INSTANCE_MTIME"), ("hypervisor", "HYPERVISOR")))
-    hvparams = _object(ganeti.get("hvparams"))
-    for kind, source in (("BE", _object(ganeti.get("beparams"))), ("HV", hvparams)):
+    hvparams = as_object(ganeti.get("hvparams"))
+    for kind, source in (("BE", as_object(ganeti.get("beparams"))), ("HV", hvparams)):
         _copy(env, source, tuple((key, f"INSTANCE_{kind}_{key}") for key in source))
     disks = ganeti.get("disks")
     if isinstance(disks, list):
         env["DISK_COUNT"] = str(len(disks))
         for index, disk in enumerate(disks):
-            _disk(env, f"DISK_{index}_", {"uuid": disk} if isinstance(disk, str) else _object(disk),
+            _disk(env, f"DISK_{index}_", {"uuid": disk} if isinstance(disk, str) else as_object(disk),
                   hvparams.get("disk_type"))
     nics = ganeti.get("nics")
     if isinstance(nics, list):
         env["NIC_COUNT"] = str(len(nics))
         for index, nic in enumerate(nics):
-            _nic(env, f"NIC_{index}_", _object(nic), hvparams.get("nic_type"))
+            _nic(env, f"NIC_{index}_", as_object(nic), hvparams.get("nic_type"))
 
 
 def _disk(env: dict[str, str], prefix: str, disk: Mapping[str, Any], frontend: Any) -> None:
@@ -119,12 +116,12 @@ def _disk(env: dict[str, str], prefix: str, disk: Mapping[str, Any], frontend: A
 def _nic(env: dict[str, str], prefix: str, nic: Mapping[str, Any], frontend: Any) -> None:
     _copy(env, nic, (("mac", "MAC"), ("uuid", "UUID"), ("name", "NAME"), ("ip", "IP"), ("network", "NETWORK_UUID")),
           prefix)
-    params = _object(nic.get("nicparams"))
+    params = as_object(nic.get("nicparams"))
     _copy(env, params, (("mode", "MODE"), ("link", "LINK")), prefix)
     if params.get("mode") == "bridged":
         _copy(env, params, (("link", "BRIDGE"),), prefix)
     # the network object, when the push carries it (Ganeti's Network.HooksDict)
-    _copy(env, _object(nic.get("netinfo")), NETWORK_KEYS, f"{prefix}NETWORK_")
+    _copy(env, as_object(nic.get("netinfo")), NETWORK_KEYS, f"{prefix}NETWORK_")
     if isinstance(frontend, str):
         env[prefix + "FRONTEND_TYPE"] = frontend
 

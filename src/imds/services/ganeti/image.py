@@ -31,7 +31,7 @@ from imds.errors import NotFound, StreamCut, UpstreamError, UpstreamUnavailable
 from imds.services.ganeti.memory import PackageAuth
 from imds.services.ganeti.nodefiles import open_node_file
 from imds.services.ganeti.urls import IMAGE_PARAMETER, url_problem
-from imds.upstream.destination import DestinationRefused
+from imds.upstream.destination import fetch_errors
 
 IMAGE_DIR_FLAG = "--ganeti-os-image-dir"
 CHUNK = 256 * 1024  # the largest piece of an image in memory at once (per request)
@@ -110,18 +110,11 @@ class ImageSource:
 
     async def _send(self, url: str, credentials: tuple[str, str] | None) -> httpx.Response:
         """The streamed answer to GET ``url``; what went wrong before it, as an ImdsError naming os-image."""
-        try:
+        with fetch_errors("image", "the os-image URL", lambda problem: NotFound(f"os-image {problem}")):
             # identity: the bytes counted and sent are the image's own, and Content-Length is their length
             request = self._http.build_request("GET", url, timeout=self._timeout,
                                                headers={"accept-encoding": "identity"})
             return await self._http.send(request, auth=credentials, stream=True, follow_redirects=False)
-        except httpx.InvalidURL as exc:
-            raise NotFound(f"os-image is not a valid URL ({exc})") from exc
-        except DestinationRefused as exc:
-            raise UpstreamError(f"image refused: the os-image URL's {exc.message}") from exc
-        except httpx.HTTPError as exc:
-            msg = f"image fetch failed: {type(exc).__name__}"
-            raise UpstreamUnavailable(msg) from exc
 
     async def _url(self, url: str, auth: PackageAuth | None) -> Image:
         credentials = (auth.username.reveal(), auth.password.reveal()) if auth is not None else None

@@ -33,13 +33,13 @@ from imds.models import (
     Acknowledgement,
     AuditEvent,
     Notice,
-    notice_feed_id,
+    NoticeKey,
 )
 from imds.services.catalog.catalog import Catalog
-from imds.services.notices.timeline import HISTORY, status
 from imds.services.notices.wire import FINAL, Draft, parse_notice_id, rules
 from imds.services.records.audit import DELETE, WRITE
 from imds.services.render.gce import facility_of, project_of
+from imds.services.render.timeline import HISTORY, status
 from imds.store.interface import Store
 
 _log = log.get("notices")
@@ -53,7 +53,7 @@ def new_notice_id() -> str:
 def _event(subject: str, notice: Notice, action: str) -> AuditEvent:
     detail = {"kind": notice.kind, "scope": notice.scope, "target": notice.target, "state": notice.state,
               "revision": notice.revision}
-    return AuditEvent(subject, notice_feed_id(notice.id), action, NOTICE_KIND, applied=True, detail=detail)
+    return AuditEvent(subject, str(NoticeKey(notice.id)), action, NOTICE_KIND, applied=True, detail=detail)
 
 
 def reaches(notice: Notice, instance_id: str, document: dict[str, Any]) -> bool:
@@ -110,7 +110,7 @@ class NoticeRecords:
             old = await tx.notice_of(notice_id)
             if old is None or not await tx.remove_notice(notice_id):
                 raise NotFound(f"no notice {notice_id}")
-            await tx.mark_changed([notice_feed_id(notice_id)])
+            await tx.mark_changed([NoticeKey(notice_id)])
             await tx.append_audit(_event(subject, old, DELETE))
         await self._catalog.written(tx.journal)
         _log.info("notice.deleted", notice_id=notice_id, subject=subject)
@@ -203,7 +203,7 @@ class NoticeRecords:
     @staticmethod
     async def _put(tx: Any, notice: Notice, *, subject: str) -> None:
         await tx.put_notice(notice)
-        await tx.mark_changed([notice_feed_id(notice.id)])
+        await tx.mark_changed([NoticeKey(notice.id)])
         await tx.append_audit(_event(subject, notice, WRITE))
 
 

@@ -44,10 +44,10 @@ from imds.models import (
     Acknowledgement,
     Notice,
 )
-from imds.services.notices.timeline import HISTORY, rfc3339, status
 from imds.services.records.limits import check_document
 from imds.services.records.projects import PROJECT_ID
 from imds.services.records.wire import DEFAULT_LIMITS, parse_instance_id
+from imds.services.render.timeline import HISTORY, rfc3339, status
 
 SCOPE_FIELDS = {"instance_id": INSTANCE_SCOPE, "project_id": PROJECT_SCOPE, "facility": FACILITY_SCOPE}
 FIELD_OF_SCOPE = {scope: field for field, scope in SCOPE_FIELDS.items()}

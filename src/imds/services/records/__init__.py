@@ -1,1 +1,1 @@
-"""Instance records: the wire formats, the rules of a write, bulk import/export and the audit log."""
+"""Instance records: the wire formats, the rules of a write and the audit log."""

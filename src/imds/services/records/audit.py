@@ -8,13 +8,14 @@ userdata, password or OS parameter value (private or secret) ever reaches the lo
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
-from imds.errors import InvalidInput
+from imds.errors import InvalidInput, RecordNotFound
 from imds.models import AuditEntry, AuditEvent, Network
 from imds.services.catalog.addresses import display
-from imds.store.interface import Store
+from imds.store.interface import Store, WriteTx
+from imds.store.journal import Journal
 
 WRITE, DELETE = "write", "delete"
 MAX_LIMIT = 1000
@@ -40,6 +41,21 @@ def write_event(  # noqa: PLR0913 - the facts of one write, all keyword-only
 def delete_event(*, subject: str, instance_id: str, kind: str, **facts: Any) -> AuditEvent:
     """A deletion of one record kind."""
     return AuditEvent(subject, instance_id, DELETE, kind, applied=True, detail=dict(facts))
+
+
+async def remove_record(
+    store: Store, instance_id: str, kind: str, remove: Callable[[WriteTx], Awaitable[bool]], *, subject: str,
+) -> Journal:
+    """Remove the instance's ``kind`` record with ``remove`` in one write, with its feed and audit entries.
+
+    RecordNotFound (nothing written) when ``remove`` finds none; else the write's journal, for the catalog.
+    """
+    async with store.write() as tx:
+        if not await remove(tx):
+            raise RecordNotFound(kind, instance_id)
+        await tx.mark_changed([instance_id])
+        await tx.append_audit(delete_event(subject=subject, instance_id=instance_id, kind=kind))
+    return tx.journal
 
 
 class AuditLog:

@@ -23,7 +23,7 @@ from typing import Any
 
 from imds import log
 from imds.errors import InvalidInput, NotFound, Problem
-from imds.models import PROJECT_KIND, AuditEvent, ProjectAttributes, project_feed_id
+from imds.models import PROJECT_KIND, AuditEvent, ProjectAttributes, ProjectKey
 from imds.services.catalog.catalog import Catalog
 from imds.services.records.audit import DELETE, WRITE
 from imds.services.records.limits import MAX_PROBLEMS, Limits, check_document, flag_of
@@ -73,8 +73,8 @@ class ProjectRecords:
         """Replace the project's attributes; every instance of the project serves them."""
         async with self._store.write() as tx:
             record = await tx.put_project(project_id, attributes)
-            await tx.mark_changed([project_feed_id(project_id)])
-            await tx.append_audit(AuditEvent(subject, project_feed_id(project_id), WRITE, PROJECT_KIND, applied=True,
+            await tx.mark_changed([ProjectKey(project_id)])
+            await tx.append_audit(AuditEvent(subject, str(ProjectKey(project_id)), WRITE, PROJECT_KIND, applied=True,
                                              detail={"project_id": project_id, "keys": len(attributes),
                                                      "revision": record.revision}))
         await self._catalog.written(tx.journal)
@@ -94,8 +94,8 @@ class ProjectRecords:
         async with self._store.write() as tx:
             if not await tx.remove_project(project_id):
                 raise NotFound(f"no attributes stored for project {project_id}")
-            await tx.mark_changed([project_feed_id(project_id)])
-            await tx.append_audit(AuditEvent(subject, project_feed_id(project_id), DELETE, PROJECT_KIND, applied=True,
+            await tx.mark_changed([ProjectKey(project_id)])
+            await tx.append_audit(AuditEvent(subject, str(ProjectKey(project_id)), DELETE, PROJECT_KIND, applied=True,
                                              detail={"project_id": project_id}))
         await self._catalog.written(tx.journal)
         _log.info("project.deleted", project_id=project_id, subject=subject)

@@ -26,7 +26,7 @@ from imds.models import METADATA, USERDATA, AuditEvent, Instance, MetadataWrite,
 from imds.services.catalog.addresses import display
 from imds.services.catalog.catalog import Catalog
 from imds.services.identity.proxytrust import inside_trusted
-from imds.services.records.audit import delete_event, write_event
+from imds.services.records.audit import delete_event, remove_record, write_event
 from imds.services.records.coalesce import Coalescer
 from imds.services.records.limits import wide_prefix
 from imds.services.records.wire import document_timestamp, moved_notes, notes
@@ -118,7 +118,8 @@ class Records:
             moved={display(a): held_by for a, held_by in result.moved.items()},
             dropped=[display(a) for a in result.dropped],
         )
-        readings = set(notes(upsert.first))  # hollow's readings the write relied on, said in its answer
+        # hollow's readings the write relied on, said in its answer
+        readings = {note.text for note in notes(upsert.first)}
         if readings:
             _log.info("record.hollow_readings", instance_id=result.instance_id, notes=sorted(readings))
         if wide := [display(a) for a in result.addresses if wide_prefix(a) is not None]:
@@ -196,7 +197,7 @@ class Records:
             await tx.mark_changed([first.id, *moved.values()])  # one feed block per write, in order
             results[index] = WriteResult(first.id, applied=True, addresses=first.addresses, moved=moved,
                                          dropped=dropped,
-                                         warnings=(*notes(first),
+                                         warnings=(*(note.text for note in notes(first)),
                                                    *inside_trusted(first.addresses, self._trusted),
                                                    *moved_notes(moved)))
             # One entry per record written, as two single writes would make (the second moves nothing).
@@ -232,12 +233,9 @@ class Records:
 
     async def clear_password(self, instance_id: str, *, subject: str) -> None:
         """Delete the instance's password; RecordNotFound when it has none."""
-        async with self._store.write() as tx:
-            if not await tx.remove_password(instance_id):
-                raise RecordNotFound(PASSWORD, instance_id)
-            await tx.mark_changed([instance_id])
-            await tx.append_audit(delete_event(subject=subject, instance_id=instance_id, kind=PASSWORD))
-        await self._catalog.written(tx.journal)
+        journal = await remove_record(self._store, instance_id, PASSWORD, lambda tx: tx.remove_password(instance_id),
+                                      subject=subject)
+        await self._catalog.written(journal)
         _log.info("password.cleared", instance_id=instance_id, subject=subject)
 
 

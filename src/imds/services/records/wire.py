@@ -12,7 +12,9 @@ import base64
 import json
 import re
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
+from enum import StrEnum
 from typing import Any, TypeVar
 
 from imds.errors import InvalidInput, Problem
@@ -142,7 +144,27 @@ def _with_host(given: Any, document: JsonObject, problems: list[Problem]) -> Jso
     return {**document, RECORD_HOST: given}
 
 
-def notes(write: MetadataWrite | UserdataWrite) -> list[str]:
+class NoteKind(StrEnum):
+    """What a note is about, named by the field it reads (``imds import`` counts the notes of one kind together)."""
+
+    ADDRESSES = "ipAddresses"  # an address with host bits set, a prefix wider than WIDEST_PREFIX
+    METADATA = "metadata"  # a document id other than the record id
+    OS = "os"  # a secret OS value an offline import drops
+    MOVED = "moved"  # an address a write took from another instance (``moved_notes``)
+
+
+@dataclass(frozen=True)
+class Note:
+    """One thing a write's answer says besides its outcome: its kind, and the line that says it."""
+
+    kind: NoteKind
+    text: str
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def notes(write: MetadataWrite | UserdataWrite) -> list[Note]:
     """What a write's answer says about hollow's readings it relied on, and wide prefixes it holds (nothing is silent).
 
     An address with host bits set covers the network it names; a document id other than the
@@ -150,15 +172,17 @@ def notes(write: MetadataWrite | UserdataWrite) -> list[str]:
     prefix wider than ``WIDEST_PREFIX`` (taken only with ``--allow-wide-prefixes``) answers
     every caller no longer prefix claims.
     """
-    found = [f"ipAddresses: {network} has host bits set: it covers the network {covers} "
-             "(matched by containment, longest prefix; stored and shown as sent)"
+    found = [Note(NoteKind.ADDRESSES, f"ipAddresses: {network} has host bits set: it covers the network {covers} "
+                                      "(matched by containment, longest prefix; stored and shown as sent)")
              for network in write.addresses if (covers := covered(network)) is not None]
-    found += [f"ipAddresses: {why}" for network in write.addresses if (why := wide_prefix(network)) is not None]
+    found += [Note(NoteKind.ADDRESSES, f"ipAddresses: {why}")
+              for network in write.addresses if (why := wide_prefix(network)) is not None]
     if isinstance(write, MetadataWrite) and "id" in write.metadata:
         document_id = write.metadata["id"]
         if not isinstance(document_id, str) or document_id.lower() != write.id:
-            found.append(f"metadata.id: {str(document_id)[:80]!r} is not the record id: the document is stored and "
-                         f"served as sent; every flavor names the instance {write.id}")
+            found.append(Note(NoteKind.METADATA,
+                              f"metadata.id: {str(document_id)[:80]!r} is not the record id: the document is stored "
+                              f"and served as sent; every flavor names the instance {write.id}"))
     return found
 
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from imds.models import ProjectAttributes
-from imds.services.notices.timeline import Seen
+from imds.services.render.timeline import Seen
 
 
 @dataclass(frozen=True)

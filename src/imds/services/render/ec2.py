@@ -48,6 +48,7 @@ from typing import Any, Protocol
 from imds.models import Instance, JsonObject
 from imds.services.render.context import Context
 from imds.services.render.events import ec2_items
+from imds.services.render.fields import as_list, as_object
 from imds.services.render.tree import Dir, Leaf
 
 HOLLOW_VERSION = "2009-04-04"
@@ -77,14 +78,6 @@ def _text(value: Any) -> str:
     return str(value)
 
 
-def _obj(value: Any) -> JsonObject:
-    return value if isinstance(value, dict) else {}
-
-
-def _list(value: Any) -> list[Any]:
-    return value if isinstance(value, list) else []
-
-
 @dataclass(frozen=True)
 class _Address:
     address: str
@@ -95,7 +88,7 @@ class _Address:
 
 def _addresses(doc: JsonObject) -> list[_Address]:
     found = []
-    for item in _list(_obj(doc.get("network")).get("addresses")):
+    for item in as_list(as_object(doc.get("network")).get("addresses")):
         if not isinstance(item, dict) or not isinstance(item.get("address"), str):
             continue
         network = None
@@ -132,14 +125,14 @@ def hollow_meta_data(doc: JsonObject, instance_id: str | None = None) -> Dir:
 
     ``instance_id`` is the record's id (default: the document's ``id``).
     """
-    os_ = _obj(doc.get("operating_system"))
+    os_ = as_object(doc.get("operating_system"))
     items: list[tuple[str, Leaf | Dir]] = [
         ("instance-id", _text(doc.get("id") if instance_id is None else instance_id)),
         ("hostname", _text(doc.get("hostname"))),
         ("iqn", _text(doc.get("iqn"))),
         ("plan", _text(doc.get("plan"))),
         ("facility", _text(doc.get("facility"))),
-        ("tags", "\n".join(_text(t) for t in _list(doc.get("tags")))),
+        ("tags", "\n".join(_text(t) for t in as_list(doc.get("tags")))),
         (
             "operating-system",
             Dir(
@@ -147,14 +140,14 @@ def hollow_meta_data(doc: JsonObject, instance_id: str | None = None) -> Dir:
                     ("slug", _text(os_.get("slug"))),
                     ("distro", _text(os_.get("distro"))),
                     ("version", _text(os_.get("version"))),
-                    ("license-activation", Dir([("state", _text(_obj(os_.get("license_activation")).get("state")))],
-                                               bare=True)),
+                    ("license-activation",
+                     Dir([("state", _text(as_object(os_.get("license_activation")).get("state")))], bare=True)),
                     ("image-tag", _text(os_.get("image_tag"))),
                 ],
                 bare=True,
             ),
         ),
-        ("public-keys", "\n".join(_text(k) for k in _list(doc.get("ssh_keys")))),
+        ("public-keys", "\n".join(_text(k) for k in as_list(doc.get("ssh_keys")))),
     ]
     if isinstance(doc.get("spot"), dict):
         items.append(("spot", Dir([("termination-time", _text(doc["spot"].get("termination_time")))], bare=True)))
@@ -184,7 +177,7 @@ def _key_name(key: str, index: int) -> str:
 
 
 def _public_keys(doc: JsonObject) -> Dir | None:
-    keys = [k for k in _list(doc.get("ssh_keys")) if isinstance(k, str) and k.strip()]
+    keys = [k for k in as_list(doc.get("ssh_keys")) if isinstance(k, str) and k.strip()]
     if not keys:
         return None
     # cloud-init keys public-keys by name: a repeated name would hide every key but the last.
@@ -207,11 +200,11 @@ def aws_id(prefix: str, seed: str) -> str:
 
 def _interfaces(doc: JsonObject, hostname: str) -> tuple[str | None, Dir | None]:
     """(primary MAC, ``network/interfaces/macs`` tree)."""
-    network = _obj(doc.get("network"))
-    nics = [n for n in _list(network.get("interfaces")) if isinstance(n, dict) and isinstance(n.get("mac"), str)]
+    network = as_object(doc.get("network"))
+    nics = [n for n in as_list(network.get("interfaces")) if isinstance(n, dict) and isinstance(n.get("mac"), str)]
     if not nics:
         return None, None
-    bond_mac = _obj(network.get("bonding")).get("mac")
+    bond_mac = as_object(network.get("bonding")).get("mac")
     primary = bond_mac if any(n["mac"] == bond_mac for n in nics) else nics[0]["mac"]
     addresses = _addresses(doc)
     vpc = _text(network.get("vpc_id")) or aws_id("vpc", _text(doc.get("project_id")) or "default")
@@ -240,7 +233,7 @@ def _interfaces(doc: JsonObject, hostname: str) -> tuple[str | None, Dir | None]
 
 
 def _tags(doc: JsonObject) -> Dir | None:
-    split = [t.split("=", 1) for t in _list(doc.get("tags")) if isinstance(t, str) and "=" in t]
+    split = [t.split("=", 1) for t in as_list(doc.get("tags")) if isinstance(t, str) and "=" in t]
     pairs: list[tuple[str, Leaf | Dir]] = [(k, v) for k, v in split if k and "/" not in k]
     return Dir([("instance", Dir(pairs))]) if pairs else None
 
@@ -263,7 +256,7 @@ def aws_meta_data(doc: JsonObject, instance_id: str | None = None, context: Cont
     ``instance_id`` is the record's id (default: the document's ``id``); ``context`` holds the
     notices reaching the instance (``events/``, ``spot/``, ``autoscaling/``: none on a drive).
     """
-    os_ = _obj(doc.get("operating_system"))
+    os_ = as_object(doc.get("operating_system"))
     hostname = _text(doc.get("hostname"))
     region, zone = placement(doc)
     mac, macs = _interfaces(doc, hostname)
@@ -278,7 +271,7 @@ def aws_meta_data(doc: JsonObject, instance_id: str | None = None, context: Cont
         "local-hostname": hostname,
         "public-hostname": hostname,
     }
-    disks = [d for d in _list(_obj(doc.get("storage")).get("disks")) if isinstance(d, dict) and d.get("device")]
+    disks = [d for d in as_list(as_object(doc.get("storage")).get("disks")) if isinstance(d, dict) and d.get("device")]
     if disks:
         items["block-device-mapping"] = Dir([("ami", _text(disks[0]["device"])), ("root", _text(disks[0]["device"]))])
     items.update(_address_items(doc))
@@ -312,8 +305,8 @@ def identity_document(instance: Instance) -> bytes:
         "billingProducts": None,
         "devpayProductCodes": None,
         "marketplaceProductCodes": None,
-        "imageId": _text(_obj(doc.get("operating_system")).get("image_tag")
-                         or _obj(doc.get("operating_system")).get("slug")),
+        "imageId": _text(as_object(doc.get("operating_system")).get("image_tag")
+                         or as_object(doc.get("operating_system")).get("slug")),
         "instanceId": instance.id,
         "instanceType": plan,
         "kernelId": None,

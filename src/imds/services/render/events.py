@@ -1,7 +1,7 @@
 """Lifecycle notices the way each cloud's clients read them: EC2's, GCE's and one JSON document.
 
 Every rendering takes the notices reaching an instance as seen at one moment
-(``imds.services.notices.timeline``), so all flavors say the same thing about the same record:
+(``imds.services.render.timeline``), so all flavors say the same thing about the same record:
 
 | kind | EC2 (``meta-data/``) | GCE (``instance/``) |
 |---|---|---|
@@ -31,8 +31,8 @@ from collections.abc import Iterable
 from datetime import datetime
 
 from imds.models import ACTIVE, CANCELED
-from imds.services.notices.timeline import Seen, aws_event_date, rfc3339
 from imds.services.render.context import Context
+from imds.services.render.timeline import Seen, aws_event_date, rfc3339
 from imds.services.render.tree import Dir, Leaf
 
 INTERRUPTIONS = {"stop": "stop", "terminate": "terminate", "hibernate": "hibernate", "preemption": "terminate"}

@@ -42,6 +42,7 @@ from typing import Any
 from imds.models import Instance, JsonObject, ProjectAttributes
 from imds.services.render.context import NO_CONTEXT, Context
 from imds.services.render.events import gce_items
+from imds.services.render.fields import as_list, as_object
 
 PREFIX = "computeMetadata"
 ROOT = "/computeMetadata/v1"
@@ -84,14 +85,6 @@ def _text(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"))
 
 
-def _obj(value: Any) -> JsonObject:
-    return value if isinstance(value, dict) else {}
-
-
-def _list(value: Any) -> list[Any]:
-    return value if isinstance(value, list) else []
-
-
 @dataclass(frozen=True)
 class Project:
     """The project an instance belongs to: its id and number."""
@@ -130,7 +123,7 @@ def instance_attributes(instance: Instance) -> dict[str, str]:
     """``instance/attributes``: the document's ``attributes`` over the derived ``ssh-keys`` and ``user-data``."""
     doc = instance.metadata or {}
     derived: dict[str, str] = {}
-    keys = [k for k in _list(doc.get("ssh_keys")) if isinstance(k, str) and k.strip()]
+    keys = [k for k in as_list(doc.get("ssh_keys")) if isinstance(k, str) and k.strip()]
     if keys:
         derived["ssh-keys"] = "\n".join(_ssh_line(k) for k in keys)
     if instance.userdata is not None:
@@ -139,16 +132,16 @@ def instance_attributes(instance: Instance) -> dict[str, str]:
         except UnicodeDecodeError:
             derived["user-data"] = base64.b64encode(instance.userdata).decode()
             derived["user-data-encoding"] = "base64"
-    explicit = {str(k): _text(v) for k, v in _obj(doc.get("attributes")).items()}
+    explicit = {str(k): _text(v) for k, v in as_object(doc.get("attributes")).items()}
     return dict(sorted((derived | explicit).items()))
 
 
 def _interfaces(doc: JsonObject, project: Project) -> list[object]:
-    network = _obj(doc.get("network"))
+    network = as_object(doc.get("network"))
     private: list[str] = []
     public: list[str] = []
     v6: list[str] = []
-    for item in _list(network.get("addresses")):
+    for item in as_list(network.get("addresses")):
         if not isinstance(item, dict) or not isinstance(item.get("address"), str):
             continue
         try:
@@ -156,8 +149,8 @@ def _interfaces(doc: JsonObject, project: Project) -> list[object]:
         except ValueError:
             continue
         (v6 if version == 6 else public if item.get("public") is True else private).append(item["address"])
-    macs = [str(n["mac"]).lower() for n in _list(network.get("interfaces")) if isinstance(n, dict) and n.get("mac")]
-    bond = _text(_obj(network.get("bonding")).get("mac")).lower()
+    macs = [str(n["mac"]).lower() for n in as_list(network.get("interfaces")) if isinstance(n, dict) and n.get("mac")]
+    bond = _text(as_object(network.get("bonding")).get("mac")).lower()
     mac = bond if bond in macs else macs[0] if macs else ""
     if not (private or public or v6 or mac):
         return []
@@ -174,7 +167,7 @@ def _interfaces(doc: JsonObject, project: Project) -> list[object]:
 
 def project_attributes(doc: JsonObject, record: ProjectAttributes | None) -> dict[str, str]:
     """``project/attributes``: the project's record over the document's ``project_attributes``, key by key."""
-    merged = {str(k): _text(v) for k, v in _obj(doc.get("project_attributes")).items()}
+    merged = {str(k): _text(v) for k, v in as_object(doc.get("project_attributes")).items()}
     if record is not None:
         merged.update(record.attributes)
     return dict(sorted(merged.items()))
@@ -202,7 +195,7 @@ def gce_root(
         "name": hostname.split(".", 1)[0],
         "network-interfaces": _interfaces(doc, project),
         "service-accounts": {"default": account, email: account},
-        "tags": Json([_text(t) for t in _list(doc.get("tags"))]),
+        "tags": Json([_text(t) for t in as_list(doc.get("tags"))]),
         "zone": f"projects/{project.number}/zones/{zone_of(doc)}",
     }
     for key, value in gce_items(context).items():

@@ -12,7 +12,7 @@ import math
 
 from imds.errors import RecordNotFound
 from imds.models import METADATA, RECORD_HOST, USERDATA, Instance, JsonObject
-from imds.services.records.templates import Template, apply
+from imds.services.render.templates import Template, apply
 
 
 def metadata_document(instance: Instance, templates: tuple[Template, ...], *, served: bool = False) -> JsonObject:

@@ -27,20 +27,13 @@ import ipaddress
 from typing import Any
 
 from imds.models import JsonObject
+from imds.services.render.fields import as_list, as_object
 from imds.services.render.metadata_way import metadata_route, names_way, subnet_has_dhcp
 
 BOND_MODES = {0: "balance-rr", 1: "active-backup", 2: "balance-xor", 3: "broadcast", 4: "802.3ad",
               5: "balance-tlb", 6: "balance-alb"}
 _HASHED_MODES = frozenset({"802.3ad", "balance-xor"})
 _DEFAULT_PRIVATE = ("10.0.0.0/8",)
-
-
-def _obj(value: Any) -> JsonObject:
-    return value if isinstance(value, dict) else {}
-
-
-def _list(value: Any) -> list[Any]:
-    return value if isinstance(value, list) else []
 
 
 def network_data(doc: JsonObject) -> JsonObject:
@@ -53,8 +46,8 @@ def network_data(doc: JsonObject) -> JsonObject:
 
 def derived_network_data(doc: JsonObject) -> JsonObject:
     """``network_data.json`` built from the Equinix ``network`` section (empty lists when there is none)."""
-    network = _obj(doc.get("network"))
-    nics = [n for n in _list(network.get("interfaces")) if isinstance(n, dict) and isinstance(n.get("mac"), str)]
+    network = as_object(doc.get("network"))
+    nics = [n for n in as_list(network.get("interfaces")) if isinstance(n, dict) and isinstance(n.get("mac"), str)]
     links: list[JsonObject] = []
     bonds: dict[str, list[str]] = {}
     for index, nic in enumerate(nics):
@@ -65,12 +58,12 @@ def derived_network_data(doc: JsonObject) -> JsonObject:
         links.append(link)
         if isinstance(nic.get("bond"), str) and nic["bond"]:
             bonds.setdefault(nic["bond"], []).append(name)
-    bonding = _obj(network.get("bonding"))
+    bonding = as_object(network.get("bonding"))
     for bond, members in bonds.items():
         links.append(_bond_link(bond, members, bonding, links))
     carrier = _carrier(links, bonds, bonding)
     networks = [] if carrier is None else _networks(doc, network, carrier, {str(link["id"]) for link in links})
-    dns = _list(network.get("dns")) or _list(network.get("nameservers"))
+    dns = as_list(network.get("dns")) or as_list(network.get("nameservers"))
     services = [{"type": "dns", "address": a} for a in dns if isinstance(a, str) and a]
     return {"links": links, "networks": networks, "services": services}
 
@@ -101,11 +94,11 @@ def _carrier(links: list[JsonObject], bonds: dict[str, list[str]], bonding: Json
 
 
 def _networks(doc: JsonObject, network: JsonObject, carrier: str, link_ids: set[str]) -> list[JsonObject]:
-    private = [s for s in _list(doc.get("private_subnets")) if isinstance(s, str)] or list(_DEFAULT_PRIVATE)
+    private = [s for s in as_list(doc.get("private_subnets")) if isinstance(s, str)] or list(_DEFAULT_PRIVATE)
     networks: list[JsonObject] = []
     dhcp: set[tuple[str, int]] = set()  # (link, family) already said to use DHCP (one network each, as Nova's)
     statics: dict[int, list[tuple[JsonObject, JsonObject]]] = {4: [], 6: []}  # family -> (address, network)
-    for item in _list(network.get("addresses")):
+    for item in as_list(network.get("addresses")):
         if not isinstance(item, dict) or not isinstance(item.get("address"), str) or item.get("enabled") is False:
             continue
         try:
@@ -174,7 +167,7 @@ def _routes(item: JsonObject, v6: bool, private: list[str]) -> list[JsonObject]:
 
 def network_config_v2(data: JsonObject) -> JsonObject | None:
     """Network config v2 from ``network_data.json``, or None when it describes no link."""
-    links = [link for link in _list(data.get("links")) if isinstance(link, dict) and isinstance(link.get("id"), str)]
+    links = [link for link in as_list(data.get("links")) if isinstance(link, dict) and isinstance(link.get("id"), str)]
     if not links:
         return None
     names = {link["id"]: str(link.get("name") or link["id"]) for link in links}
@@ -183,10 +176,10 @@ def network_config_v2(data: JsonObject) -> JsonObject | None:
     for link in links:
         section, entry = _device(link, names)
         sections[section][names[link["id"]]] = device[link["id"]] = entry
-    for network in _list(data.get("networks")):
+    for network in as_list(data.get("networks")):
         if isinstance(network, dict) and isinstance(network.get("link"), str) and network["link"] in device:
             _add_network(device[network["link"]], network)
-    dns = [s["address"] for s in _list(data.get("services"))
+    dns = [s["address"] for s in as_list(data.get("services"))
            if isinstance(s, dict) and s.get("type") == "dns" and isinstance(s.get("address"), str)]
     for entry in device.values():
         if dns and entry.get("addresses"):
@@ -198,7 +191,7 @@ def _device(link: JsonObject, names: dict[str, str]) -> tuple[str, JsonObject]:
     """(section, entry) of one link: ``ethernets``, ``bonds`` or ``vlans``."""
     mac = link.get("ethernet_mac_address") or link.get("vlan_mac_address")
     if link.get("type") == "bond":
-        members = [m for m in _list(link.get("bond_links")) if isinstance(m, str)]
+        members = [m for m in as_list(link.get("bond_links")) if isinstance(m, str)]
         entry: JsonObject = {"interfaces": [names.get(m, m) for m in members],
                              "parameters": _bond_parameters(link)}
         section = "bonds"
@@ -234,7 +227,7 @@ def _add_network(entry: JsonObject, network: JsonObject) -> None:
     elif isinstance(network.get("ip_address"), str):
         prefix = _prefix(network.get("netmask"), network["ip_address"])
         entry.setdefault("addresses", []).append(f"{network['ip_address']}/{prefix}")
-        for route in _list(network.get("routes")):
+        for route in as_list(network.get("routes")):
             if isinstance(route, dict) and route.get("gateway"):
                 to = f"{route.get('network')}/{_prefix(route.get('netmask'), str(route.get('network')))}"
                 entry.setdefault("routes", []).append({"to": to, "via": route["gateway"]})

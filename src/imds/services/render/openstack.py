@@ -37,6 +37,7 @@ from typing import Any
 
 from imds.models import Instance, JsonObject
 from imds.services.render.ec2 import placement
+from imds.services.render.fields import as_list, as_object
 from imds.services.render.json import encode
 from imds.services.render.network import network_data
 from imds.services.render.tree import Dir, Leaf
@@ -97,14 +98,6 @@ def since(version: str, introduced: str) -> bool:
     return DATED_VERSIONS.index(effective) >= DATED_VERSIONS.index(introduced)
 
 
-def _obj(value: Any) -> JsonObject:
-    return value if isinstance(value, dict) else {}
-
-
-def _list(value: Any) -> list[Any]:
-    return value if isinstance(value, list) else []
-
-
 def _text(value: Any) -> str:
     return "" if value is None else str(value)
 
@@ -123,13 +116,13 @@ def key_names(keys: list[str]) -> list[str]:
 
 def public_keys(doc: JsonObject) -> list[str]:
     """The document's SSH public keys (``ssh_keys``), blanks dropped."""
-    return [k for k in _list(doc.get("ssh_keys")) if isinstance(k, str) and k.strip()]
+    return [k for k in as_list(doc.get("ssh_keys")) if isinstance(k, str) and k.strip()]
 
 
 def _meta(doc: JsonObject) -> dict[str, str]:
-    pairs = [t.split("=", 1) for t in _list(doc.get("tags")) if isinstance(t, str) and "=" in t]
+    pairs = [t.split("=", 1) for t in as_list(doc.get("tags")) if isinstance(t, str) and "=" in t]
     meta = {key: value for key, value in pairs if key}
-    meta.update({str(k): _text(v) for k, v in _obj(doc.get("meta")).items()})
+    meta.update({str(k): _text(v) for k, v in as_object(doc.get("meta")).items()})
     return meta
 
 
@@ -140,7 +133,7 @@ def devices(doc: JsonObject, version: str) -> list[JsonObject]:
         hidden.add("vlan")
     if not since(version, ROCKY):
         hidden.add("vf_trusted")
-    return [{k: v for k, v in d.items() if k not in hidden} for d in _list(doc.get("devices")) if isinstance(d, dict)]
+    return [{k: v for k, v in d.items() if k not in hidden} for d in as_list(doc.get("devices")) if isinstance(d, dict)]
 
 
 def meta_data_document(instance: Instance, version: str) -> JsonObject:
@@ -165,7 +158,7 @@ def meta_data_document(instance: Instance, version: str) -> JsonObject:
     if since(version, NEWTON_ONE):
         md["devices"] = devices(doc, version)
     if since(version, VICTORIA):
-        md["dedicated_cpus"] = [c for c in _list(doc.get("dedicated_cpus")) if isinstance(c, int)]
+        md["dedicated_cpus"] = [c for c in as_list(doc.get("dedicated_cpus")) if isinstance(c, int)]
     return md
 
 
@@ -177,7 +170,7 @@ def meta_data(instance: Instance, version: str) -> bytes:
 
 def vendor_data(doc: JsonObject) -> JsonObject:
     """``vendor_data.json``: the document's ``vendor_data`` object, else ``{}``."""
-    return _obj(doc.get("vendor_data"))
+    return as_object(doc.get("vendor_data"))
 
 
 def version_dir(instance: Instance, version: str) -> Dir:

@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from imds.models import Acknowledgement, Notice
-from imds.store.sql.rows import chunks, utc
+from imds.store.sql.rows import by_key, chunks, utc
 from imds.store.sql.tables import notice_acks, notices
 from imds.store.sql.writeconn import WriteConnection
 
@@ -68,13 +68,7 @@ async def acknowledge(conn: WriteConnection, notice_id: str, instance_id: str, a
 
 async def read(conn: AsyncConnection, notice_ids: Iterable[str] | None) -> dict[str, Notice]:
     """These notices (every one with None) that exist, by id."""
-    if notice_ids is None:
-        return {row.id: _notice(row) for row in await conn.execute(sa.select(_N))}
-    found: dict[str, Notice] = {}
-    for chunk in chunks(list(dict.fromkeys(notice_ids))):
-        rows = await conn.execute(sa.select(_N).where(_N.c.id.in_(list(chunk))))
-        found.update({row.id: _notice(row) for row in rows})
-    return found
+    return await by_key(conn, _N.c.id, notice_ids, _notice)
 
 
 async def acks(conn: AsyncConnection, notice_ids: Iterable[str]) -> list[Acknowledgement]:

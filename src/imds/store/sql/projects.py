@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from imds.models import ProjectAttributes
-from imds.store.sql.rows import chunks, utc
+from imds.store.sql.rows import by_key, utc
 from imds.store.sql.tables import project_attributes
 from imds.store.sql.writeconn import WriteConnection
 
@@ -52,10 +52,4 @@ async def remove(conn: WriteConnection, project_id: str) -> bool:
 
 async def read(conn: AsyncConnection, project_ids: Iterable[str] | None) -> dict[str, ProjectAttributes]:
     """The rows of these projects (every row with None), by project id."""
-    if project_ids is None:
-        return {row.project_id: _record(row) for row in await conn.execute(sa.select(_T))}
-    found: dict[str, ProjectAttributes] = {}
-    for chunk in chunks(list(dict.fromkeys(project_ids))):
-        rows = await conn.execute(sa.select(_T).where(_T.c.project_id.in_(list(chunk))))
-        found.update({row.project_id: _record(row) for row in rows})
-    return found
+    return await by_key(conn, _T.c.project_id, project_ids, _record)

@@ -25,14 +25,15 @@ from imds.models import (
     USERDATA,
     Acknowledgement,
     AuditEvent,
+    ChangeKey,
     JsonObject,
     Network,
     Notice,
+    NoticeKey,
     OsRecord,
     ProjectAttributes,
+    ProjectKey,
     network_key,
-    notice_feed_id,
-    project_feed_id,
     stored_network,
 )
 from imds.store.interface import record_kind
@@ -186,10 +187,10 @@ class SqlTx:
         self._known.discard(instance_id)
         self._note(Op(FORGET, instance_id))
 
-    async def mark_changed(self, instance_ids: Iterable[str]) -> None:
+    async def mark_changed(self, instance_ids: Iterable[ChangeKey]) -> None:
         # The rows are inserted when the group commits (one insert), so a block that
         # raises later leaves none behind (nor does one that spilled: its savepoint goes).
-        for instance_id in dict.fromkeys(instance_ids):
+        for instance_id in dict.fromkeys(map(str, instance_ids)):
             self.seq += 1
             self.feed_rows.append({"seq": self.seq, "instance_id": instance_id})
         self.journal.end = self.seq
@@ -229,13 +230,13 @@ class SqlTx:
 
     async def put_project(self, project_id: str, attributes: dict[str, str]) -> ProjectAttributes:
         record = await projects.put(self.conn, project_id, attributes)
-        self._note(Op(PUT, project_feed_id(project_id), PROJECT, record))
+        self._note(Op(PUT, str(ProjectKey(project_id)), PROJECT, record))
         return record
 
     async def remove_project(self, project_id: str) -> bool:
         removed = await projects.remove(self.conn, project_id)
         if removed:
-            self._note(Op(REMOVE, project_feed_id(project_id), PROJECT))
+            self._note(Op(REMOVE, str(ProjectKey(project_id)), PROJECT))
         return removed
 
     async def notice_of(self, notice_id: str) -> Notice | None:
@@ -243,12 +244,12 @@ class SqlTx:
 
     async def put_notice(self, notice: Notice) -> None:
         await notices.put(self.conn, notice)
-        self._note(Op(PUT, notice_feed_id(notice.id), NOTICE, notice))
+        self._note(Op(PUT, str(NoticeKey(notice.id)), NOTICE, notice))
 
     async def remove_notice(self, notice_id: str) -> bool:
         removed = await notices.remove(self.conn, notice_id)
         if removed:
-            self._note(Op(REMOVE, notice_feed_id(notice_id), NOTICE))
+            self._note(Op(REMOVE, str(NoticeKey(notice_id)), NOTICE))
         return removed
 
     async def acknowledge(self, notice_id: str, instance_id: str, at: datetime) -> Acknowledgement:

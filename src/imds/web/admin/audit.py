@@ -18,10 +18,9 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 from starlette.responses import Response
 
-from imds.models import feed_notice, feed_project, notice_feed_id, project_feed_id
+from imds.models import NoticeKey, ProjectKey
 from imds.services import Services
 from imds.services.notices.wire import parse_notice_id
-from imds.services.records.audit import AuditLog
 from imds.services.records.projects import parse_project_id
 from imds.services.records.wire import parse_instance_id
 from imds.services.render.json import encode
@@ -31,7 +30,6 @@ from imds.web.errors import JSON, documented
 def audit_router(services: Services) -> APIRouter:
     """The audit log route, bound to ``services``."""
     router = APIRouter(tags=["admin"], responses=documented(400, 401, 403, 503))
-    log = AuditLog(services.store)
 
     @router.get("/audit", summary="Audit log of admin writes and deletes", response_class=Response)
     async def audit(
@@ -40,7 +38,7 @@ def audit_router(services: Services) -> APIRouter:
         limit: Annotated[int, Query(description="entries per page, 1 to 1000")] = 100,
     ) -> Response:
         instance_id = None if instance is None else _subject_id(instance)
-        entries = await log.page(instance_id, after, limit)
+        entries = await services.audit.page(instance_id, after, limit)
         body = {
             "entries": [
                 {"seq": e.seq, "at": e.at.isoformat(), "subject": e.event.subject,
@@ -57,7 +55,7 @@ def audit_router(services: Services) -> APIRouter:
 
 def _subject_id(text: str) -> str:
     """An instance id, a project's ``project:<id>`` or a notice's ``notice:<id>``, as the log holds them."""
-    if (notice := feed_notice(text)) is not None:
-        return notice_feed_id(parse_notice_id(notice, "instance"))
-    project = feed_project(text)
-    return parse_instance_id(text) if project is None else project_feed_id(parse_project_id(project))
+    if (notice := NoticeKey.parse(text)) is not None:
+        return str(NoticeKey(parse_notice_id(notice.id, "instance")))
+    project = ProjectKey.parse(text)
+    return parse_instance_id(text) if project is None else str(ProjectKey(parse_project_id(project.id)))

@@ -2,7 +2,7 @@
 
 ``GET /device-records`` streams every stored instance as JSON lines, and
 ``GET /device-records/{id}`` answers one, each in the upsert wire format
-(``imds.services.records.readout``): what ``POST /device-metadata`` / ``/device-userdata``
+(``imds.services.transfer.readout``): what ``POST /device-metadata`` / ``/device-userdata``
 accept, so an export is also an import. Both need a read scope for metadata *and* one for
 userdata, since both come back (``imds.web.admin.scopes``). A record with a Ganeti OS record
 comes with it (``"os"``), which also needs an ``os`` read scope: ``GET /device-records``
@@ -32,10 +32,10 @@ from imds.models import NOTICE_KIND, OS_KIND, Instance
 from imds.services import Services
 from imds.services.admission.auth import read_scopes, upsert_scopes
 from imds.services.notices.wire import notice_wire
-from imds.services.records.bulk import Item, apply_batch, parse_item, rejected
-from imds.services.records.readout import stored_instance, stored_instances, to_wire
 from imds.services.records.wire import parse_instance_id, parse_json
 from imds.services.render.json import encode
+from imds.services.transfer.bulk import Item, apply_batch, parse_item, rejected
+from imds.services.transfer.readout import stored_instance, stored_instances, to_wire
 from imds.web.admin.auth import ID_EXTRA, authorize
 from imds.web.body import read_limited
 from imds.web.errors import JSON, documented

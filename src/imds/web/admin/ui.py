@@ -22,7 +22,7 @@ from starlette.responses import HTMLResponse, Response
 
 from imds.errors import NotFound
 from imds.services import Services
-from imds.services.catalog.fleet import recent_changes, search
+from imds.services.fleet import recent_changes, search
 from imds.services.render.json import encode
 from imds.web.errors import JSON, documented
 

@@ -57,7 +57,7 @@ class ChannelFlavor:
             instance_id = (await self._locator.entry(call)).instance.id
         except ImdsError as exc:
             return error_reply(exc)
-        call.entry = None  # a message is no instance document: no ETag, no change watch
+        call.unversioned()  # a message is no instance document: no ETag, no change watch
         channel = self._channel
 
         async def complete(_receive: Receive) -> Reply:

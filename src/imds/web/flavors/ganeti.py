@@ -19,9 +19,7 @@ from imds.errors import ImdsError, NotFound, UpstreamError
 from imds.models import Instance
 from imds.services import Services
 from imds.services.ganeti.definitions import OsDefinition
-from imds.services.ganeti.image import ImageSource
 from imds.services.ganeti.memory import PackageAuth
-from imds.services.ganeti.package import NodePackages, PackageFetcher
 from imds.services.ganeti.records import OsRecords, active
 from imds.services.ganeti.urls import IMAGE_PARAMETER
 from imds.web.errors import status_for
@@ -57,17 +55,8 @@ class GanetiFlavor:
     def __init__(self, services: Services, locator: Locator, channel: Mapping[str, Handler]) -> None:
         self._os: OsRecords = services.os
         self._locator = locator
-        settings = services.settings
-        self._fetcher = PackageFetcher(
-            services.fetch, max_bytes=settings.ganeti.os_package_max_bytes, timeout=settings.ganeti.os_package_timeout
-        )
-        self._images = ImageSource(
-            services.fetch, directories=settings.ganeti.ganeti_os_image_dir,
-            max_bytes=settings.ganeti.os_image_max_bytes, timeout=settings.ganeti.os_package_timeout,
-        )
-        self._node_packages = NodePackages(settings.ganeti.ganeti_os_package_dir,
-                                           max_bytes=settings.ganeti.os_package_max_bytes,
-                                           timeout=settings.ganeti.os_package_timeout)
+        sources = services.os_sources
+        self._fetcher, self._images, self._node_packages = sources.packages, sources.images, sources.node_packages
         # The channel's handlers for "read" and "write" (``imds.web.flavors.channel``), given
         # by the front; one that is missing answers 404, as metad's stubs do.
         self.channel: Mapping[str, Handler] = MappingProxyType(dict(channel))

@@ -89,7 +89,7 @@ class GceFlavor:
         reply, held = await self._answer(call)
         if held is not None:
             return Pending(complete=lambda receive: self._held(call, reply, *held, receive))
-        call.entry = None  # the front's quoted ETag is not sent: ours is in the reply, unquoted
+        call.unversioned()  # the front's quoted ETag is not sent: ours is in the reply, unquoted
         if b"wait_for_change" in call.scope["query_string"]:
             # Answered as is: a Pending reply keeps the front's own watch (and its JSON errors) off GCE's paths.
             return Pending(complete=lambda _receive: _as_is(reply))
@@ -109,9 +109,9 @@ class GceFlavor:
             watch = parse_watch(scope["query_string"], self._watch_max) if scope["query_string"] else None
             reply = await self._read(call, parts[1:], query)
         except ImdsError as exc:
-            call.entry = None
+            call.unversioned()
             return _failed(exc), None
-        if watch is None or call.entry is None:
+        if watch is None or call.version is None:
             return reply, None
         return reply, (watch, (parts[1:], query))
 
@@ -145,7 +145,7 @@ class GceFlavor:
                 raise InvalidInput.one("audience", "a non-empty audience parameter is required")
             full = query.get("format", ["standard"])[-1] == "full"
             token = self._services.idtokens.issue(identity_claims(entry.instance, audience, full=full))
-            call.entry = None  # a token is no instance document: no ETag, no watch
+            call.unversioned()  # a token is no instance document: no ETag, no watch
             self._locator.served(METADATA)
             return Reply(200, token.encode(), _TEXT, (FLAVOR,))
         body, content_type = render_answer(node, recursive=recursive, alt=alt, verbatim=parts[-1:] == ["attributes"])
@@ -161,7 +161,7 @@ class GceFlavor:
             try:
                 return await self._read(call, *path)
             except ImdsError as exc:
-                call.entry = None
+                call.unversioned()
                 return _failed(exc)
 
         waiting = self._services.metrics.watch_waiting
@@ -170,4 +170,4 @@ class GceFlavor:
             return await hold(call, first, watch, again, receive)
         finally:
             waiting.dec()
-            call.entry = None
+            call.unversioned()

@@ -27,9 +27,9 @@ from imds.services.ganeti.definitions import OsDefinitions
 from imds.services.ganeti.records import OsRecords
 from imds.services.notices.records import NoticeRecords
 from imds.services.notices.wire import notice_wire
-from imds.services.records.bulk import Block, Item, Result, apply_batch
-from imds.services.records.readout import stored_instance, stored_instances
 from imds.services.records.upsert import Records
+from imds.services.transfer.bulk import Block, Item, Result, apply_batch
+from imds.services.transfer.readout import stored_instance, stored_instances
 from imds.store import Store, open_store
 from imds.store.journal import Journal
 
@@ -81,7 +81,7 @@ class OfflineRecords:
     async def upsert(
         self, items: Sequence[Item], *, subject: str, dry_run: bool = False, block: Block | None = None,
     ) -> list[Result]:
-        """Compare and write one batch (see ``imds.services.records.bulk``), in ``block`` when given."""
+        """Compare and write one batch (see ``imds.services.transfer.bulk``), in ``block`` when given."""
         return await apply_batch(self.records, self.store, items, subject=subject, dry_run=dry_run,
                                  os_records=self.os, notices=self.notices, block=block)
 

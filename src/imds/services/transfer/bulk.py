@@ -1,6 +1,6 @@
 """Many upserts at once (``imds import``, ``POST /device-records``): parse, compare, write in batches.
 
-Each item is one instance in the upsert wire format (``imds.services.records.readout``): ``id``,
+Each item is one instance in the upsert wire format (``imds.services.transfer.readout``): ``id``,
 ``ipAddresses`` and ``metadata`` and/or ``userdata``, and optionally ``os`` (the Ganeti OS
 record, written after the others through ``OsRecords.put``); or one lifecycle notice,
 ``{"notice": {...}}`` as ``imds export`` writes it (``imds.services.notices.wire``), put back
@@ -31,7 +31,15 @@ from imds.services.notices.records import NoticeRecords
 from imds.services.notices.wire import parse_exported
 from imds.services.records.limits import Limits, check_size
 from imds.services.records.upsert import Records
-from imds.services.records.wire import DEFAULT_LIMITS, moved_notes, notes, parse_metadata_write, parse_userdata_write
+from imds.services.records.wire import (
+    DEFAULT_LIMITS,
+    Note,
+    NoteKind,
+    moved_notes,
+    notes,
+    parse_metadata_write,
+    parse_userdata_write,
+)
 from imds.store import Store, WriteTx
 
 Outcome = Literal["created", "updated", "unchanged", "stale", "rejected"]
@@ -122,7 +130,7 @@ def _oversized(metadata: MetadataWrite | None, userdata: UserdataWrite | None, l
     return [problem for field, size in sizes if (problem := check_size(field, size, limits)) is not None]
 
 
-def item_notes(item: Item, *, offline: bool) -> list[str]:
+def item_notes(item: Item, *, offline: bool) -> list[Note]:
     """What an import says about one item besides its outcome: hollow's readings and dropped secrets.
 
     ``offline``: the import writes to the database, where secret OS values are never stored
@@ -131,8 +139,8 @@ def item_notes(item: Item, *, offline: bool) -> list[str]:
     first = item.metadata or item.userdata
     found = notes(first) if first is not None else []
     if offline and item.os is not None:
-        found += [f"os.{section}.{name}: a secret value is never stored in the database; this import drops it "
-                  f"(push it to a running server: imds import --url, or POST /device-os)"
+        found += [Note(NoteKind.OS, f"os.{section}.{name}: a secret value is never stored in the database; this import "
+                                    f"drops it (push it to a running server: imds import --url, or POST /device-os)")
                   for section in SECTIONS for name, param in getattr(item.os, section).items()
                   if param.visibility == SECRET]
     return found

@@ -9,7 +9,7 @@ from __future__ import annotations
 import ipaddress
 from typing import Any
 
-from imds.models import Instance, feed_notice, feed_project
+from imds.models import Instance
 from imds.services.catalog.catalog import Catalog
 from imds.services.explain import summary
 from imds.store import Store
@@ -43,10 +43,10 @@ async def recent_changes(store: Store, catalog: Catalog, *, limit: int = 50) -> 
     changes = await store.changes_since(max(catalog.position - limit, 0), limit)
     rows = []
     for change in reversed(changes[-limit:]):
-        project, notice = feed_project(change.instance_id), feed_notice(change.instance_id)
+        project, notice = change.project, change.notice
         if project is not None or notice is not None:  # a project's attributes or a notice: present while stored
-            present = catalog.project(project) is not None if project is not None else catalog.notice(
-                notice or "") is not None
+            present = (catalog.project(project.id) if project is not None
+                       else catalog.notice(notice.id if notice is not None else "")) is not None
             rows.append({"seq": change.seq, "instance_id": change.instance_id, "hostname": None, "present": present})
             continue
         entry = catalog.get(change.instance_id)

@@ -14,7 +14,7 @@ starts after the last id of the one before, so every page is an index range scan
 one read-only REPEATABLE READ transaction: one consistent snapshot however long it takes.
 
 Each instance becomes one upsert object in the import wire format
-(``imds.services.records.readout``), so it goes through exactly the admin API's rules:
+(``imds.services.transfer.readout``), so it goes through exactly the admin API's rules:
 
 - ``metadata`` is the stored JSON text, which the metadata rules parse and check;
 - a row whose userdata is over ``--max-body-bytes`` (or whose metadata text is over the row
@@ -45,7 +45,7 @@ from typing import Any, Self
 from imds.config.database import Database, parse_source
 from imds.errors import Problem, StoreUnavailable
 from imds.services.records.limits import Limits, check_size, flag_of, max_item_bytes
-from imds.services.records.source import Oversized
+from imds.services.transfer.source import Oversized
 
 _FIRST_IDS = """
 SELECT id FROM (

@@ -1,0 +1,1 @@
+"""Import and export: reading a source item by item, many upserts at once, reading records out."""
