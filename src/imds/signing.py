@@ -43,12 +43,12 @@ TENANT_HEADER = "x-tenant-id"
 HOST_HEADER = "x-instance-host"
 # HKDF's salt for host keys: a fixed, versioned label (RFC 5869 allows a non-secret salt).
 HOST_KEY_SALT = b"imds host key v1"
-_HOST = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
+_HOST = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}")  # fullmatch: "$" passes a trailing newline
 
 
 def valid_host(name: str) -> bool:
     """Whether ``name`` may name a host: a DNS-like name (letters, digits, ``.``, ``_``, ``-``; 253 at most)."""
-    return bool(_HOST.match(name))
+    return bool(_HOST.fullmatch(name))
 
 
 def host_key(fleet_secret: bytes, host: str) -> bytes:

@@ -136,7 +136,7 @@ def _by_id_serials(dev_root: Path) -> dict[str, tuple[str, ...]]:
     found: dict[str, list[str]] = {}
     for link in _entries(dev_root / "disk" / "by-id"):
         bus, _, id_serial = link.name.partition("-")
-        if not id_serial or bus in ("wwn", "dm", "md", "lvm") or re.search(r"-part\d+$", id_serial):
+        if not id_serial or bus in ("wwn", "dm", "md", "lvm") or re.search(r"-part\d+\Z", id_serial):
             continue
         found.setdefault(Path(os.path.realpath(link)).name, []).append(id_serial)
     return {name: tuple(values) for name, values in found.items()}
