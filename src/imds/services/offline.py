@@ -95,7 +95,7 @@ class OfflineRecords:
         block: Block | None = None
         try:
             async with self.store.write() as tx:
-                block = Block(tx)
+                block = Block(tx, fresh=not await tx.holds_instances())
                 yield block
         except BaseException:
             for undo in block.undo if block is not None else ():

@@ -83,6 +83,10 @@ class WriteTx(Protocol):
         """Whether a ``metadata`` or ``userdata`` record exists for the instance (another kind: InvalidInput)."""
         ...
 
+    async def holds_instances(self) -> bool:
+        """Whether any instance is stored, as this block sees it (an import into an empty store compares nothing)."""
+        ...
+
     async def metadata_of_many(self, instance_ids: Sequence[str]) -> dict[str, JsonObject]:
         """The stored metadata documents of those instances that have one."""
         ...

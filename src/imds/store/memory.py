@@ -82,6 +82,9 @@ class _MemoryTx:
         row = self._s.rows.get(instance_id)
         return row is not None and getattr(row, record_kind(kind)) is not None
 
+    async def holds_instances(self) -> bool:
+        return bool(self._s.rows)
+
     async def metadata_of_many(self, instance_ids: Sequence[str]) -> dict[str, JsonObject]:
         rows = ((instance_id, self._s.rows.get(instance_id)) for instance_id in instance_ids)
         return {i: copy.deepcopy(row.metadata) for i, row in rows if row is not None and row.metadata is not None}

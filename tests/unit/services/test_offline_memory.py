@@ -41,3 +41,44 @@ async def test_offline_writes_leave_no_index_and_no_journal_chain(sqlite_url: st
         assert tx.journal.group.before is None
     finally:
         await store.close()
+
+
+def _items(batch: int, count: int = 3) -> list[Item]:
+    items = []
+    for n in range(count):
+        instance_id = str(uuid.UUID(int=batch << 16 | n, version=4))
+        address = (parse_network(f"10.8.{batch}.{n + 1}"),)
+        items.append(Item(f"line {n}", instance_id, MetadataWrite(instance_id, address, {"n": n}), None))
+    return items
+
+
+async def test_a_block_on_an_empty_store_reads_nothing_back_and_one_on_a_stored_one_compares(sqlite_url: str) -> None:
+    """An empty store is never read back in a block; a store holding instances is, batch by batch.
+
+    Nothing there to compare with, and the block holds the write lock: no read can find an id. Into a store that
+    holds instances every batch compares (its unchanged items are not written).
+    """
+    store = open_store(sqlite_url)
+    reads: list[set[str]] = []
+    get_many = store.get_many
+
+    async def counted(instance_ids):
+        reads.append(set(instance_ids))
+        return await get_many(instance_ids)
+
+    store.get_many = counted  # type: ignore[method-assign]
+    try:
+        offline = OfflineRecords(store)
+        first, second = _items(1), _items(2)
+        async with offline.transaction() as block:
+            assert block.fresh
+            done = [r.outcome for b in (first, first[:1]) for r in await offline.upsert(b, subject="t", block=block)]
+        assert done == ["created"] * 3 + ["updated"]  # the id met again in the block: its second write says so
+        assert reads == []
+        async with offline.transaction() as block:
+            assert not block.fresh
+            done = [r.outcome for b in (first, second) for r in await offline.upsert(b, subject="t", block=block)]
+        assert done == ["unchanged"] * 3 + ["created"] * 3
+        assert reads == [{i.id for i in first}, {i.id for i in second}]
+    finally:
+        await store.close()

@@ -172,12 +172,16 @@ class Block:
 
     ``undo``: what to give back if the block does not commit (the vault's secrets of OS
     writes); ``created``: the ids it created, so a later batch says ``updated`` for them
-    (its reads do not see the block's uncommitted writes).
+    (its reads do not see the block's uncommitted writes). ``fresh``: the store held no
+    instance when the block began; the block holds the write lock, so until it commits
+    the store's reads find none either, and its batches skip them (an import into a new
+    database compares nothing).
     """
 
     tx: WriteTx
     undo: list[Callable[[], None]] = field(default_factory=list)
     created: set[str] = field(default_factory=set)
+    fresh: bool = False
 
 
 async def apply_batch(  # noqa: PLR0913 - the pieces of one batch
@@ -218,7 +222,7 @@ async def _apply_instances(  # noqa: PLR0913 - the pieces of one batch
 ) -> list[Result]:
     if not items:
         return []
-    stored = await store.get_many({item.id for item in items})
+    stored = {} if block is not None and block.fresh else await store.get_many({item.id for item in items})
     if block is not None:
         stored = {instance_id: found for instance_id, found in stored.items() if instance_id not in block.created}
     results: dict[int, Result] = {}

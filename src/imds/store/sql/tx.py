@@ -65,8 +65,9 @@ def _replay_address_lists(
     """
     owners: dict[str, tuple[str, str]] = {}  # network → (address as stored, holder)
     holding: dict[str, set[str]] = {}  # holder → its networks
+    keys: dict[str, str] = {}  # address as stored → its network
     for address, holder in before:  # rows sharing a network (left by older revisions): the last row found
-        key = network_key(stored_network(address))
+        key = keys[address] = network_key(stored_network(address))
         owners[key] = (address, holder)
         holding.setdefault(holder, set()).add(key)
     results: list[tuple[dict[Network, str], tuple[Network, ...]]] = []
@@ -81,7 +82,8 @@ def _replay_address_lists(
             if previous is not None and previous[1] != instance_id:
                 moved[network] = previous[1]
                 holding[previous[1]].discard(key)
-            owners[key] = (str(network), instance_id)
+            address = str(network)
+            owners[key], keys[address] = (address, instance_id), key
             mine.add(key)
         results.append((moved, tuple(stored_network(a) for a in dropped)))
     final = dict(owners.values())
@@ -89,8 +91,7 @@ def _replay_address_lists(
     rows = _AddressRows(
         gone=[address for address in held if address not in final],
         moved=[{"key": a, "holder": final[a]} for a, holder in held.items() if a in final and final[a] != holder],
-        new=[{"address": a, "network": network_key(stored_network(a)), "instance_id": holder}
-             for a, holder in final.items() if a not in held],
+        new=[{"address": a, "network": keys[a], "instance_id": holder} for a, holder in final.items() if a not in held],
     )
     return rows, results
 
@@ -124,6 +125,9 @@ class SqlTx:
         if found:
             self._known.add(instance_id)
         return found
+
+    async def holds_instances(self) -> bool:
+        return (await self.conn.execute(statements.ANY_INSTANCE)).first() is not None
 
     async def metadata_of_many(self, instance_ids: Sequence[str]) -> dict[str, JsonObject]:
         documents: dict[str, JsonObject] = {}

@@ -6,7 +6,8 @@ statement costs three or four hand-offs to it and back (cursor, execute, fetch, 
 each a thread wake-up of 100 to 200 µs on a virtual machine: ten statements of a few
 microseconds took 8 ms. So SQLite writes use a plain (synchronous) connection instead:
 
-- ``COMMIT`` (which waits for fsync), statements run for many rows (bulk import), and
+- ``COMMIT`` (which waits for fsync), statements run for many rows (bulk import: as
+  positional tuples, see ``manyrows``), and
   ``BEGIN IMMEDIATE`` when another process holds the write lock (it waits for it, up to the
   busy timeout) go to the store's writer thread;
 - everything else runs on the event loop itself: ``BEGIN IMMEDIATE`` is first tried there
@@ -31,6 +32,7 @@ from sqlalchemy.engine import CursorResult, Dialect
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncTransaction
 from sqlalchemy.sql import Executable
 
+from imds.store.sql import manyrows
 from imds.store.sql.connect import confirm_commit
 
 _T = TypeVar("_T")
@@ -169,8 +171,13 @@ class InlineWrite:
 
     async def execute(self, statement: Executable, parameters: Any = None) -> CursorResult[Any]:
         if isinstance(parameters, list) and len(parameters) > INLINE_ROWS:
-            return await self._in_thread(lambda: self._conn.execute(statement, parameters))
+            return await self._in_thread(lambda: self._many(statement, parameters))
         return self._conn.execute(statement, parameters)
+
+    def _many(self, statement: Executable, rows: list[Any]) -> CursorResult[Any]:
+        """One statement for many rows: as positional tuples when it can be (``manyrows``)."""
+        found = manyrows.positional_rows(self._conn.dialect, statement, rows)
+        return self._conn.execute(statement, rows) if found is None else self._conn.exec_driver_sql(*found)
 
     async def begin_nested(self) -> Savepoint:
         return _InlineSavepoint(self._conn.begin_nested())
