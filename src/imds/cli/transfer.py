@@ -26,6 +26,7 @@ first write, as ``imds serve`` does at start-up (``IMDS_MIGRATE=false`` turns th
 from __future__ import annotations
 
 import codecs
+import gc
 import json
 import shutil
 import sys
@@ -416,6 +417,10 @@ async def _offline_batches(
         written = await offline.upsert(batch, subject=SUBJECT, dry_run=dry_run, block=block)
         done += written
         advance(len(batch), written)
+        # What is left after a batch (its results, the ids met) lives until the import ends: keep the
+        # cyclic GC from re-scanning it on every collection the next batches trigger (a fifth of the
+        # CPU of a 100,000-instance import). Refcounting still frees what the batches drop.
+        gc.freeze()
     return done, later
 
 

@@ -31,6 +31,7 @@ from imds.models import Network
 
 NOT_TEXT = "is not valid Unicode text (it holds a lone surrogate such as \\ud800)"
 MAX_PROBLEMS = 20  # a hostile document could have a million bad strings: name the first few
+_CONTAINERS = (dict, list)
 
 
 def flag_of(name: str) -> str:
@@ -148,19 +149,19 @@ def _text_and_numbers_fine(document: Any) -> bool:
 
 
 def _within_shape(document: Any, limits: Limits) -> bool:
-    """Whether the document is within the depth and key limits (its containers walked, no scalar)."""
-    if not isinstance(document, dict | list):
-        return True
-    keys = 0
-    stack: list[tuple[Any, int]] = [(document, 1)]
-    while stack:
-        value, depth = stack.pop()
+    """Whether the document is within the depth and key limits (its containers walked a level at a time)."""
+    keys, depth, level = 0, 1, [document] if isinstance(document, dict | list) else []
+    while level:
         if depth > limits.max_document_depth:
             return False
-        if isinstance(value, dict):
-            keys += len(value)
-            value = value.values()
-        stack.extend((child, depth + 1) for child in value if isinstance(child, dict | list))
+        below: list[Any] = []
+        for value in level:
+            if isinstance(value, dict):
+                keys += len(value)
+                below += [child for child in value.values() if isinstance(child, _CONTAINERS)]
+            else:
+                below += [child for child in value if isinstance(child, _CONTAINERS)]
+        level, depth = below, depth + 1
     return keys <= limits.max_document_keys
 
 

@@ -197,17 +197,22 @@ def _document_id(value: Any, instance_id: str, problems: list[Problem]) -> None:
         problems.append(Problem("metadata.id", f"must be the record id {instance_id} (or be left out)"))
 
 
-def parse_userdata_write(body: Any, limits: Limits = DEFAULT_LIMITS) -> UserdataWrite:
+def parse_userdata_write(
+    body: Any, limits: Limits = DEFAULT_LIMITS, *, addresses: tuple[Network, ...] | None = None,
+) -> UserdataWrite:
     """``{id, ipAddresses, userdata, userdata_encoding?}``.
 
     Without ``userdata_encoding``, a value made only of the base64 alphabet with valid
     padding is decoded (hollow's wire format sends bytes as base64); anything else is
     stored verbatim as UTF-8 text. ``"text"`` or ``"base64"`` overrides the guess.
+    ``addresses``: this body's ``ipAddresses`` as ``parse_metadata_write`` read them with
+    the same ``limits`` (an import item's two parts share one list): not parsed again.
     """
     problems: list[Problem] = []
     fields = _object(body, problems)
     instance_id = _instance_id(fields.get("id"), "id", problems)
-    addresses = _addresses(fields, problems, limits)
+    if addresses is None:
+        addresses = _addresses(fields, problems, limits)
     userdata = _userdata(fields, problems)
     if problems or instance_id is None or userdata is None:
         raise InvalidInput(problems)

@@ -93,8 +93,8 @@ def _instance_item(obj: dict[str, Any], *, label: str, max_os_value_bytes: int, 
         except InvalidInput as exc:
             problems += exc.problems
     if "userdata" in obj:
-        try:
-            userdata = parse_userdata_write(obj, limits)
+        try:  # the metadata part read the same ipAddresses (its problems are said once, by it)
+            userdata = parse_userdata_write(obj, limits, addresses=None if metadata is None else metadata.addresses)
         except InvalidInput as exc:
             problems += [p for p in exc.problems if p not in problems]
     problems += _oversized(metadata, userdata, limits)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
@@ -13,6 +14,7 @@ from imds.models import AuditEntry, AuditEvent, Change, Instance
 from imds.store.interface import StoredInstance
 from imds.store.sql.os_rows import os_record
 from imds.store.sql.rows import chunks, stored_network, utc
+from imds.store.sql.statements import among
 from imds.store.sql.tables import (
     audit_log,
     changes,
@@ -35,35 +37,34 @@ async def position(conn: AsyncConnection) -> int:
     return int((await conn.execute(FEED_POSITION)).scalar_one())
 
 
+@functools.cache
+def _loads(dialect: str, every: bool) -> tuple[sa.Select[Any], ...]:
+    """``load``'s statements, built once: every row of each table, or the rows of ``ids`` (a list parameter)."""
+    keys = (instances.c.id, instance_metadata.c.instance_id, instance_userdata.c.instance_id,
+            instance_ip_addresses.c.instance_id, instance_passwords.c.instance_id, instance_os.c.instance_id)
+    return tuple(sa.select(instances.c.id if key.table is instances else key.table)
+                 .where(sa.true() if every else among(key, "ids", dialect)) for key in keys)
+
+
 async def load(conn: AsyncConnection, ids: Sequence[str] | None) -> dict[str, Instance]:
     """The instances among ``ids`` (every instance when None) that exist, by id, each whole."""
-    def where(column: sa.Column[Any], chunk: Sequence[str] | None) -> Any:
-        return sa.true() if chunk is None else column.in_(chunk)
-
+    ids_, metadata, userdata, addresses, passwords, os_rows = _loads(conn.dialect.name, ids is None)
     parts: dict[str, dict[str, Any]] = {}
     for chunk in [None] if ids is None else list(chunks(ids)):
-        for row in await conn.execute(sa.select(instances.c.id).where(where(instances.c.id, chunk))):
+        wanted = None if chunk is None else {"ids": list(chunk)}
+        for row in (await conn.execute(ids_, wanted)).all():
             parts[row.id] = {"id": row.id, "addresses": []}
-        for row in await conn.execute(
-            sa.select(instance_metadata).where(where(instance_metadata.c.instance_id, chunk))
-        ):
+        for row in (await conn.execute(metadata, wanted)).all():
             parts[row.instance_id].update(metadata=row.document, metadata_updated_at=utc(row.updated_at))
-        for row in await conn.execute(
-            sa.select(instance_userdata).where(where(instance_userdata.c.instance_id, chunk))
-        ):
+        for row in (await conn.execute(userdata, wanted)).all():
             parts[row.instance_id].update(userdata=bytes(row.userdata), userdata_updated_at=utc(row.updated_at))
-        rows = await conn.execute(
-            sa.select(instance_ip_addresses).where(where(instance_ip_addresses.c.instance_id, chunk))
-        )
-        for count, row in enumerate(rows, 1):
+        for count, row in enumerate((await conn.execute(addresses, wanted)).all(), 1):
             parts[row.instance_id]["addresses"].append(stored_network(row.address))
             if count % _YIELD_EVERY == 0:
                 await asyncio.sleep(0)  # one instance with 60,000 addresses must not hold the event loop
-        for row in await conn.execute(
-            sa.select(instance_passwords).where(where(instance_passwords.c.instance_id, chunk))
-        ):
+        for row in (await conn.execute(passwords, wanted)).all():
             parts[row.instance_id]["password"] = bytes(row.password)
-        for row in await conn.execute(sa.select(instance_os).where(where(instance_os.c.instance_id, chunk))):
+        for row in (await conn.execute(os_rows, wanted)).all():
             parts[row.instance_id]["os"] = os_record(row.document)
     return {
         i: Instance(**{**p, "addresses": tuple(sorted(p["addresses"], key=str))}) for i, p in parts.items()

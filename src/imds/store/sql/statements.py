@@ -91,7 +91,8 @@ def group_rows_and_head(
 _VALUE = sa.column("value", sa.String)
 
 
-def _among(column: sa.Column[str], name: str, dialect: str) -> sa.ColumnElement[bool]:
+def among(column: sa.Column[str], name: str, dialect: str) -> sa.ColumnElement[bool]:
+    """``column`` is one of the list parameter ``name`` (see above)."""
     if dialect == "postgresql":
         return column == sa.any_(sa.bindparam(name, type_=postgresql.ARRAY(sa.String)))
     listed = sa.select(_VALUE).select_from(sa.func.json_each(sa.bindparam(name, type_=sa.JSON())))
@@ -101,7 +102,7 @@ def _among(column: sa.Column[str], name: str, dialect: str) -> sa.ColumnElement[
 @functools.cache
 def documents_of(dialect: str) -> sa.Select[tuple[str, Any]]:
     """The metadata documents of ``ids``."""
-    return sa.select(_m.c.instance_id, _m.c.document).where(_among(_m.c.instance_id, "ids", dialect))
+    return sa.select(_m.c.instance_id, _m.c.document).where(among(_m.c.instance_id, "ids", dialect))
 
 
 @functools.cache
@@ -112,15 +113,15 @@ def addresses_touched(dialect: str) -> sa.Select[tuple[str, str | None, str]]:
     its address (``addresses``), and the caller reads its network from it.
     """
     return sa.select(_a.c.address, _a.c.network, _a.c.instance_id).where(
-        _among(_a.c.instance_id, "ids", dialect) | _among(_a.c.network, "networks", dialect)
-        | _among(_a.c.address, "addresses", dialect)
+        among(_a.c.instance_id, "ids", dialect) | among(_a.c.network, "networks", dialect)
+        | among(_a.c.address, "addresses", dialect)
     )
 
 
 @functools.cache
 def drop_addresses(dialect: str) -> sa.Delete:
     """Delete the rows of ``addresses``."""
-    return _a.delete().where(_among(_a.c.address, "addresses", dialect))
+    return _a.delete().where(among(_a.c.address, "addresses", dialect))
 
 
 MOVE_ADDRESS = _a.update().where(_a.c.address == sa.bindparam("key")).values(instance_id=sa.bindparam("holder"))
