@@ -280,7 +280,7 @@ def import_(  # noqa: PLR0913, PLR0917 - click passes every option
             raise click.UsageError(f"--from-hollow --url: {BATCHES_NEED_PARTIAL}")
 
         def parse(raw: Raw) -> Item:
-            return parse_item(raw.value, label=raw.label, max_os_value_bytes=os_bytes, limits=limits)
+            return parse_item(raw.value, label=raw.label, max_os_value_bytes=os_bytes, limits=limits, size=raw.size)
 
         opened = _open(source, hollow, batch_size, limits)
         # One transaction on the database: input found unreadable half-way is rolled back with the

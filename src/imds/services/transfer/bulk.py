@@ -42,11 +42,18 @@ from imds.services.records.wire import (
 )
 from imds.store import Store, WriteTx
 
+# An item's metadata, written back as compact JSON (``\u`` escapes), is at most GROWTH times as long
+# as the item's text plus GROWTH_SLACK: a character read (a byte or more) becomes at most 12 bytes (an
+# astral character as a surrogate pair, ``\ud83d\ude00``), a number at most 4.5 times its digits
+# (``1e15``: ``1000000000000000.0``); separators and white space only shrink, and the ``host`` a write
+# may name beside the document is in the item's text too. So an item shorter than max_body_bytes / 12
+# cannot carry metadata over the limit, and its document is not encoded again to measure it.
+GROWTH, GROWTH_SLACK = 12, 1024
 Outcome = Literal["created", "updated", "unchanged", "stale", "rejected"]
 OUTCOMES: tuple[Outcome, ...] = ("created", "updated", "unchanged", "stale", "rejected")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Item:
     """One parsed upsert; ``label`` says where it came from (``line 12``, ``web-1.json``)."""
 
@@ -58,7 +65,7 @@ class Item:
     notice: tuple[Notice, list[Acknowledgement]] | None = None  # a notice item (no instance parts then)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # an import keeps one per item until its report: no __dict__ each
 class Result:
     """What happened to one item (``reason`` for stale and rejected ones)."""
 
@@ -69,20 +76,23 @@ class Result:
     warnings: tuple[str, ...] = ()  # addresses the write took from other instances
 
 
-def parse_item(obj: Any, *, label: str, max_os_value_bytes: int = 4096, limits: Limits = DEFAULT_LIMITS) -> Item:
+def parse_item(
+    obj: Any, *, label: str, max_os_value_bytes: int = 4096, limits: Limits = DEFAULT_LIMITS, size: int = 0,
+) -> Item:
     """An upsert object → Item, or InvalidInput naming every offending field.
 
     ``limits`` are the admin API's (``Limits.of(settings.limits)``): an item may hold no more
     than one admin write could (its userdata and its metadata each at most ``max_body_bytes``).
+    ``size``: the length of the item's text as read (bytes or characters; 0: not known).
     """
     if not isinstance(obj, dict):
         raise InvalidInput.one("item", "must be a JSON object")
     if "notice" in obj:
         return _notice_item(obj, label)
-    return _instance_item(obj, label=label, max_os_value_bytes=max_os_value_bytes, limits=limits)
+    return _instance_item(obj, label=label, max_os_value_bytes=max_os_value_bytes, limits=limits, size=size)
 
 
-def _instance_item(obj: dict[str, Any], *, label: str, max_os_value_bytes: int, limits: Limits) -> Item:
+def _instance_item(obj: dict[str, Any], *, label: str, max_os_value_bytes: int, limits: Limits, size: int) -> Item:
     if "metadata" not in obj and "userdata" not in obj:
         raise InvalidInput([Problem("metadata", "or userdata is required (an item carries at least one)")])
     problems: list[Problem] = []
@@ -97,7 +107,7 @@ def _instance_item(obj: dict[str, Any], *, label: str, max_os_value_bytes: int, 
             userdata = parse_userdata_write(obj, limits, addresses=None if metadata is None else metadata.addresses)
         except InvalidInput as exc:
             problems += [p for p in exc.problems if p not in problems]
-    problems += _oversized(metadata, userdata, limits)
+    problems += _oversized(metadata, userdata, limits, size)
     first = metadata or userdata
     os_write = None
     if "os" in obj and first is not None:
@@ -120,13 +130,20 @@ def _notice_item(obj: dict[str, Any], label: str) -> Item:
     return Item(label, notice.id, None, None, notice=(notice, acks))
 
 
-def _oversized(metadata: MetadataWrite | None, userdata: UserdataWrite | None, limits: Limits) -> list[Problem]:
-    """The parts larger than one admin write may carry (the admin API refuses such a body with 413)."""
+def _oversized(
+    metadata: MetadataWrite | None, userdata: UserdataWrite | None, limits: Limits, size: int,
+) -> list[Problem]:
+    """The parts larger than one admin write may carry (the admin API refuses such a body with 413).
+
+    The metadata is measured as compact JSON, unless the item's own text (``size``) is too short
+    for it to be that large: see ``GROWTH``.
+    """
     sizes = []
     if userdata is not None:
         sizes.append(("userdata", len(userdata.userdata)))
-    if metadata is not None:
-        sizes.append(("metadata", len(json.dumps(metadata.metadata, separators=(",", ":")).encode())))
+    short = size > 0 and GROWTH * size + GROWTH_SLACK <= limits.max_body_bytes
+    if metadata is not None and not short:
+        sizes.append(("metadata", len(json.dumps(metadata.metadata, separators=(",", ":")))))  # ASCII: bytes
     return [problem for field, size in sizes if (problem := check_size(field, size, limits)) is not None]
 
 

@@ -60,7 +60,7 @@ class UnreadableInput(InvalidInput):
         self.message = f"{where}: {message}"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # an import remembers where each id was first seen: no __dict__ each
 class Raw:
     """One item as read: ``label`` (``line 12``, ``item 3``, ``web-1.json``), its first ``line``, its value.
 

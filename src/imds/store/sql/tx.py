@@ -33,6 +33,7 @@ from imds.models import (
     OsRecord,
     ProjectAttributes,
     ProjectKey,
+    covered,
     network_key,
     stored_network,
 )
@@ -55,13 +56,23 @@ class _AddressRows:
     new: list[dict[str, str]]
 
 
+_Keyed = tuple[str, str, Network]  # an address's network key, its text as stored, the address
+
+
+def _keyed(network: Network) -> _Keyed:
+    """(``models.network_key``, ``str``, the address): each computed once (``str`` of an address is not cached)."""
+    text = str(network)
+    return covered(network) or text, text, network  # a plain network's text is its key
+
+
 def _replay_address_lists(
-    before: Sequence[tuple[str, str]], lists: Sequence[tuple[str, Sequence[Network]]]
+    before: Sequence[tuple[str, str]], lists: Sequence[tuple[str, Sequence[_Keyed]]]
 ) -> tuple[_AddressRows, list[tuple[dict[Network, str], tuple[Network, ...]]]]:
     """The address lists applied in order in memory, one holder per network (``models.network_key``).
 
-    ``before``: the (address, holder) rows the batch touches. Returns the row changes and each
-    list's (moved, dropped). Another spelling of a network moves it like the same spelling.
+    ``before``: the (address, holder) rows the batch touches; ``lists``: each instance's addresses
+    (``_keyed``). Returns the row changes and each list's (moved, dropped). Another spelling of a
+    network moves it like the same spelling.
     """
     owners: dict[str, tuple[str, str]] = {}  # network → (address as stored, holder)
     holding: dict[str, set[str]] = {}  # holder → its networks
@@ -72,17 +83,16 @@ def _replay_address_lists(
         holding.setdefault(holder, set()).add(key)
     results: list[tuple[dict[Network, str], tuple[Network, ...]]] = []
     for instance_id, addresses in lists:
-        wanted = {network_key(a): a for a in addresses}
+        wanted = {key: (text, network) for key, text, network in addresses}
         mine = holding.setdefault(instance_id, set())
         dropped = sorted((owners.pop(key)[0] for key in mine - wanted.keys()), key=str)
         mine.intersection_update(wanted.keys())
         moved: dict[Network, str] = {}
-        for key, network in wanted.items():
+        for key, (address, network) in wanted.items():
             previous = owners.get(key)
             if previous is not None and previous[1] != instance_id:
                 moved[network] = previous[1]
                 holding[previous[1]].discard(key)
-            address = str(network)
             owners[key], keys[address] = (address, instance_id), key
             mine.add(key)
         results.append((moved, tuple(stored_network(a) for a in dropped)))
@@ -155,9 +165,10 @@ class SqlTx:
         ids = list(dict.fromkeys(instance_id for instance_id, _ in lists))
         await self._ensure_instances(ids)
         before: dict[str, str] = {}  # address → holder, for every row this batch touches
-        every = [a for _, addresses in lists for a in addresses]
-        networks = list(dict.fromkeys(network_key(a) for a in every))
-        spellings = list(dict.fromkeys(str(a) for a in every))  # rows of older replicas have no network
+        keyed = [(instance_id, [_keyed(a) for a in addresses]) for instance_id, addresses in lists]
+        every = [entry for _, entries in keyed for entry in entries]
+        networks = list(dict.fromkeys(key for key, _, _ in every))
+        spellings = list(dict.fromkeys(text for _, text, _ in every))  # rows of older replicas have no network
         # One query per chunk finds the batch's instances' rows and the wanted networks' holders.
         parts = itertools.zip_longest(chunks(ids), chunks(networks), chunks(spellings), fillvalue=())
         for number, (id_chunk, network_chunk, address_chunk) in enumerate(parts):
@@ -166,16 +177,17 @@ class SqlTx:
             rows = await self.conn.execute(statements.addresses_touched(self._dialect), {
                 "ids": list(id_chunk), "networks": list(network_chunk), "addresses": list(address_chunk)})
             before.update({row.address: row.instance_id for row in rows})
-        changes, results = _replay_address_lists(list(before.items()), lists)
+        changes, results = _replay_address_lists(list(before.items()), keyed)
         for chunk in chunks(changes.gone):
             await self.conn.execute(statements.drop_addresses(self._dialect), {"addresses": list(chunk)})
         if changes.moved:
             await self.conn.execute(statements.MOVE_ADDRESS, changes.moved)
         if changes.new:
             await self.conn.execute(statements.ADD_ADDRESSES, changes.new)
-        for (instance_id, addresses), (moved_from, _) in zip(lists, results, strict=True):
-            wanted = tuple({str(a): a for a in addresses}.values())
-            self._note(Op(ADDRESSES, instance_id, value=wanted, moved=moved_from))
+        if self.journal.keeps:
+            for (instance_id, entries), (moved_from, _) in zip(keyed, results, strict=True):
+                wanted = tuple({text: a for _, text, a in entries}.values())
+                self._note(Op(ADDRESSES, instance_id, value=wanted, moved=moved_from))
         return results
 
     async def remove_record(self, kind: str, instance_id: str) -> bool:
