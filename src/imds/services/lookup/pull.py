@@ -226,7 +226,7 @@ class Lookup:
         return instance_id
 
     async def _call(self, kind: str, call: Callable[[], Awaitable[Any]]) -> Any:
-        requests, errors = self._counters(kind)
+        requests, errors = self._metrics.lookup_requests[kind], self._metrics.lookup_errors[kind]
         if not self.breaker.allow():
             self._publish_breaker()
             errors.inc()
@@ -272,12 +272,6 @@ class Lookup:
             msg = f"upstream sent an invalid {kind} record ({fields})"
             raise UpstreamError(msg) from exc
         return userdata.id
-
-    def _counters(self, kind: str) -> tuple[Any, Any]:
-        m = self._metrics
-        if kind == METADATA:
-            return m.lookup_requests, m.lookup_errors
-        return m.userdata_lookup_requests, m.userdata_lookup_errors
 
     def _publish_breaker(self) -> None:
         self._metrics.lookup_breaker.set(STATE_VALUES[self.breaker.state])
