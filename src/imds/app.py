@@ -25,7 +25,7 @@ from imds.metrics import Metrics
 from imds.services import Services
 from imds.services.admission.auth import Authenticator, Chain, NoAuth, StaticTokens
 from imds.services.catalog.catalog import Catalog
-from imds.services.channel import Channel, ChannelLimits, EventHub
+from imds.services.channel import Channel, EventHub
 from imds.services.demo import load_demo
 from imds.services.explain import Explainer
 from imds.services.fleet import Fleet
@@ -231,12 +231,7 @@ def _secrets(*files: tuple[Path | None, str]) -> list[bytes]:
 
 
 def _channel(settings: Settings, store: Store) -> Channel:
-    s = settings.channel
-    limits = ChannelLimits(
-        rate=s.event_rate, burst=s.event_burst, event_max_bytes=s.event_max_bytes, retain=s.event_retain,
-        message_max_bytes=s.message_max_bytes, max_queued=s.message_max_queued,
-    )
-    return Channel(store, limits, EventHub(store, settings.store.feed_poll_interval))
+    return Channel(store, settings.channel, EventHub(store, settings.store.feed_poll_interval))
 
 
 def _lookup(
