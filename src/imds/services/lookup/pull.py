@@ -46,13 +46,13 @@ _PRUNE_FLOOR = 1024
 
 @dataclass(frozen=True)
 class LookupPolicy:
-    """Timing and limits of upstream lookups."""
+    """Timing and limits of upstream lookups: the ``--lookup-*`` options' values (their defaults are the options')."""
 
-    timeout: float = 2.0
-    negative_ttl: float = 30.0
-    refresh_after: float = 0.0
-    cache_ttl: float = 300.0
-    concurrency: int = 16
+    timeout: float
+    negative_ttl: float
+    refresh_after: float
+    cache_ttl: float
+    concurrency: int
     limits: Limits = field(default_factory=Limits)
 
 
@@ -66,7 +66,7 @@ class Lookup:
         catalog: Catalog,
         metrics: Metrics,
         *,
-        policy: LookupPolicy | None = None,
+        policy: LookupPolicy,
         breaker: Breaker | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -74,7 +74,7 @@ class Lookup:
         self._records = records
         self._catalog = catalog
         self._metrics = metrics
-        self.policy = policy or LookupPolicy()
+        self.policy = policy
         self.breaker = breaker or Breaker()
         self._clock = clock
         self._semaphore = asyncio.Semaphore(self.policy.concurrency)
