@@ -22,7 +22,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
 
 from ec2_expected import HOLLOW_SEED, seed
-from helpers import admin_client, client_from, make_settings, push_record, running_app
+from helpers import admin_client, client_from, count_signing, make_settings, push_record, running_app
 from imds import config
 from imds.errors import ConfigError
 from imds.services.identity.tokens import TokenIssuer
@@ -627,6 +627,18 @@ async def test_pkcs7_and_rsa2048_verify_with_openssl_and_fail_for_a_changed_docu
         bad = openssl_verify(tmp_path, changed, parts[name], parts["certificate"])
         assert bad.returncode != 0
         assert "Verification failure" in bad.stderr
+
+
+async def test_one_pkcs7_answers_pkcs7_and_rsa2048_under_every_version():
+    """One key, one certificate: pkcs7 and rsa2048 are the same signature, made once for the document."""
+    async with seeded() as app:
+        made = count_signing(app.services.signer)
+        latest = await identity_parts(app, "latest")
+        dated = await identity_parts(app, "2021-03-23")
+    assert made == ["pkcs7", "signature"]  # one of each for the document, whatever the version read
+    assert latest["pkcs7"] == latest["rsa2048"]
+    assert (dated["document"], dated["pkcs7"], dated["signature"]) == (
+        latest["document"], latest["pkcs7"], latest["signature"])
 
 
 def write_key(path: Path, key: rsa.RSAPrivateKey | ec.EllipticCurvePrivateKey) -> Path:
