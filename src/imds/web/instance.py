@@ -252,8 +252,11 @@ class InstanceFront:
 
         For a server that recognises a request by its bytes: the memo must still hold
         ``found`` for this caller and path (else the caller, the instance or its rendering
-        moved); the bookkeeping is done as for ``remembered``.
+        moved); the bookkeeping is done as for ``remembered``. An answer made anew each time
+        (``Remembered.renew``: a fresh seed) never answers again: False.
         """
+        if found.renew is not None:
+            return False
         started = time.perf_counter()
         host = client[0] if client else None
         memo = self._memo
@@ -299,7 +302,7 @@ class InstanceFront:
             reply = _own(call, _INTERNAL)
         status, headers = reply_head(call, reply)
         if before is not None and reply.fixed and status == 200 and memo is not None:
-            memo.keep(call, headers, reply.body, before)
+            memo.keep(call, headers, reply.body, before, reply.renew)
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": b"" if scope["method"] == "HEAD" or status == 304
                     else reply.body})

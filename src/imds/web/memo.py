@@ -4,7 +4,8 @@ A fleet asks the same few paths again and again (a boot crawls ~30, an agent pol
 every second). The first read of a path goes the whole way: handler, flavor guard,
 rendering, headers. If the handler says its answer is ``fixed`` (``Reply.fixed``: nothing
 but the caller's entry and the path went into it) and it is a 200, the status, headers and
-body are kept here; the next read of that path by a caller resolving to that same entry is
+body are kept here (with ``Reply.renew``, the recipe of the body: each recall makes a new
+one, e.g. with a fresh ``random_seed``); the next read of that path by a caller resolving to that same entry is
 answered from them, with the front's bookkeeping (limits, tally, read log) done as for any
 read and hollow's hit counters the handler counted counted again.
 
@@ -25,7 +26,7 @@ recall can only ever give what the handler gave for this version of this instanc
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from operator import itemgetter
 
@@ -52,7 +53,8 @@ class Remembered:
     """A kept answer: status, headers (without ``date``), body; hollow's counters it counted.
 
     ``wire`` is free for a server to keep its own encoding of the answer (imds's front keeps
-    the bytes it writes there).
+    the bytes it writes there). ``renew`` (``Reply.renew``) makes the body of each answer:
+    ``recall`` then hands out a new ``Remembered`` each time, never the kept one.
     """
 
     status: int
@@ -60,6 +62,7 @@ class Remembered:
     body: bytes
     counts: tuple[tuple[tuple[str, bool], int], ...]
     wire: object = None
+    renew: Callable[[], bytes] | None = None
 
 
 def inert(headers: Iterable[tuple[bytes, bytes]]) -> bool:
@@ -83,14 +86,17 @@ class ReadMemo:
         if entry is None:
             return None
         found = entry.cached(_KEY + path)
-        return found if isinstance(found, Remembered) else None
+        if not isinstance(found, Remembered):
+            return None
+        renew = found.renew
+        return found if renew is None else Remembered(found.status, found.headers, renew(), found.counts)
 
     def counted(self) -> dict[tuple[str, bool], int]:
         """The hollow counters now (taken before a handler runs, to see what it counted)."""
         return dict(self._reads)
 
     def keep(self, call: InstanceCall, headers: list[tuple[bytes, bytes]], body: bytes,
-             before: dict[tuple[str, bool], int]) -> None:
+             before: dict[tuple[str, bool], int], renew: Callable[[], bytes] | None = None) -> None:
         """Keep a fixed 200 answer with the entry it came from (only if the peer resolves to that entry)."""
         client = call.scope.get("client")
         entry = call.version
@@ -98,7 +104,7 @@ class ReadMemo:
             return
         counts = tuple((key, count - before.get(key, 0)) for key, count in self._reads.items()
                        if count != before.get(key, 0))
-        kept = Remembered(200, tuple(headers), body, counts)
+        kept = Remembered(200, tuple(headers), body, counts, renew=renew)
         entry.keep(_KEY + call.scope["path"], kept, _COST + len(body) + sum(len(n) + len(v) for n, v in headers))
 
     def replay(self, found: Remembered) -> None:
