@@ -256,15 +256,22 @@ class InstanceFront:
         For a server that recognises a request by its bytes: the memo must still hold
         ``found`` for this caller and path (else the caller, the instance or its rendering
         moved); the bookkeeping is done as for ``remembered``. An answer made anew each time
-        (``Remembered.renew``: a fresh seed) never answers again: False.
+        (``Remembered.renew``: a fresh seed) answers again while the memo keeps its recipe:
+        ``found`` then gets a new body (and loses the server's encoding of the old one, ``wire``).
         """
-        if found.renew is not None:
-            return False
         started = time.perf_counter()
         host = client[0] if client else None
         memo = self._memo
-        return memo is not None and memo.recall(host, found.key) is found and self._counted(
-            memo, found, host, path, started)
+        if memo is None:
+            return False
+        renew = found.renew
+        if renew is None:
+            return memo.recall(host, found.key) is found and self._counted(memo, found, host, path, started)
+        kept = memo.kept(host, found.key)
+        if kept is None or kept.renew is not renew or not self._counted(memo, found, host, path, started):
+            return False
+        found.body, found.wire = renew(), None
+        return True
 
     def _counted(self, memo: ReadMemo, found: Remembered, host: str | None, path: str, started: float) -> bool:
         """``serve``'s bookkeeping for a remembered answer; False (nothing counted) when a limit refuses it."""

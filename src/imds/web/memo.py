@@ -102,15 +102,22 @@ class ReadMemo:
         self._callers: dict[str, tuple[int, Entry | None]] = {}  # peer -> (catalog version, its entry then)
 
     def recall(self, host: str | None, key: str) -> Remembered | None:
-        """The answer kept under ``key`` (``memo_key``) with the entry the peer ``host`` resolves to now, if any."""
+        """The answer kept under ``key`` (``memo_key``) with the entry the peer ``host`` resolves to now, if any.
+
+        A renewed answer (``Remembered.renew``) comes back as a new ``Remembered`` with a new body.
+        """
+        found = self.kept(host, key)
+        if found is None or found.renew is None:
+            return found
+        return Remembered(found.status, found.headers, found.renew(), found.counts, renew=found.renew, key=key)
+
+    def kept(self, host: str | None, key: str) -> Remembered | None:
+        """What is kept under ``key`` with the entry the peer ``host`` resolves to now, as kept (never renewed)."""
         entry = self._entry(host)
         if entry is None:
             return None
         found = entry.cached(_KEY + key)
-        if not isinstance(found, Remembered):
-            return None
-        renew = found.renew
-        return found if renew is None else Remembered(found.status, found.headers, renew(), found.counts, key=key)
+        return found if isinstance(found, Remembered) else None
 
     def counted(self) -> dict[tuple[str, bool], int]:
         """The hollow counters now (taken before a handler runs, to see what it counted)."""
