@@ -83,7 +83,21 @@ async def _child(count: int) -> dict[str, dict[str, float]]:
         results[f"{PATHS[1]} (IMDSv2 token)"] = {"us": us, "status": status}
         us, status = await _measure(app, GOOGLE[0], CALLER, count, GOOGLE[1])
         results[f"{GOOGLE[0]} (Metadata-Flavor)"] = {"us": us, "status": status}
+        results["EC2 version root of a new instance (identity signatures)"] = {"us": _signing(app), "status": 200}
     return results
+
+
+def _signing(app: Any, count: int = 100) -> float:
+    """µs of CPU per EC2 version root rendered for an instance seen for the first time (a boot: signed then)."""
+    from imds.models import Instance  # noqa: PLC0415 - imported from the tree PYTHONPATH names
+    from imds.services.render.ec2 import version_root  # noqa: PLC0415
+
+    document = json.loads((ROOT / "src" / "imds" / "demo" / "metadata.json").read_text())
+    fresh = [Instance(f"i-{n:05d}", metadata={**document, "id": f"i-{n:05d}"}) for n in range(count)]
+    started = time.process_time()
+    for instance in fresh:
+        version_root(instance, "2021-03-23", app.services.signer)
+    return (time.process_time() - started) / count * 1e6
 
 
 def run_tree(source: Path | None, count: int) -> dict[str, dict[str, float]]:
