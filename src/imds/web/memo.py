@@ -106,10 +106,13 @@ class ReadMemo:
 
         A renewed answer (``Remembered.renew``) comes back as a new ``Remembered`` with a new body.
         """
-        found = self.kept(host, key)
-        if found is None or found.renew is None:
-            return found
-        return Remembered(found.status, found.headers, found.renew(), found.counts, renew=found.renew, key=key)
+        entry = self._entry(host)  # as ``kept`` does, one call less on every remembered read
+        found = None if entry is None else entry.cached(_KEY + key)
+        if not isinstance(found, Remembered):
+            return None
+        renew = found.renew
+        return found if renew is None else Remembered(found.status, found.headers, renew(), found.counts, renew=renew,
+                                                      key=key)
 
     def kept(self, host: str | None, key: str) -> Remembered | None:
         """What is kept under ``key`` with the entry the peer ``host`` resolves to now, as kept (never renewed)."""
