@@ -30,14 +30,19 @@ from uvicorn.lifespan.on import LifespanOn
 from imds import log
 from imds.cli.front.listener import Listener
 from imds.cli.front.shared import Shared
+from imds.cli.tally import Tally
 from imds.config import Settings
 
 _log = log.get("serve")
 TICK = 0.25  # seconds between deadline checks (the header and keep-alive timeouts are this precise)
 
 
-async def run(app: Any, sockets: list[socket.socket], settings: Settings) -> None:
-    """Serve ``app`` on ``sockets`` until SIGINT/SIGTERM; the answers under way finish first."""
+async def run(app: Any, sockets: list[socket.socket], settings: Settings, counts: Tally | None = None) -> None:
+    """Serve ``app`` on ``sockets`` until SIGINT/SIGTERM; the answers under way finish first.
+
+    ``counts``: where the instance listeners' connections are counted per source, for the
+    connection warden (``imds.cli.tally``); the admin-only listeners (last) are not counted.
+    """
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
@@ -47,7 +52,9 @@ async def run(app: Any, sockets: list[socket.socket], settings: Settings) -> Non
     if lifespan.should_exit:
         raise click.ClickException("imds did not start; see the log above")
     shared = Shared(app, settings, loop)
-    listeners = [Listener(shared, sock, settings.http.max_connections) for sock in sockets]
+    instances = len(sockets) - len(settings.http.admin_listen)
+    listeners = [Listener(shared, sock, settings.http.max_connections, counts if index < instances else None)
+                 for index, sock in enumerate(sockets)]
     for listener in listeners:
         listener.start()
     ticking = loop.create_task(_tick(shared))

@@ -39,6 +39,7 @@ from imds.cli.front.exchange import Exchange
 from imds.cli.front.request import asgi_cycle, scope_of
 from imds.cli.front.shared import Shared
 from imds.cli.front.wire import Last, recalled, refusal
+from imds.cli.tally import Tally
 from imds.errors import HeadTooLarge, ImdsError, InvalidInput
 from imds.web.memo import Remembered
 from imds.web.routing import Handler, Scope
@@ -60,12 +61,13 @@ class Connection(asyncio.Protocol):
 
     __slots__ = ("_release", "active", "client", "closing", "deadline", "early", "exchange", "flow", "head_bytes",
                  "head_size", "headers", "idle_since", "in_head", "messages", "parser", "parsing", "queue", "recalled",
-                 "recalls", "repeat", "says_connection", "server", "shared", "transport", "url")
+                 "recalls", "repeat", "says_connection", "server", "shared", "tally", "transport", "url")
 
     def __init__(self, shared: Shared, release: Callable[[], None], client: tuple[str, int],
                  server: tuple[str, int]) -> None:
         self.shared = shared
         self._release: Callable[[], None] | None = release  # gives the listener's connection slot back, once
+        self.tally: Tally | None = None  # where the listener counted it (per source), if it does
         self.client = client
         self.server = server
         self.parser = httptools.HttpRequestParser(self)
@@ -125,6 +127,8 @@ class Connection(asyncio.Protocol):
         release, self._release = self._release, None
         if release is not None:
             release()
+            if self.tally is not None:
+                self.tally.closed(self.client[0])
 
     def data_received(self, data: bytes) -> None:
         if self.closing:

@@ -5,8 +5,10 @@ rest wait in the kernel's backlog, which the hostile-input suite relies on (conn
 over the cap cost the process nothing). So the front accepts itself: the listening
 socket is watched for readability, each accepted socket is handed to the event loop as a
 ``Connection`` (``loop.connect_accepted_socket``), and at the cap the socket is no longer
-watched until a connection closes. Accept errors such as ``EMFILE`` (the open-files limit)
-pause accepting for a moment rather than spin on a readable socket.
+watched until a connection closes. An instance listener counts its connections per source
+in the warden's tally (``imds.cli.tally``) as they open and close. Accept errors such as
+``EMFILE`` (the open-files limit) pause accepting for a moment rather than spin on a
+readable socket.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any
 from imds.cli.front import eager
 from imds.cli.front.connection import Connection
 from imds.cli.front.shared import Shared
+from imds.cli.tally import Tally
 
 ACCEPT_BATCH = 64  # connections taken per wake-up before others on the loop get a turn
 EARLY_BYTES = 65536  # what is read at once from a connection just accepted
@@ -55,10 +58,11 @@ class _Accepted(socket.socket):
 class Listener:
     """Accepts connections on ``sock`` for ``shared``, up to ``cap`` open at once."""
 
-    def __init__(self, shared: Shared, sock: socket.socket, cap: int) -> None:
+    def __init__(self, shared: Shared, sock: socket.socket, cap: int, tally: Tally | None = None) -> None:
         self.shared = shared
         self.sock = sock
         self.cap = cap
+        self.tally = tally
         self._kind = (int(sock.family), int(sock.type), sock.proto)  # what each accepted socket is made with
         host, port = _address(sock.getsockname())
         # The local address of every connection, unless bound to a wildcard (then each has its own).
@@ -119,6 +123,9 @@ class Listener:
                 self.release()
                 return
         connection = Connection(self.shared, self.release, client, server)
+        if self.tally is not None:
+            self.tally.opened(client[0])
+            connection.tally = self.tally  # it says when it closes
         # A client that connects to ask one thing has usually sent it by now: read it here, and the
         # connection answers it as soon as it is made, a loop turn earlier than waiting to read.
         with contextlib.suppress(BlockingIOError, InterruptedError, ConnectionError):
@@ -127,8 +134,10 @@ class Listener:
         def failed(_exc: BaseException) -> None:
             with contextlib.suppress(OSError):
                 conn.close()
-            if connection.transport is None:  # never connected: its slot is given back here
+            if connection.transport is None:  # never connected: its slot (and count) is given back here
                 self.release()
+                if connection.tally is not None:
+                    connection.tally.closed(client[0])
 
         loop = self.shared.loop
         eager.drive(loop.connect_accepted_socket(lambda: connection, conn), loop, failed)
