@@ -14,14 +14,16 @@ readable socket.
 from __future__ import annotations
 
 import _socket
+import asyncio
 import contextlib
 import errno
 import ipaddress
 import socket
-from typing import Any
+from typing import Any, cast
 
 from imds.cli.front import eager
 from imds.cli.front.connection import Connection
+from imds.cli.front.held import Held
 from imds.cli.front.shared import Shared
 from imds.cli.tally import Tally
 
@@ -126,10 +128,16 @@ class Listener:
         if self.tally is not None:
             self.tally.opened(client[0])
             connection.tally = self.tally  # it says when it closes
-        # A client that connects to ask one thing has usually sent it by now: read it here, and the
-        # connection answers it as soon as it is made, a loop turn earlier than waiting to read.
+        # A client that connects to ask one thing has usually sent it by now: read it here and answer
+        # it on a Held transport; an answer that ends the connection goes out without the loop's.
+        early = b""
         with contextlib.suppress(BlockingIOError, InterruptedError, ConnectionError):
-            connection.early = conn.recv(EARLY_BYTES)
+            early = conn.recv(EARLY_BYTES)
+        if early:
+            connection.connection_made(cast("asyncio.Transport", Held()))
+            connection.data_received(early)
+            if len(early) < EARLY_BYTES and connection.answered_early() and self._send_and_close(conn, connection):
+                return
 
         def failed(_exc: BaseException) -> None:
             with contextlib.suppress(OSError):
@@ -138,9 +146,32 @@ class Listener:
                 self.release()
                 if connection.tally is not None:
                     connection.tally.closed(client[0])
+            elif isinstance(connection.transport, Held):  # made on its Held transport only: lost here
+                connection.connection_lost(None)
 
         loop = self.shared.loop
         eager.drive(loop.connect_accepted_socket(lambda: connection, conn), loop, failed)
+
+    def _send_and_close(self, conn: socket.socket, connection: Connection) -> bool:
+        """Send a connection's whole answer and close it, no transport made; False if it did not all go.
+
+        What the socket did not take now (a full send buffer) is left on the Held transport
+        for the loop's, which then closes the connection.
+        """
+        held = cast("Held", connection.transport)
+        data = held.take()
+        try:
+            sent = conn.send(data)
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        except OSError:  # reset or gone: nobody left to answer
+            sent = len(data)
+        if sent < len(data):
+            held.data.append(data[sent:])
+            return False
+        conn.close()
+        connection.connection_lost(None)
+        return True
 
     def release(self) -> None:
         """A connection of this listener closed: its slot is free."""
