@@ -10,8 +10,10 @@ import weakref
 import pytest
 from uvicorn.protocols.http.flow_control import FlowControl
 
+from helpers import FakeClock
 from imds.cli.front import eager
 from imds.cli.front.exchange import DateLine, Exchange
+from imds.cli.front.heap import Heap
 from imds.cli.front.wire import Last, recalled, refusal
 from imds.errors import HeadTooLarge
 from imds.web.memo import Remembered
@@ -275,3 +277,30 @@ def test_a_refusal_is_json_from_the_error_table_and_closes():
     assert head.startswith(b"HTTP/1.1 431 ")
     assert b"connection: close" in head
     assert "--max-header-bytes" in json.loads(body)["errors"][0]["message"]
+
+
+# -- the heap: frozen after a full collection ---------------------------------------------------
+
+
+def test_what_survives_a_full_collection_is_frozen_at_the_next_tick_and_unfrozen_once_an_interval():
+    clock = FakeClock(0.0)
+    heap = Heap(clock, unfreeze=3600.0)
+    heap.start()
+    try:
+        survivor = [[] for _ in range(10)]  # tracked objects alive across the collection
+        heap.tick()
+        assert heap.frozen == 0  # no full collection yet: nothing frozen
+        gc.collect()  # a full collection, as the interpreter runs them (the callback notes it)
+        assert heap.full
+        heap.tick()
+        assert heap.frozen == 1
+        assert gc.get_freeze_count() >= len(survivor)
+        heap.tick()
+        assert heap.frozen == 1  # once per full collection
+        clock.advance(3600.0)
+        heap.tick()
+        assert gc.get_freeze_count() == 0  # everything is scanned (and collectable) again
+    finally:
+        heap.stop()
+        gc.unfreeze()
+    assert heap.watch not in gc.callbacks

@@ -11,7 +11,8 @@ with granian or uvicorn (docs/server.md).
 
 ``run`` (what ``imds.cli.servers.serve_front`` runs) runs the app's lifespan (uvicorn's
 ``LifespanOn``), accepts on every socket (``imds.cli.front.listener``: ``--max-connections``
-per listener), ticks once a second (the ``date`` header; header and keep-alive deadlines, checked every 0.25 s) and on
+per listener), ticks once a second (the ``date`` header; header and keep-alive deadlines, checked every 0.25 s;
+what survived a full garbage collection frozen, ``imds.cli.front.heap``) and on
 SIGINT/SIGTERM stops accepting, lets the answers under way finish (at most
 ``--shutdown-timeout``), runs the lifespan shutdown and returns.
 """
@@ -28,6 +29,7 @@ import uvicorn
 from uvicorn.lifespan.on import LifespanOn
 
 from imds import log
+from imds.cli.front.heap import Heap
 from imds.cli.front.listener import Listener
 from imds.cli.front.shared import Shared
 from imds.cli.tally import Tally
@@ -57,21 +59,25 @@ async def run(app: Any, sockets: list[socket.socket], settings: Settings, counts
                  for index, sock in enumerate(sockets)]
     for listener in listeners:
         listener.start()
-    ticking = loop.create_task(_tick(shared))
+    heap = Heap(loop.time)
+    heap.start()
+    ticking = loop.create_task(_tick(shared, heap))
     await stop.wait()
     _log.info("stopping", in_flight_grace=settings.http.shutdown_timeout)
     for listener in listeners:
         listener.stop()
     await _drain(shared, settings.http.shutdown_timeout)
     ticking.cancel()
+    heap.stop()
     await lifespan.shutdown()
 
 
-async def _tick(shared: Shared) -> None:
-    """The ``date`` header once a second; connections past their head or idle deadline closed."""
+async def _tick(shared: Shared, heap: Heap) -> None:
+    """The ``date`` header once a second; connections past their head or idle deadline closed; the heap frozen."""
     ticks = 0
     while True:
         await asyncio.sleep(TICK)
+        heap.tick()
         ticks += 1
         if ticks % round(1 / TICK) == 0:
             shared.redate()
