@@ -196,3 +196,17 @@ def test_held_closed_before_the_hand_over_closes_after_its_bytes_and_an_abort_dr
     aborted.attach(cut)  # type: ignore[arg-type]
     assert real.calls == [("write", b"answer"), ("close", b"")]
     assert cut.calls == [("abort", b"")]
+
+
+async def test_a_failure_while_answering_early_closes_that_connection_and_keeps_the_listener(seen, monkeypatch):
+    from imds.cli.front.connection import Connection  # noqa: PLC0415 - the class whose callback is broken here
+
+    def broken(_self: Connection, _data: bytes) -> None:
+        raise RuntimeError
+
+    with monkeypatch.context() as patched:
+        patched.setattr(Connection, "data_received", broken)
+        assert await _exchange(seen, _get("/metadata", "Connection: close")) == b""  # closed, no answer
+    await _released(seen)
+    raw = await _exchange(seen, _get("/metadata", "Connection: close"))  # the listener still accepts
+    assert _bodies(raw)[0][0] == 200

@@ -130,14 +130,8 @@ class Listener:
             connection.tally = self.tally  # it says when it closes
         # A client that connects to ask one thing has usually sent it by now: read it here and answer
         # it on a Held transport; an answer that ends the connection goes out without the loop's.
-        early = b""
-        with contextlib.suppress(BlockingIOError, InterruptedError, ConnectionError):
-            early = conn.recv(EARLY_BYTES)
-        if early:
-            connection.connection_made(cast("asyncio.Transport", Held()))
-            connection.data_received(early)
-            if len(early) < EARLY_BYTES and connection.answered_early() and self._send_and_close(conn, connection):
-                return
+        if self._answer_early(conn, connection):
+            return
 
         def failed(_exc: BaseException) -> None:
             with contextlib.suppress(OSError):
@@ -151,6 +145,23 @@ class Listener:
 
         loop = self.shared.loop
         eager.drive(loop.connect_accepted_socket(lambda: connection, conn), loop, failed)
+
+    def _answer_early(self, conn: socket.socket, connection: Connection) -> bool:
+        """Answer what the client sent with its connection on a Held transport; True if that ended it."""
+        early = b""
+        with contextlib.suppress(BlockingIOError, InterruptedError, ConnectionError):
+            early = conn.recv(EARLY_BYTES)
+        if not early:
+            return False
+        connection.connection_made(cast("asyncio.Transport", Held()))
+        try:
+            connection.data_received(early)
+        except Exception:  # a bug (the connection answers its own errors): this one goes, never the listener
+            self.shared.logger.exception("front.early_failed")
+            conn.close()
+            connection.connection_lost(None)
+            return True
+        return len(early) < EARLY_BYTES and connection.answered_early() and self._send_and_close(conn, connection)
 
     def _send_and_close(self, conn: socket.socket, connection: Connection) -> bool:
         """Send a connection's whole answer and close it, no transport made; False if it did not all go.
