@@ -25,9 +25,10 @@ from imds.metrics import Metrics
 from imds.services import Services
 from imds.services.admission.auth import Authenticator, Chain, NoAuth, StaticTokens
 from imds.services.catalog.catalog import Catalog
-from imds.services.channel import Channel, ChannelLimits, EventHub
+from imds.services.channel import Channel, EventHub
 from imds.services.demo import load_demo
 from imds.services.explain import Explainer
+from imds.services.fleet import Fleet
 from imds.services.ganeti.crypto import PrivateCipher
 from imds.services.ganeti.definitions import OsDefinitions
 from imds.services.ganeti.records import OsRecords
@@ -37,10 +38,12 @@ from imds.services.identity.tokens import TokenIssuer
 from imds.services.lookup.breaker import Breaker
 from imds.services.lookup.pull import Lookup, LookupPolicy
 from imds.services.notices.records import NoticeRecords
+from imds.services.readiness import ReadinessProbe
 from imds.services.records.audit import AuditLog
 from imds.services.records.limits import Limits
 from imds.services.records.projects import ProjectRecords
 from imds.services.records.upsert import Records
+from imds.services.transfer.stored import StoredRecords
 from imds.signing import read_secret
 from imds.store import Store, open_store
 from imds.upstream.auth import ClientCredentials, NoCredentials, OAuth2ClientCredentials, StaticBearer, UpstreamAuth
@@ -186,6 +189,9 @@ def build_services(
         os_sources=OsSources.of(settings, fetch),
         audit=AuditLog(store),
         explainer=Explainer(store, catalog, settings.templates.compiled, lookup),
+        fleet=Fleet(catalog, store),
+        transfer=StoredRecords(store, records, os_records, notices),
+        readiness=ReadinessProbe(catalog, store, os_records.cipher),
         tokens=TokenIssuer.load(key_file=settings.ec2.imdsv2_key_file, data_dir=settings.store.key_dir, clock=clock),
         os=os_records,
         limits=limits_of(settings),
@@ -225,12 +231,7 @@ def _secrets(*files: tuple[Path | None, str]) -> list[bytes]:
 
 
 def _channel(settings: Settings, store: Store) -> Channel:
-    s = settings.channel
-    limits = ChannelLimits(
-        rate=s.event_rate, burst=s.event_burst, event_max_bytes=s.event_max_bytes, retain=s.event_retain,
-        message_max_bytes=s.message_max_bytes, max_queued=s.message_max_queued,
-    )
-    return Channel(store, limits, EventHub(store, settings.store.feed_poll_interval))
+    return Channel(store, settings.channel, EventHub(store, settings.store.feed_poll_interval))
 
 
 def _lookup(

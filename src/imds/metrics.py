@@ -9,10 +9,17 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from imds.models import METADATA, USERDATA
 from imds.tally import Tally, TallyCollector
 
 GROUPS = ("instance", "admin", "ops", "other")
 _BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+
+def _per_kind(registry: CollectorRegistry, name: str, what: str) -> dict[str, Counter]:
+    """One of hollow's counters for each record kind: ``metadata_<name>`` and ``metadata_userdata_<name>``."""
+    return {METADATA: Counter(f"metadata_{name}", f"Metadata {what}", registry=registry),
+            USERDATA: Counter(f"metadata_userdata_{name}", f"Userdata {what}", registry=registry)}
 
 
 class Metrics:
@@ -26,20 +33,13 @@ class Metrics:
         r.register(TallyCollector(self.tally))
         self.instances = Gauge("imds_catalog_instances", "Instances held in memory.", registry=r)
         self.feed_position = Gauge("imds_catalog_feed_position", "Last change-feed entry applied.", registry=r)
-        # hollow-metadataservice's counters, same names (the cache hit/miss ones are in the tally).
-        self.metadata_inserts = Counter("metadata_inserts", "Metadata writes applied from the API.", registry=r)
-        self.userdata_inserts = Counter(
-            "metadata_userdata_inserts", "Userdata writes applied from the API.", registry=r
-        )
+        # hollow-metadataservice's counters, same names (the cache hit/miss ones are in the tally), the
+        # per-kind ones by record kind (``inserts[METADATA]`` is metadata_inserts).
+        self.inserts = _per_kind(r, "inserts", "writes applied from the API.")
         self.deletions = Counter("metadata_deletions", "Record deletions from the API.", registry=r)
-        self.lookup_requests = Counter("metadata_lookup_request", "Metadata lookups sent upstream.", registry=r)
-        self.lookup_errors = Counter("metadata_lookup_error", "Metadata lookups that failed.", registry=r)
-        self.userdata_lookup_requests = Counter(
-            "metadata_userdata_lookup_request", "Userdata lookups sent upstream.", registry=r
-        )
-        self.userdata_lookup_errors = Counter(
-            "metadata_userdata_lookup_error", "Userdata lookups that failed.", registry=r
-        )
+        self.lookup_requests = _per_kind(r, "lookup_request", "lookups sent upstream.")
+        self.lookup_errors = _per_kind(r, "lookup_error", "lookups that failed.")
+        self.store_errors = _per_kind(r, "store_error", "writes that failed in the database.")
         self.lookup_latency = Histogram(
             "imds_lookup_duration_seconds", "Time of upstream lookup calls.", buckets=_BUCKETS, registry=r
         )
@@ -56,12 +56,6 @@ class Metrics:
         self.lookup_stale = Counter(
             "imds_lookup_stale", "Background refreshes that failed while the stored copy kept being served.",
             registry=r,
-        )
-        self.metadata_store_errors = Counter(
-            "metadata_store_error", "Metadata writes that failed in the database.", registry=r
-        )
-        self.userdata_store_errors = Counter(
-            "metadata_userdata_store_error", "Userdata writes that failed in the database.", registry=r
         )
         self.connections_shut = Counter(
             "imds_connections_shut", "Connections shut down for exceeding --max-connections-per-source.",

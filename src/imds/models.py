@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import ipaddress
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import datetime
 from typing import Any, ClassVar, Self
 
@@ -275,18 +275,16 @@ NOTICE_STATES = (SCHEDULED, ACTIVE, CANCELED, COMPLETED)
 
 
 @dataclass(frozen=True)
-class Notice:
-    """What the host tells a guest is about to happen to it: one record, rendered by every flavor.
+class NoticeDraft:
+    """What a notice says, before it is stored (a ``POST /device-notices`` body): a Notice without its id and times.
 
     It belongs to one instance, a project (every instance whose record has that ``project_id``)
     or a facility (every instance in it): ``scope`` and ``target``. ``time`` is when it takes
     effect (a maintenance window's start), ``window_end`` the end of a window. ``state`` is the
     stored one; what guests see also follows the clock (``imds.services.render.timeline``).
     ``target_state`` is the Auto Scaling target lifecycle state of a ``lifecycle`` notice.
-    ``revision`` counts the notice's writes (1 for the first).
     """
 
-    id: str
     scope: str
     target: str
     kind: str
@@ -295,9 +293,25 @@ class Notice:
     window_end: datetime | None = None
     description: str = ""
     target_state: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Notice(NoticeDraft):
+    """What the host tells a guest is about to happen to it: one record, rendered by every flavor.
+
+    A stored ``NoticeDraft`` (its fields positional, these by name): ``revision`` counts the
+    notice's writes (1 for the first).
+    """
+
+    id: str
     revision: int = 1
     created_at: datetime | None = None
     updated_at: datetime | None = None
+
+    @classmethod
+    def of(cls, draft: NoticeDraft, **stored: Any) -> Notice:
+        """``draft`` as stored: ``stored`` names ``id`` and any of ``revision``, the times, a new ``state``."""
+        return cls(**{**{f.name: getattr(draft, f.name) for f in fields(NoticeDraft)}, **stored})
 
 
 @dataclass(frozen=True)

@@ -20,8 +20,9 @@ import httpx
 import pytest
 
 from factories import metadata_body, new_id
+from helpers import wait_for
 from http_wire import Answer, Reader, connect, request, send_quietly
-from serve_process import ADMIN_TOKEN, Server, client_at, serving
+from serve_process import ADMIN_TOKEN, Server, client_at, metric, serving
 
 DEMO_ID = "cc40301c-4038-4011-af55-6eae3ba60246"
 DEMO_USERDATA = b"#!/bin/sh\necho 'hello from imds'\n"
@@ -281,7 +282,7 @@ def test_sigterm_ends_a_held_watch_within_the_grace_and_exits_0(tmp_path):
         sock.sendall(request("GET", "/metadata?wait_for_change=true&timeout_sec=60"))
         reader = threading.Thread(target=lambda: held.append(_drain(sock)), daemon=True)
         reader.start()
-        time.sleep(0.5)  # the read reaches the server and is held (nothing asserted on time)
+        wait_for(lambda: metric(running, "imds_watch_waiting") == 1, what="the read to be held")
         running.process.send_signal(signal.SIGTERM)
         assert running.process.wait(timeout=30) == 0, running.output()
         reader.join(timeout=30)

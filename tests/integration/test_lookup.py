@@ -41,11 +41,13 @@ def upstream() -> Iterator[FakeUpstream]:
 async def pull_app(upstream: FakeUpstream | None, db_url: str = "memory://", *, store: Store | None = None,
                    **overrides: Any) -> AsyncIterator[InstanceFront]:
     """The app in pull mode against ``upstream`` (lookup off when None), with its services running."""
-    values: dict[str, Any] = {"db": db_url, "lookup_timeout": 2.0}
+    # A generous timeout: an upstream that answers must not time out on a loaded machine (the tests of
+    # timeouts set their own, with an upstream that never answers).
+    values: dict[str, Any] = {"db": db_url, "lookup_timeout": 30.0}
     if upstream is not None:
         values["lookup_url"] = upstream.base
     settings = make_settings(**{**values, **overrides})
-    app = build_app(settings, store=store, http=httpx.AsyncClient(timeout=5.0, trust_env=False))
+    app = build_app(settings, store=store, http=httpx.AsyncClient(timeout=30.0, trust_env=False))
     async with app.services.running():
         yield app
 

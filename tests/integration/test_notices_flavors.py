@@ -267,8 +267,12 @@ async def test_the_json_notices_document_is_watchable(fleet):
     waiting = fleet.app.services.metrics.watch_waiting
     await wait_for_async(lambda: waiting._value.get() == 1, what="the watch to be held")
     await fleet.notice(instance_id=fleet.ids["stranger"], kind="stop", time=at(T0))
-    await asyncio.sleep(0.2)
+    seen = await fleet.get("/notices", STRANGER)  # the catalog has taken the stranger's notice in ...
+    assert [n["kind"] for n in seen.json()["notices"]] == ["stop"]
+    for _ in range(20):  # ... and a wrongly woken watch would have had its turns on the loop by now
+        await asyncio.sleep(0)
     assert not task.done()
+    assert waiting._value.get() == 1
     await fleet.notice(facility="da11", kind="rebalance", time=at(T0))
     woken = await asyncio.wait_for(task, WAIT)
     assert woken.status_code == 200

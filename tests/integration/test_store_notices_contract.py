@@ -16,10 +16,18 @@ import pytest
 from factories import new_id
 from helpers import FakeClock
 from imds.metrics import Metrics
-from imds.models import ACTIVE, FACILITY_SCOPE, INSTANCE_SCOPE, PROJECT_SCOPE, MetadataWrite, Notice, NoticeKey
+from imds.models import (
+    ACTIVE,
+    FACILITY_SCOPE,
+    INSTANCE_SCOPE,
+    PROJECT_SCOPE,
+    MetadataWrite,
+    Notice,
+    NoticeDraft,
+    NoticeKey,
+)
 from imds.services.catalog.catalog import Catalog
 from imds.services.notices.records import NoticeRecords
-from imds.services.notices.wire import Draft
 from imds.services.records.upsert import Records
 from imds.services.render.events import gce_items
 from imds.store import Store
@@ -38,7 +46,7 @@ def notice(notice_id: str = "0d59937288b749b32", **fields: object) -> Notice:
                                  "window_end": T0 + timedelta(hours=2), "description": "kernel",
                                  "created_at": T0 - timedelta(days=1), "updated_at": T0 - timedelta(days=1)}
     values.update(fields)
-    return Notice(notice_id, **values)  # type: ignore[arg-type]
+    return Notice(id=notice_id, **values)  # type: ignore[arg-type]
 
 
 async def test_put_read_replace_remove(store: Store):
@@ -118,8 +126,8 @@ async def test_two_catalogs_follow_notices_and_reset_whom_they_reach(store: Stor
     await follower.catch_up()
     etags = {c: {name: c.get(i).etag for name, i in ids.items()} for c in (writer, follower)}  # type: ignore[union-attr]
     notices = NoticeRecords(store, writer, clock=clock)
-    project = await notices.create(Draft(PROJECT_SCOPE, "acme", "migrate", T0, window_end=T0 + timedelta(hours=1)),
-                                   subject="t")
+    project = await notices.create(
+        NoticeDraft(PROJECT_SCOPE, "acme", "migrate", T0, window_end=T0 + timedelta(hours=1)), subject="t")
     await follower.catch_up()
     for catalog in (writer, follower):
         assert catalog.notice(project.id) == project
@@ -127,8 +135,8 @@ async def test_two_catalogs_follow_notices_and_reset_whom_they_reach(store: Stor
             assert catalog.get(ids[name]).etag != etags[catalog][name]  # type: ignore[union-attr]
         assert catalog.get(ids["elsewhere"]).etag == etags[catalog]["elsewhere"]  # type: ignore[union-attr]
     assert writer.get(ids["guest"]).etag == follower.get(ids["guest"]).etag  # type: ignore[union-attr]
-    facility = await notices.create(Draft(FACILITY_SCOPE, "da11", "rebalance", T0), subject="t")
-    mine = await notices.create(Draft(INSTANCE_SCOPE, ids["neighbour"], "stop", T0), subject="t")
+    facility = await notices.create(NoticeDraft(FACILITY_SCOPE, "da11", "rebalance", T0), subject="t")
+    mine = await notices.create(NoticeDraft(INSTANCE_SCOPE, ids["neighbour"], "stop", T0), subject="t")
     await follower.catch_up()
     for catalog in (writer, follower):
         def seen(name: str, catalog: Catalog = catalog) -> set[str]:
@@ -154,7 +162,7 @@ async def test_the_clock_opens_a_window_and_wakes_whom_it_reaches(store: Store):
     await catalog.load()
     ids = await _instances(store, Records(store, catalog, Metrics()))
     await NoticeRecords(store, catalog, clock=clock).create(
-        Draft(PROJECT_SCOPE, "acme", "maintenance", T0, window_end=T0 + timedelta(hours=1)), subject="t")
+        NoticeDraft(PROJECT_SCOPE, "acme", "maintenance", T0, window_end=T0 + timedelta(hours=1)), subject="t")
     entry = catalog.get(ids["guest"])
     assert entry is not None
     before = entry.etag

@@ -28,6 +28,7 @@ SERVERS = {
     "uvicorn": ("--db", "memory://", "--server", "uvicorn", "--keepalive-timeout", "60"),
     # Two workers, each holding some of the connections: the budget is for the server as a whole.
     "front-2-workers": ("--workers", "2"),
+    "granian-2-workers": ("--workers", "2", "--server", "granian"),
 }
 
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from imds.store.journal import Group, Journal
+from datetime import UTC, datetime
+
+from imds.models import Notice, NoticeKey, ProjectAttributes, ProjectKey
+from imds.store.journal import NOTICE, PROJECT, PUT, REMOVE, Group, Journal, notice_op, project_op
 
 
 def committed(start: int, *ends: int, previous: Group | None = None) -> Group:
@@ -55,3 +58,18 @@ def test_a_journal_that_joined_no_group_stands_alone() -> None:
     (group,) = journal.pending()
     assert group.members == [journal]
     assert journal.group is group
+
+
+def test_side_record_ops_carry_the_feed_key_and_give_back_the_record_id() -> None:
+    """A project's or notice's op names it by its feed key (what the feed and ``touched`` see); ``record_id`` its id."""
+    at = datetime(2026, 1, 1, tzinfo=UTC)
+    record = ProjectAttributes("acme", {"a": "1"}, 1, at)
+    put, removed = project_op("acme", record), project_op("acme", None)
+    assert (put.kind, put.instance_id, put.field, put.value) == (PUT, str(ProjectKey("acme")), PROJECT, record)
+    assert (removed.kind, removed.instance_id, removed.value) == (REMOVE, str(ProjectKey("acme")), None)
+    notice = Notice("instance", "i-1", "stop", at, id="0123456789abcdef0")
+    op = notice_op(notice.id, notice)
+    assert (op.kind, op.instance_id, op.field, op.value) == (PUT, str(NoticeKey(notice.id)), NOTICE, notice)
+    assert notice_op(notice.id, None).kind == REMOVE
+    assert [put.record_id, removed.record_id, op.record_id] == ["acme", "acme", notice.id]
+    assert put.instance_id != "acme"  # never an instance id: the prefix keeps the two apart

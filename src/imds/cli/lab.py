@@ -80,6 +80,28 @@ def image_build(out: Path, mirror: str | None, suite: str, packages: tuple[str, 
     click.echo(built.disk.parent)
 
 
+# The boot's scenarios that are on or off (each an Options field of the same name), in --help's order.
+SCENARIOS = {
+    "--dhcp-gone": "With --route dhcp: remove the DHCP port once the guest has its lease; the agent answers ARP "
+                   "for its address (--metadata-next-hop), as after an upgrade that dropped the DHCP ports.",
+    "--ganeti-install": "The guest also installs an OS image onto a second, empty disk through the Ganeti paths "
+                        "(imds-guest ganeti install); not with configdrive or --url.",
+    "--device-tags": "A tagged NIC and data disk in the record; the guest applies the tags with imds-guest udev "
+                     "(openstack or configdrive).",
+    "--hotplug": "After the boot: a NIC and a tagged disk attached to the running guest (QMP) and the record, "
+                 "configured by cloud-init's hotplug, then detached (openstack, IPv4; implies --device-tags).",
+    "--systemd-imds": "systemd-imds in the guest (sid: --suite sid --package systemd-imds) must find imds from EC2's "
+                      "SMBIOS and read every key it knows (ec2 only).",
+}
+
+
+def _scenario_switches(command: Any) -> Any:
+    """One ``--NAME`` flag (off unless given) for each of ``SCENARIOS``."""
+    for name, text in reversed(SCENARIOS.items()):  # the last decorator applied is the first listed
+        command = click.option(name, is_flag=True, default=False, help=text)(command)
+    return command
+
+
 # --identify: "forced" names the datasource on the kernel command line; "cmdline" is its older name.
 IDENTIFY = {"forced": "cmdline", "cmdline": "cmdline", "smbios": "smbios"}
 
@@ -113,21 +135,7 @@ IDENTIFY = {"forced": "cmdline", "cmdline": "cmdline", "smbios": "smbios"}
 @click.option("--route", type=click.Choice(ROUTES), default=None, show_default="the flavor's: gateway for ec2, "
               "else dhcp", help="How DHCP gives the way to 169.254.169.254: a default route to the lab's router "
               "(gateway), option 121 via the DHCP port (dhcp) or on-link (onlink).")
-@click.option("--dhcp-gone", is_flag=True, default=False,
-              help="With --route dhcp: remove the DHCP port once the guest has its lease; the agent answers ARP "
-                   "for its address (--metadata-next-hop), as after an upgrade that dropped the DHCP ports.")
-@click.option("--ganeti-install", is_flag=True, default=False,
-              help="The guest also installs an OS image onto a second, empty disk through the Ganeti paths "
-                   "(imds-guest ganeti install); not with configdrive or --url.")
-@click.option("--device-tags", is_flag=True, default=False,
-              help="A tagged NIC and data disk in the record; the guest applies the tags with imds-guest udev "
-                   "(openstack or configdrive).")
-@click.option("--hotplug", is_flag=True, default=False,
-              help="After the boot: a NIC and a tagged disk attached to the running guest (QMP) and the record, "
-                   "configured by cloud-init's hotplug, then detached (openstack, IPv4; implies --device-tags).")
-@click.option("--systemd-imds", is_flag=True, default=False,
-              help="systemd-imds in the guest (sid: --suite sid --package systemd-imds) must find imds from EC2's "
-                   "SMBIOS and read every key it knows (ec2 only).")
+@_scenario_switches
 @click.option("--marker", default="LAB-MARKER", show_default=True, help="The line the userdata prints.")
 @click.option("--imdsv2", type=click.Choice(("required", "optional")), default="required", show_default=True,
               help="The lab's own server: EC2 tokens required or optional.")

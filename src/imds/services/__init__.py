@@ -21,6 +21,7 @@ from imds.services.admission.auth import Authenticator
 from imds.services.catalog.catalog import Catalog
 from imds.services.channel import Channel
 from imds.services.explain import Explainer
+from imds.services.fleet import Fleet
 from imds.services.ganeti.records import OsRecords
 from imds.services.ganeti.sources import OsSources
 from imds.services.identity.document import IdentitySigner
@@ -30,11 +31,13 @@ from imds.services.identity.proxytrust import warn_stored
 from imds.services.identity.tokens import TokenIssuer
 from imds.services.lookup.pull import Lookup
 from imds.services.notices.records import NoticeRecords
+from imds.services.readiness import ReadinessProbe
 from imds.services.records.audit import AuditLog
 from imds.services.records.limits import Limits
 from imds.services.records.projects import ProjectRecords
 from imds.services.records.upsert import Records
 from imds.services.render.templates import Template
+from imds.services.transfer.stored import StoredRecords
 from imds.store import Store
 
 _log = log.get("services")
@@ -61,6 +64,9 @@ class Services:
     os_sources: OsSources  # where the Ganeti flavor's packages and images come from
     audit: AuditLog
     explainer: Explainer
+    fleet: Fleet  # the admin page's search and recent changes
+    transfer: StoredRecords  # whole records read out and written back (GET|POST /device-records)
+    readiness: ReadinessProbe  # /readyz
     lookup: Lookup | None = None
     limits: Limits = field(default_factory=Limits)
     signed: SignedIdentity | None = None

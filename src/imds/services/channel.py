@@ -22,10 +22,10 @@ import json
 import re
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any
 
 from imds import log
+from imds.config.settings import ChannelSettings
 from imds.errors import Conflict, InvalidInput, NotFound, PayloadTooLarge, Problem, StoreUnavailable
 from imds.models import Event
 from imds.services.admission.ratelimit import RateLimiter
@@ -39,18 +39,6 @@ HOST_STATES = frozenset({"mode"})  # written by imds itself (imds.services.ganet
 _STATE = re.compile(r"[A-Za-z0-9_.:-]{1,64}")  # fullmatch: "mode\n" must not pass as a state
 _FIELDS = frozenset({"state", "code", "message"})
 PAGE = 500  # events per page of GET /device-events/{id}
-
-
-@dataclass(frozen=True)
-class ChannelLimits:
-    """The channel's limits (``--event-*``, ``--message-*``)."""
-
-    rate: float = 1.0
-    burst: int = 10
-    event_max_bytes: int = 4096
-    retain: int = 1000
-    message_max_bytes: int = 65536
-    max_queued: int = 100
 
 
 def parse_event(raw: bytes, limit: int) -> tuple[str, int | None, str | None]:
@@ -132,12 +120,12 @@ class Channel:
     """Events and messages, over the store."""
 
     def __init__(
-        self, store: Store, limits: ChannelLimits, hub: EventHub, clock: Callable[[], float] = time.monotonic
+        self, store: Store, limits: ChannelSettings, hub: EventHub, clock: Callable[[], float] = time.monotonic
     ) -> None:
         self._store = store
         self.limits = limits
         self.hub = hub
-        self.limiter = RateLimiter(limits.rate, limits.burst, clock)
+        self.limiter = RateLimiter(limits.event_rate, limits.event_burst, clock)
         # Records an acknowledgement (instance id, the event's message), raising when it may not be given.
         self.acknowledge: Callable[[str, str | None], Awaitable[object]] | None = None
 
@@ -165,7 +153,7 @@ class Channel:
         return await self._append(instance_id, BOOTED, None, None)
 
     async def _append(self, instance_id: str, state: str, code: int | None, message: str | None) -> Event:
-        event = await self._store.append_event(instance_id, state, code, message, retain=self.limits.retain)
+        event = await self._store.append_event(instance_id, state, code, message, retain=self.limits.event_retain)
         _log.info("event.posted", instance_id=instance_id, state=state, code=code, cursor=event.cursor)
         self.hub.notify(instance_id)
         return event
@@ -180,9 +168,9 @@ class Channel:
             raise PayloadTooLarge(self.limits.message_max_bytes)
         if await self._store.get(instance_id) is None:
             raise NotFound(f"no instance {instance_id}")
-        queued = await self._store.queue_message(instance_id, body, max_queued=self.limits.max_queued)
+        queued = await self._store.queue_message(instance_id, body, max_queued=self.limits.message_max_queued)
         if queued is None:
-            msg = f"instance {instance_id} already has {self.limits.max_queued} unread messages"
+            msg = f"instance {instance_id} already has {self.limits.message_max_queued} unread messages"
             raise Conflict(msg)
         _log.info("message.queued", instance_id=instance_id, size=len(body), id=queued)
         return queued

@@ -13,23 +13,20 @@ change feed that a running ``imds serve`` follows).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
 
 from imds.errors import ConfigError
 from imds.metrics import Metrics
-from imds.models import Instance
 from imds.services.catalog.catalog import Catalog
 from imds.services.ganeti.crypto import PrivateCipher
 from imds.services.ganeti.definitions import OsDefinitions
 from imds.services.ganeti.records import OsRecords
 from imds.services.notices.records import NoticeRecords
-from imds.services.notices.wire import notice_wire
 from imds.services.records.upsert import Records
-from imds.services.transfer.bulk import Block, Item, Result, apply_batch
-from imds.services.transfer.readout import stored_instance, stored_instances
+from imds.services.transfer.bulk import Block
+from imds.services.transfer.stored import StoredRecords
 from imds.store import Store, open_store
 from imds.store.journal import Journal
 
@@ -51,39 +48,20 @@ class _Detached(Catalog):
                 member.applied = True
 
 
-class OfflineRecords:
+class OfflineRecords(StoredRecords):
     """Reads and writes on one opened store, outside a server."""
 
     def __init__(self, store: Store, cipher: PrivateCipher | None = None) -> None:
-        self.store = store
         self.catalog: Catalog = _Detached(store)  # indexes nothing (see _Detached)
-        self.records = Records(store, self.catalog, Metrics())
-        self.os = OsRecords(store, self.catalog, cipher=cipher or PrivateCipher([]),
-                            definitions=OsDefinitions.load(None))
-        self.notices = NoticeRecords(store, self.catalog)
-
-    async def get(self, instance_id: str) -> Instance:
-        """The stored instance (both record types, addresses), or InstanceNotStored."""
-        return await stored_instance(self.store, instance_id)
-
-    async def all(self) -> list[Instance]:
-        """Every stored instance, by id."""
-        return await stored_instances(self.store)
-
-    async def all_notices(self) -> list[dict[str, Any]]:
-        """Every stored notice as ``imds export`` writes it (``{"notice": {...}}``), oldest first."""
-        return [{"notice": notice_wire(notice, acks)} for notice, acks in await self.notices.find()]
+        super().__init__(
+            store, Records(store, self.catalog, Metrics()),
+            OsRecords(store, self.catalog, cipher=cipher or PrivateCipher([]), definitions=OsDefinitions.load(None)),
+            NoticeRecords(store, self.catalog),
+        )
 
     async def delete(self, kind: str, instance_id: str, *, subject: str) -> None:
         """Delete one record type, as ``DELETE /device-{kind}/{id}`` does (RecordNotFound when absent)."""
         await self.records.delete(kind, instance_id, subject=subject)
-
-    async def upsert(
-        self, items: Sequence[Item], *, subject: str, dry_run: bool = False, block: Block | None = None,
-    ) -> list[Result]:
-        """Compare and write one batch (see ``imds.services.transfer.bulk``), in ``block`` when given."""
-        return await apply_batch(self.records, self.store, items, subject=subject, dry_run=dry_run,
-                                 os_records=self.os, notices=self.notices, block=block)
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[Block]:

@@ -30,14 +30,23 @@ class Readiness:
                 "problems": list(self.problems), "loading": self.loading}
 
 
-async def readiness(catalog: Catalog, store: Store, cipher: PrivateCipher | None = None) -> Readiness:
-    """Check the catalog is loaded, the store answers a ping and every stored private value can be decrypted."""
-    problems = [] if catalog.loaded else ["instance index not loaded"]
-    unreadable = cipher.problem() if cipher is not None else None
-    if unreadable is not None:
-        problems.append(unreadable)
-    try:
-        await store.ping()
-    except StoreUnavailable as exc:
-        problems.append(exc.message)
-    return Readiness(len(catalog), catalog.progress(), problems)
+class ReadinessProbe:
+    """What ``/readyz`` asks of this replica: its catalog, its store and the private-value cipher."""
+
+    def __init__(self, catalog: Catalog, store: Store, cipher: PrivateCipher | None = None) -> None:
+        self._catalog = catalog
+        self._store = store
+        self._cipher = cipher
+
+    async def check(self) -> Readiness:
+        """Check the catalog is loaded, the store answers a ping and every stored private value can be decrypted."""
+        catalog = self._catalog
+        problems = [] if catalog.loaded else ["instance index not loaded"]
+        unreadable = self._cipher.problem() if self._cipher is not None else None
+        if unreadable is not None:
+            problems.append(unreadable)
+        try:
+            await self._store.ping()
+        except StoreUnavailable as exc:
+            problems.append(exc.message)
+        return Readiness(len(catalog), catalog.progress(), problems)

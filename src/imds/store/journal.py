@@ -33,7 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from imds.models import Network
+from imds.models import Network, Notice, NoticeKey, ProjectAttributes, ProjectKey, SideKey
 
 # Operation kinds. The fields a put or remove sets or clears are ``Instance`` fields:
 # the record kinds ("metadata", "userdata"), PASSWORD and OS; or PROJECT, a project's
@@ -58,6 +58,25 @@ class Op:
     value: object = None
     at: datetime | None = None
     moved: dict[Network, str] | None = None
+
+    @property
+    def record_id(self) -> str:
+        """A PROJECT or NOTICE operation's project or notice id (``instance_id`` holds its feed key)."""
+        key = _SIDE_KEYS[self.field].parse(self.instance_id)
+        return key.id if key is not None else ""
+
+
+_SIDE_KEYS: dict[str, type[SideKey]] = {PROJECT: ProjectKey, NOTICE: NoticeKey}
+
+
+def project_op(project_id: str, record: ProjectAttributes | None) -> Op:
+    """A project's attributes put (``record``) or removed (None), under the project's feed key."""
+    return Op(REMOVE if record is None else PUT, str(ProjectKey(project_id)), PROJECT, record)
+
+
+def notice_op(notice_id: str, notice: Notice | None) -> Op:
+    """A lifecycle notice put (``notice``) or removed (None), under the notice's feed key."""
+    return Op(REMOVE if notice is None else PUT, str(NoticeKey(notice_id)), NOTICE, notice)
 
 
 @dataclass(eq=False)

@@ -28,13 +28,11 @@ from imds.models import (
     JsonObject,
     Network,
     Notice,
-    NoticeKey,
     OsRecord,
     ProjectAttributes,
-    ProjectKey,
 )
 from imds.store.interface import StoredInstance, record_kind, stored_form
-from imds.store.journal import ADDRESSES, FORGET, NOTICE, OS, PASSWORD, PROJECT, PUT, REMOVE, Group, Journal, Op
+from imds.store.journal import ADDRESSES, FORGET, OS, PASSWORD, PUT, REMOVE, Group, Journal, Op, notice_op, project_op
 
 
 @dataclass
@@ -173,13 +171,13 @@ class _MemoryTx:
         record = ProjectAttributes(project_id, dict(attributes), 1 if before is None else before.revision + 1,
                                    datetime.now(UTC))
         self._s.projects[project_id] = record
-        self.journal.ops.append(Op(PUT, str(ProjectKey(project_id)), PROJECT, record))
+        self.journal.ops.append(project_op(project_id, record))
         return record
 
     async def remove_project(self, project_id: str) -> bool:
         if self._s.projects.pop(project_id, None) is None:
             return False
-        self.journal.ops.append(Op(REMOVE, str(ProjectKey(project_id)), PROJECT))
+        self.journal.ops.append(project_op(project_id, None))
         return True
 
     async def notice_of(self, notice_id: str) -> Notice | None:
@@ -187,13 +185,13 @@ class _MemoryTx:
 
     async def put_notice(self, notice: Notice) -> None:
         self._s.notices[notice.id] = notice
-        self.journal.ops.append(Op(PUT, str(NoticeKey(notice.id)), NOTICE, notice))
+        self.journal.ops.append(notice_op(notice.id, notice))
 
     async def remove_notice(self, notice_id: str) -> bool:
         self._s.acks.pop(notice_id, None)
         if self._s.notices.pop(notice_id, None) is None:
             return False
-        self.journal.ops.append(Op(REMOVE, str(NoticeKey(notice_id)), NOTICE))
+        self.journal.ops.append(notice_op(notice_id, None))
         return True
 
     async def acknowledge(self, notice_id: str, instance_id: str, at: datetime) -> Acknowledgement:

@@ -16,7 +16,6 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.responses import Response
 
 from imds.services import Services
-from imds.services.readiness import readiness
 from imds.services.render.json import encode
 from imds.web.errors import JSON
 
@@ -31,7 +30,7 @@ def ops_router(services: Services, openapi: Callable[[], dict[str, Any]]) -> API
 
     @router.get("/readyz")
     async def readyz() -> Response:
-        state = await readiness(services.catalog, services.store, services.os.cipher)
+        state = await services.readiness.check()
         headers = None if state.ready else {"retry-after": "1"}
         return Response(encode(state.document()), status_code=200 if state.ready else 503, media_type=JSON,
                         headers=headers)

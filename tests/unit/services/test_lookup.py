@@ -7,19 +7,20 @@ import contextlib
 import ipaddress
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pytest
 
 from factories import new_id
-from helpers import FakeClock, wait_for_async
+from helpers import FakeClock, make_settings, wait_for_async
 from imds.errors import InstanceNotFound, RecordNotFound, StoreUnavailable, UpstreamError, UpstreamUnavailable
 from imds.metrics import Metrics
 from imds.services.catalog.catalog import Catalog
 from imds.services.lookup.breaker import CLOSED, HALF_OPEN, Breaker
 from imds.services.lookup.pull import Lookup, LookupPolicy
 from imds.services.lookup.resolve import Resolver
+from imds.services.records.limits import Limits
 from imds.services.records.upsert import Records
 from imds.store import MemoryStore
 
@@ -80,6 +81,9 @@ class Rig:
         return 0.0 if value is None else value
 
 
+POLICY = make_settings().lookup.fill(LookupPolicy, prefix="lookup_", limits=Limits())  # the options' defaults
+
+
 @asynccontextmanager
 async def rig(**policy: Any) -> AsyncIterator[Rig]:
     clock, client, store = FakeClock(100.0), StubClient(), BreakableStore()
@@ -89,7 +93,7 @@ async def rig(**policy: Any) -> AsyncIterator[Rig]:
     breaker = Breaker(failures=1, reset=10.0, clock=clock, jitter=lambda: 1.0)
     lookup = Lookup(
         client, Records(store, catalog, metrics), catalog, metrics,  # type: ignore[arg-type]
-        policy=LookupPolicy(**{"negative_ttl": 30.0, "cache_ttl": 60.0, **policy}), breaker=breaker, clock=clock,
+        policy=replace(POLICY, **{"negative_ttl": 30.0, "cache_ttl": 60.0, **policy}), breaker=breaker, clock=clock,
     )
     yield Rig(lookup, client, catalog, metrics, store, clock)
 

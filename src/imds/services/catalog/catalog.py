@@ -31,10 +31,8 @@ from imds.models import (
     Instance,
     Network,
     Notice,
-    NoticeKey,
     OsRecord,
     ProjectAttributes,
-    ProjectKey,
 )
 from imds.services.catalog.addresses import AddressIndex, unpack_network
 from imds.services.catalog.entry import Entry, RenderCache
@@ -291,13 +289,10 @@ class Catalog:
         """Apply the journal's project and notice operations; the others, for ``_replay``."""
         for op in ops:
             if op.field == PROJECT:
-                project = ProjectKey.parse(op.instance_id)
-                self._cache.projects.apply(project.id if project is not None else "",
-                                           cast("ProjectAttributes", op.value) if op.kind == PUT else None)
+                project = cast("ProjectAttributes", op.value) if op.kind == PUT else None
+                self._cache.projects.apply(op.record_id, project)
             elif op.field == NOTICE:
-                notice = NoticeKey.parse(op.instance_id)
-                self._cache.notices.apply(notice.id if notice is not None else "",
-                                          cast("Notice", op.value) if op.kind == PUT else None)
+                self._cache.notices.apply(op.record_id, cast("Notice", op.value) if op.kind == PUT else None)
         return [op for op in ops if op.field not in _SIDE_RECORDS]
 
     def _replay(self, ops: list[Op]) -> None:

@@ -46,13 +46,13 @@ _PRUNE_FLOOR = 1024
 
 @dataclass(frozen=True)
 class LookupPolicy:
-    """Timing and limits of upstream lookups."""
+    """Timing and limits of upstream lookups: the ``--lookup-*`` options' values (their defaults are the options')."""
 
-    timeout: float = 2.0
-    negative_ttl: float = 30.0
-    refresh_after: float = 0.0
-    cache_ttl: float = 300.0
-    concurrency: int = 16
+    timeout: float
+    negative_ttl: float
+    refresh_after: float
+    cache_ttl: float
+    concurrency: int
     limits: Limits = field(default_factory=Limits)
 
 
@@ -66,7 +66,7 @@ class Lookup:
         catalog: Catalog,
         metrics: Metrics,
         *,
-        policy: LookupPolicy | None = None,
+        policy: LookupPolicy,
         breaker: Breaker | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -74,7 +74,7 @@ class Lookup:
         self._records = records
         self._catalog = catalog
         self._metrics = metrics
-        self.policy = policy or LookupPolicy()
+        self.policy = policy
         self.breaker = breaker or Breaker()
         self._clock = clock
         self._semaphore = asyncio.Semaphore(self.policy.concurrency)
@@ -226,7 +226,7 @@ class Lookup:
         return instance_id
 
     async def _call(self, kind: str, call: Callable[[], Awaitable[Any]]) -> Any:
-        requests, errors = self._counters(kind)
+        requests, errors = self._metrics.lookup_requests[kind], self._metrics.lookup_errors[kind]
         if not self.breaker.allow():
             self._publish_breaker()
             errors.inc()
@@ -272,12 +272,6 @@ class Lookup:
             msg = f"upstream sent an invalid {kind} record ({fields})"
             raise UpstreamError(msg) from exc
         return userdata.id
-
-    def _counters(self, kind: str) -> tuple[Any, Any]:
-        m = self._metrics
-        if kind == METADATA:
-            return m.lookup_requests, m.lookup_errors
-        return m.userdata_lookup_requests, m.userdata_lookup_errors
 
     def _publish_breaker(self) -> None:
         self._metrics.lookup_breaker.set(STATE_VALUES[self.breaker.state])

@@ -33,10 +33,11 @@ from imds.models import (
     Acknowledgement,
     AuditEvent,
     Notice,
+    NoticeDraft,
     NoticeKey,
 )
 from imds.services.catalog.catalog import Catalog
-from imds.services.notices.wire import FINAL, Draft, parse_notice_id, rules
+from imds.services.notices.wire import FINAL, parse_notice_id, rules
 from imds.services.records.audit import DELETE, WRITE
 from imds.services.render.gce import facility_of, project_of
 from imds.services.render.timeline import HISTORY, status
@@ -77,13 +78,12 @@ class NoticeRecords:
         """The clock's moment (to the second, as notices keep times)."""
         return datetime.fromtimestamp(self._clock(), UTC).replace(microsecond=0)
 
-    async def create(self, draft: Draft, *, subject: str) -> Notice:
+    async def create(self, draft: NoticeDraft, *, subject: str) -> Notice:
         """Store a new notice; NotFound when it is for an instance that is not stored."""
         if draft.scope == INSTANCE_SCOPE and await self._store.get(draft.target) is None:
             raise NotFound(f"no instance {draft.target} is stored")
         now = self.now()
-        notice = Notice(new_notice_id(), draft.scope, draft.target, draft.kind, draft.time, draft.state,
-                        draft.window_end, draft.description, draft.target_state, 1, now, now)
+        notice = Notice.of(draft, id=new_notice_id(), created_at=now, updated_at=now)
         await self._write(notice, subject=subject)
         return notice
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -43,6 +42,7 @@ from imds.models import (
     SCHEDULED,
     Acknowledgement,
     Notice,
+    NoticeDraft,
 )
 from imds.services.records.limits import check_document
 from imds.services.records.projects import PROJECT_ID
@@ -61,20 +61,6 @@ _CHANGEABLE = ("state", "time", "window_end", "description", "target_state")
 _CREATE = frozenset({*SCOPE_FIELDS, "kind", "time", "window_end", "state", "description", "target_state"})
 _EXPORTED = _CREATE | {"id", "revision", "created_at", "updated_at", "acknowledgements"}
 _EARLIEST, _LATEST = datetime(2000, 1, 1, tzinfo=UTC), datetime(9999, 1, 1, tzinfo=UTC)
-
-
-@dataclass(frozen=True)
-class Draft:
-    """What a ``POST /device-notices`` asks for: a notice without its id, revision and times."""
-
-    scope: str
-    target: str
-    kind: str
-    time: datetime
-    state: str = SCHEDULED
-    window_end: datetime | None = None
-    description: str = ""
-    target_state: str | None = None
 
 
 def parse_notice_id(value: Any, field: str = "notice_id") -> str:
@@ -170,8 +156,8 @@ def rules(kind: str, time: datetime, window_end: datetime | None, target_state: 
     return problems
 
 
-def parse_create(body: Any) -> Draft:
-    """A ``POST /device-notices`` body → Draft, or InvalidInput naming every bad field."""
+def parse_create(body: Any) -> NoticeDraft:
+    """A ``POST /device-notices`` body → NoticeDraft, or InvalidInput naming every bad field."""
     body = _object(body)
     problems = _unknown(body, _CREATE)
     target = _target(body, problems)
@@ -188,7 +174,7 @@ def parse_create(body: Any) -> Draft:
         problems += rules(kind, time, window_end, target_state)
     if problems or target is None or kind is None or time is None or state is None:
         raise InvalidInput(problems)
-    return Draft(target[0], target[1], kind, time, state, window_end, description, target_state)
+    return NoticeDraft(target[0], target[1], kind, time, state, window_end, description, target_state)
 
 
 def parse_changes(body: Any) -> dict[str, Any]:
@@ -267,8 +253,7 @@ def parse_exported(body: Any) -> tuple[Notice, list[Acknowledgement]]:
     acks = _acks(body.get("acknowledgements", []), problems)
     if problems or draft is None or notice_id is None or state is None:
         raise InvalidInput(problems)
-    notice = Notice(notice_id, draft.scope, draft.target, draft.kind, draft.time, state, draft.window_end,
-                    draft.description, draft.target_state, revision, created, updated)
+    notice = Notice.of(draft, id=notice_id, state=state, revision=revision, created_at=created, updated_at=updated)
     return notice, [Acknowledgement(notice_id, instance_id, at) for instance_id, at in acks]
 
 

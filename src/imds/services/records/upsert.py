@@ -101,12 +101,10 @@ class Records:
         try:
             result = await self._upserts.submit(upsert)
         except StoreUnavailable:
-            errors = self._metrics.metadata_store_errors if kind == METADATA else self._metrics.userdata_store_errors
-            errors.inc()
+            self._metrics.store_errors[kind].inc()
             raise
         if result.applied:
-            inserts = self._metrics.metadata_inserts if kind == METADATA else self._metrics.userdata_inserts
-            inserts.inc()
+            self._metrics.inserts[kind].inc()
         _log.info(
             "record.written",
             kind=kind,
@@ -156,8 +154,8 @@ class Records:
 
     def _counted(self, upserts: Sequence[_Upsert], results: list[WriteResult], subject: str) -> list[WriteResult]:
         applied = [u for u, r in zip(upserts, results, strict=True) if r.applied]
-        self._metrics.metadata_inserts.inc(sum(u.metadata is not None for u in applied))
-        self._metrics.userdata_inserts.inc(sum(u.userdata is not None for u in applied))
+        self._metrics.inserts[METADATA].inc(sum(u.metadata is not None for u in applied))
+        self._metrics.inserts[USERDATA].inc(sum(u.userdata is not None for u in applied))
         _log.info("records.written", subject=subject, items=len(upserts),
                   applied=len(applied), stale=len(results) - len(applied))
         return results

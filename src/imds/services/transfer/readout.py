@@ -23,7 +23,6 @@ from imds.models import Instance
 from imds.services.catalog.addresses import display
 from imds.services.ganeti.crypto import PrivateCipher
 from imds.services.ganeti.transfer import os_to_wire
-from imds.store import Store
 
 
 def to_wire(instance: Instance, cipher: PrivateCipher | None = None, *, private: bool = True) -> dict[str, Any]:
@@ -62,20 +61,6 @@ def summary(record: dict[str, Any]) -> dict[str, Any]:
         "metadata": isinstance(metadata, dict),
         "userdata_bytes": size,
     }
-
-
-async def stored_instances(store: Store) -> list[Instance]:
-    """Every stored instance, by id (one consistent snapshot)."""
-    instances, _position = await store.snapshot()
-    return sorted(instances, key=lambda instance: instance.id)
-
-
-async def stored_instance(store: Store, instance_id: str) -> Instance:
-    """One stored instance with both record types and its addresses, or InstanceNotStored."""
-    instance = await store.get(instance_id)
-    if instance is None:
-        raise InstanceNotStored(instance_id)
-    return instance
 
 
 class InstanceNotStored(NotFound):

@@ -24,9 +24,9 @@ _COLUMNS = ("scope", "target", "kind", "state", "time", "window_end", "descripti
 
 
 def _notice(row: Any) -> Notice:
-    return Notice(row.id, row.scope, row.target, row.kind, utc(row.time), row.state,  # type: ignore[arg-type]
-                  utc(row.window_end), row.description, row.target_state, int(row.revision), utc(row.created_at),
-                  utc(row.updated_at))
+    return Notice(row.scope, row.target, row.kind, utc(row.time), row.state,  # type: ignore[arg-type]
+                  utc(row.window_end), row.description, row.target_state, id=row.id, revision=int(row.revision),
+                  created_at=utc(row.created_at), updated_at=utc(row.updated_at))
 
 
 def _ack(row: Any) -> Acknowledgement:

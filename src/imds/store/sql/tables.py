@@ -16,61 +16,67 @@ metadata_obj = sa.MetaData(
 )
 
 _ID = sa.String(36)
+_MOMENT = sa.DateTime(timezone=True)  # every point in time, stored with its zone
+_JSON = sa.JSON(none_as_null=True)  # a document: Python's None is SQL NULL, not the JSON text null
 _NOW = sa.func.current_timestamp()
 
-instances = sa.Table(
+
+def _table(name: str, *parts: Any) -> sa.Table:
+    """A table of imds's schema (``metadata_obj``, its naming convention)."""
+    return sa.Table(name, metadata_obj, *parts)
+
+
+def _required(name: str, *kind: Any, **options: Any) -> sa.Column[Any]:
+    """A column every row fills in (``NOT NULL``): most of them."""
+    return sa.Column(name, *kind, nullable=False, **options)
+
+
+instances = _table(
     "instances",
-    metadata_obj,
     sa.Column("id", _ID, primary_key=True),
-    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False, server_default=_NOW),
+    _required("created_at", _MOMENT, server_default=_NOW),
 )
 
 
 def _one_per_instance(name: str, column: str, kind: sa.types.TypeEngine[Any]) -> sa.Table:
     """A table of at most one row per instance: its value ``column`` and when it was written."""
-    return sa.Table(
+    return _table(
         name,
-        metadata_obj,
         sa.Column("instance_id", _ID, sa.ForeignKey("instances.id", ondelete="CASCADE"), primary_key=True),
-        sa.Column(column, kind, nullable=False),
-        sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
+        _required(column, kind),
+        _required("updated_at", _MOMENT),
     )
 
 
-instance_metadata = _one_per_instance("instance_metadata", "document", sa.JSON(none_as_null=True))
+instance_metadata = _one_per_instance("instance_metadata", "document", _JSON)
 instance_userdata = _one_per_instance("instance_userdata", "userdata", sa.LargeBinary())
 
 # One row per address: the primary key is what makes an address belong to one instance, and
 # ``network`` (``models.network_key``) what makes two spellings of one network one address
 # (the writes keep one row per network; revision 0008).
-instance_ip_addresses = sa.Table(
+instance_ip_addresses = _table(
     "instance_ip_addresses",
-    metadata_obj,
     sa.Column("address", sa.String(64), primary_key=True),
     sa.Column("network", sa.String(64), nullable=True, index=True),
-    sa.Column(
-        "instance_id", _ID, sa.ForeignKey("instances.id", ondelete="CASCADE"), nullable=False, index=True
-    ),
-    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False, server_default=_NOW),
+    _required("instance_id", _ID, sa.ForeignKey("instances.id", ondelete="CASCADE"), index=True),
+    _required("created_at", _MOMENT, server_default=_NOW),
 )
 
 # The change feed. No foreign key: deleted instances stay in the feed.
-changes = sa.Table(
+changes = _table(
     "changes",
-    metadata_obj,
     sa.Column("seq", sa.BigInteger, primary_key=True, autoincrement=False),
-    sa.Column("instance_id", _ID, nullable=False),
-    sa.Column("changed_at", sa.DateTime(timezone=True), nullable=False, server_default=_NOW),
+    _required("instance_id", _ID),
+    _required("changed_at", _MOMENT, server_default=_NOW),
 )
 
 # A single row (id = 1). Every write transaction locks it first: that serialises writers
 # on every backend (SQLite has one writer anyway) and so makes feed sequence numbers
 # commit in order, which is what lets followers read the feed with "seq > last".
-feed_head = sa.Table(
+feed_head = _table(
     "feed_head",
-    metadata_obj,
     sa.Column("id", sa.Integer, primary_key=True, autoincrement=False),
-    sa.Column("seq", sa.BigInteger, nullable=False),
+    _required("seq", sa.BigInteger),
 )
 
 # The OpenStack password an instance posts once (revision 0002); an admin may clear it.
@@ -79,84 +85,78 @@ instance_passwords = _one_per_instance("instance_passwords", "password", sa.Larg
 # The Ganeti OS record (revision 0003): os type, mode and the public and private parameters.
 # Secret parameters and package credentials are never stored; ``document`` lists only
 # their names. Private values are Fernet tokens when the service has a key file.
-instance_os = _one_per_instance("instance_os", "document", sa.JSON(none_as_null=True))
+instance_os = _one_per_instance("instance_os", "document", _JSON)
 
 # The instance<->host channel (revision 0004). No foreign keys: an event posted while an
 # admin deletes the instance must not fail, and the host may read events of a gone instance.
 _CURSOR = sa.BigInteger().with_variant(sa.Integer(), "sqlite")  # SQLite autoincrements INTEGER keys only
 
-instance_events = sa.Table(
+instance_events = _table(
     "instance_events",
-    metadata_obj,
     sa.Column("cursor", _CURSOR, primary_key=True, autoincrement=True),
-    sa.Column("instance_id", _ID, nullable=False, index=True),
-    sa.Column("state", sa.String(64), nullable=False),
+    _required("instance_id", _ID, index=True),
+    _required("state", sa.String(64)),
     sa.Column("code", sa.Integer, nullable=True),
     sa.Column("message", sa.Text, nullable=True),
-    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+    _required("created_at", _MOMENT),
 )
 
-instance_messages = sa.Table(
+instance_messages = _table(
     "instance_messages",
-    metadata_obj,
     sa.Column("id", _CURSOR, primary_key=True, autoincrement=True),
-    sa.Column("instance_id", _ID, nullable=False, index=True),
-    sa.Column("body", sa.LargeBinary, nullable=False),
-    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+    _required("instance_id", _ID, index=True),
+    _required("body", sa.LargeBinary),
+    _required("created_at", _MOMENT),
 )
 
 # The audit log (revision 0005): one row per admin write or delete, written in its transaction.
 # ``detail`` holds facts only (moved and dropped addresses, counts, OS type): never a value.
-audit_log = sa.Table(
+audit_log = _table(
     "audit_log",
-    metadata_obj,
-    sa.Column("seq", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), primary_key=True, autoincrement=True),
-    sa.Column("at", sa.DateTime(timezone=True), nullable=False),
-    sa.Column("subject", sa.String(255), nullable=False),
-    sa.Column("instance_id", _ID, nullable=False, index=True),
-    sa.Column("action", sa.String(16), nullable=False),
-    sa.Column("kind", sa.String(16), nullable=False),
-    sa.Column("applied", sa.Boolean, nullable=False),
-    sa.Column("detail", sa.JSON(none_as_null=True), nullable=False),
+    sa.Column("seq", _CURSOR, primary_key=True, autoincrement=True),
+    _required("at", _MOMENT),
+    _required("subject", sa.String(255)),
+    _required("instance_id", _ID, index=True),
+    _required("action", sa.String(16)),
+    _required("kind", sa.String(16)),
+    _required("applied", sa.Boolean),
+    _required("detail", _JSON),
 )
 
 # GCE project attributes (revision 0006): one row per project, written by PUT /projects/{id}/attributes.
 # ``revision`` counts the project's writes (its instances' GCE ETag covers it). A change reaches the
 # feed as the id ``project:<id>`` (instance ids are UUIDs), so replicas re-read the row.
-project_attributes = sa.Table(
+project_attributes = _table(
     "project_attributes",
-    metadata_obj,
     sa.Column("project_id", _ID, primary_key=True),
-    sa.Column("attributes", sa.JSON(none_as_null=True), nullable=False),
-    sa.Column("revision", sa.BigInteger, nullable=False),
-    sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
+    _required("attributes", _JSON),
+    _required("revision", sa.BigInteger),
+    _required("updated_at", _MOMENT),
 )
 
 # Lifecycle notices (revision 0007): one row per notice, the scope (instance, project or facility)
 # and its target, written through /notices. A change reaches the feed as ``notice:<id>``, so
 # replicas re-read the row. Guests' acknowledgements are rows of their own (the first one counts).
-notices = sa.Table(
+notices = _table(
     "notices",
-    metadata_obj,
     sa.Column("id", _ID, primary_key=True),
-    sa.Column("scope", sa.String(16), nullable=False),
-    sa.Column("target", sa.String(64), nullable=False),
-    sa.Column("kind", sa.String(16), nullable=False),
-    sa.Column("state", sa.String(16), nullable=False),
-    sa.Column("time", sa.DateTime(timezone=True), nullable=False),
-    sa.Column("window_end", sa.DateTime(timezone=True), nullable=True),
-    sa.Column("description", sa.Text, nullable=False),
+    _required("scope", sa.String(16)),
+    _required("target", sa.String(64)),
+    _required("kind", sa.String(16)),
+    _required("state", sa.String(16)),
+    _required("time", _MOMENT),
+    sa.Column("window_end", _MOMENT, nullable=True),
+    _required("description", sa.Text),
     sa.Column("target_state", sa.String(64), nullable=True),
-    sa.Column("revision", sa.BigInteger, nullable=False),
-    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
-    sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
+    _required("revision", sa.BigInteger),
+    _required("created_at", _MOMENT),
+    _required("updated_at", _MOMENT),
     sa.Index("ix_notices_scope_target", "scope", "target"),
 )
 
-notice_acks = sa.Table(
+notice_acks = _table(
     "notice_acks",
-    metadata_obj,
     sa.Column("notice_id", _ID, sa.ForeignKey("notices.id", ondelete="CASCADE"), primary_key=True),
     sa.Column("instance_id", _ID, primary_key=True),
-    sa.Column("at", sa.DateTime(timezone=True), nullable=False),
+    _required("at", _MOMENT),
 )

@@ -29,15 +29,13 @@ from imds.models import (
     JsonObject,
     Network,
     Notice,
-    NoticeKey,
     OsRecord,
     ProjectAttributes,
-    ProjectKey,
     network_key,
     stored_network,
 )
 from imds.store.interface import record_kind
-from imds.store.journal import ADDRESSES, FORGET, NOTICE, OS, PASSWORD, PROJECT, PUT, REMOVE, Journal, Op
+from imds.store.journal import ADDRESSES, FORGET, OS, PASSWORD, PUT, REMOVE, Journal, Op, notice_op, project_op
 from imds.store.sql import notices, projects, statements, tables
 from imds.store.sql.os_rows import os_document, os_record
 from imds.store.sql.rows import chunks
@@ -230,13 +228,13 @@ class SqlTx:
 
     async def put_project(self, project_id: str, attributes: dict[str, str]) -> ProjectAttributes:
         record = await projects.put(self.conn, project_id, attributes)
-        self._note(Op(PUT, str(ProjectKey(project_id)), PROJECT, record))
+        self._note(project_op(project_id, record))
         return record
 
     async def remove_project(self, project_id: str) -> bool:
         removed = await projects.remove(self.conn, project_id)
         if removed:
-            self._note(Op(REMOVE, str(ProjectKey(project_id)), PROJECT))
+            self._note(project_op(project_id, None))
         return removed
 
     async def notice_of(self, notice_id: str) -> Notice | None:
@@ -244,12 +242,12 @@ class SqlTx:
 
     async def put_notice(self, notice: Notice) -> None:
         await notices.put(self.conn, notice)
-        self._note(Op(PUT, str(NoticeKey(notice.id)), NOTICE, notice))
+        self._note(notice_op(notice.id, notice))
 
     async def remove_notice(self, notice_id: str) -> bool:
         removed = await notices.remove(self.conn, notice_id)
         if removed:
-            self._note(Op(REMOVE, str(NoticeKey(notice_id)), NOTICE))
+            self._note(notice_op(notice_id, None))
         return removed
 
     async def acknowledge(self, notice_id: str, instance_id: str, at: datetime) -> Acknowledgement:

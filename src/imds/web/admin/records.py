@@ -31,11 +31,10 @@ from imds.errors import InvalidInput
 from imds.models import NOTICE_KIND, OS_KIND, Instance
 from imds.services import Services
 from imds.services.admission.auth import read_scopes, upsert_scopes
-from imds.services.notices.wire import notice_wire
 from imds.services.records.wire import parse_instance_id, parse_json
 from imds.services.render.json import encode
-from imds.services.transfer.bulk import Item, apply_batch, parse_item, rejected
-from imds.services.transfer.readout import stored_instance, stored_instances, to_wire
+from imds.services.transfer.bulk import Item, parse_item, rejected
+from imds.services.transfer.readout import to_wire
 from imds.web.admin.auth import ID_EXTRA, authorize
 from imds.web.body import read_limited
 from imds.web.errors import JSON, documented
@@ -73,9 +72,7 @@ def records_admin_router(services: Services) -> APIRouter:
             except InvalidInput as exc:
                 results[index] = rejected(label, obj, exc)
         await _authorize_os_writes(services, request, [item for _, item in items])
-        written = await apply_batch(services.records, services.store, [item for _, item in items],
-                                    subject=subject, dry_run=dry_run, os_records=services.os,
-                                    notices=services.notices)
+        written = await services.transfer.upsert([item for _, item in items], subject=subject, dry_run=dry_run)
         results.update({index: result for (index, _), result in zip(items, written, strict=True)})
         body = [{"id": r.id, "outcome": r.outcome, "reason": r.reason,
                  **({"warnings": list(r.warnings)} if r.warnings else {})} for _, r in sorted(results.items())]
@@ -84,7 +81,7 @@ def records_admin_router(services: Services) -> APIRouter:
     @router.get("/device-records/{instance_id}", summary="One instance record in the upsert format",
                 openapi_extra=ID_EXTRA)
     async def get_record(request: Request, instance_id: str) -> Response:
-        instance = await stored_instance(services.store, parse_instance_id(instance_id))
+        instance = await services.transfer.get(parse_instance_id(instance_id))
         await _authorize_os_reads(services, request, [instance])
         return Response(encode(to_wire(instance, private=False)), media_type=JSON)
 
@@ -107,10 +104,10 @@ async def _authorize_os_writes(services: Services, request: Request, items: list
 
 async def _records_out(services: Services, request: Request, *, private: bool, notices: bool) -> list[dict[str, Any]]:
     """Every instance in the upsert format, then (``notices``) every notice as ``imds export`` writes it."""
-    instances = await stored_instances(services.store)
+    instances = await services.transfer.all()
     await _authorize_os_reads(services, request, instances)
     wire = [to_wire(instance, services.os.cipher, private=private) for instance in instances]
     if notices:  # a token with a notice read scope only
         await authorize(services, request, read_scopes(NOTICE_KIND))
-        wire += [{"notice": notice_wire(notice, acks)} for notice, acks in await services.notices.find()]
+        wire += await services.transfer.all_notices()
     return wire

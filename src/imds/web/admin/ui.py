@@ -22,7 +22,6 @@ from starlette.responses import HTMLResponse, Response
 
 from imds.errors import NotFound
 from imds.services import Services
-from imds.services.fleet import recent_changes, search
 from imds.services.render.json import encode
 from imds.web.errors import JSON, documented
 
@@ -54,11 +53,11 @@ def ui_router(services: Services) -> APIRouter:
 
     @router.get("/device-search", summary="Instances by id prefix, hostname or IP (the admin page's search)")
     async def device_search(q: Annotated[str, Query(max_length=200)] = "") -> Response:
-        return Response(encode({"instances": search(services.catalog, q)}), media_type=JSON)
+        return Response(encode({"instances": services.fleet.search(q)}), media_type=JSON)
 
     @router.get("/device-changes", summary="The recent change feed, newest first")
     async def device_changes(limit: Annotated[int, Query(ge=1, le=500)] = 50) -> Response:
-        changes = await recent_changes(services.store, services.catalog, limit=limit)
+        changes = await services.fleet.recent_changes(limit=limit)
         return Response(encode({"position": services.catalog.position, "changes": changes}), media_type=JSON)
 
     return router
