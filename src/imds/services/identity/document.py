@@ -3,7 +3,9 @@
 The signing key is the operator's (``--identity-key``) or one generated into the data
 directory (``identity-key.pem``); the certificate is ``--identity-cert`` or a self-signed
 one for that key. The admin API publishes the certificate so relying parties can verify
-``signature`` (RSA-SHA256) and ``pkcs7``/``rsa2048`` (PKCS#7 detached, SHA-256).
+``signature`` (RSA-SHA256) and ``pkcs7``/``rsa2048`` (PKCS#7, SHA-256). As on AWS the
+PKCS#7 carries the document itself (``openssl smime -verify`` prints it; Vault-style relying
+parties take the document out of it), not a detached signature.
 
 On AWS ``pkcs7`` and ``rsa2048`` differ only in the key that signs them (a DSA key with
 SHA-1, an RSA-2048 key with SHA-256), each verified with its own published certificate.
@@ -76,12 +78,12 @@ class IdentitySigner:
         return base64.b64encode(self._key.sign(data, padding.PKCS1v15(), hashes.SHA256())).decode()
 
     def pkcs7(self, data: bytes) -> str:
-        """Base64 DER PKCS#7 detached signature of ``data``, in 64-character lines like AWS."""
+        """Base64 DER PKCS#7 signed data holding ``data``, in 64-character lines like AWS."""
         der = (
             pkcs7.PKCS7SignatureBuilder()
             .set_data(data)
             .add_signer(self.certificate, self._key, hashes.SHA256())
-            .sign(serialization.Encoding.DER, [pkcs7.PKCS7Options.DetachedSignature, pkcs7.PKCS7Options.Binary])
+            .sign(serialization.Encoding.DER, [pkcs7.PKCS7Options.Binary])
         )
         return "\n".join(textwrap.wrap(base64.b64encode(der).decode(), 64))
 

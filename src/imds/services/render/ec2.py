@@ -61,7 +61,7 @@ class Signatures(Protocol):
 
     @property
     def pkcs7(self) -> str:
-        """Base64 DER PKCS#7 detached signature, AWS-style line-wrapped (served as ``pkcs7`` and ``rsa2048``)."""
+        """Base64 DER PKCS#7 holding the document, AWS-style line-wrapped (served as ``pkcs7`` and ``rsa2048``)."""
         ...
 
     @property
