@@ -33,14 +33,18 @@ ROOT = Path(__file__).resolve().parents[1]
 PATHS = ("/metadata", "/latest/meta-data/instance-id", "/openstack/latest/meta_data.json", "/nope-unknown-route")
 CALLER = ("127.0.0.1", 40000)  # the demo instance's address
 STRANGER = ("192.0.2.77", 40000)  # nobody: a 404 after the catalog misses
+TOKEN_HEADER = b"x-aws-ec2-metadata-token"  # IMDSv2: never remembered, the whole way
+GOOGLE = ("/computeMetadata/v1/instance/hostname", [(b"metadata-flavor", b"Google")])  # GCE: its header, likewise
 
 
 async def _receive() -> dict[str, Any]:
     return {"type": "http.request", "body": b"", "more_body": False}
 
 
-async def _measure(app: Any, path: str, client: tuple[str, int], count: int) -> tuple[float, int]:
-    """µs of CPU per request over ``count`` GETs of ``path`` from ``client``; and the status answered."""
+async def _measure(
+    app: Any, path: str, client: tuple[str, int], count: int, headers: list[tuple[bytes, bytes]] | None = None,
+) -> tuple[float, int]:
+    """µs of CPU per request over ``count`` GETs of ``path`` from ``client`` (with ``headers``); the status answered."""
     status = 0
 
     async def send(message: dict[str, Any]) -> None:
@@ -50,7 +54,7 @@ async def _measure(app: Any, path: str, client: tuple[str, int], count: int) -> 
 
     scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "GET", "scheme": "http",
              "path": path, "raw_path": path.encode(), "root_path": "", "query_string": b"",
-             "headers": [(b"host", b"169.254.169.254"), (b"user-agent", b"bench")], "client": client,
+             "headers": [(b"host", b"169.254.169.254"), (b"user-agent", b"bench"), *(headers or [])], "client": client,
              "server": ("127.0.0.1", 80)}
     for _ in range(min(count, 500)):  # warm the render cache and the interpreter's caches
         await app(dict(scope), _receive, send)
@@ -68,13 +72,32 @@ async def _child(count: int) -> dict[str, dict[str, float]]:
     app = build_app(Settings.of(db="memory://", rate_limit=0.0, admin_token="bench-token"))  # noqa: S106
     results: dict[str, dict[str, float]] = {}
     async with app.services.running():
-        await load_demo(app.services.records)
+        instance_id, _ = await load_demo(app.services.records)
         for path in PATHS:
             us, status = await _measure(app, path, CALLER, count)
             results[path] = {"us": us, "status": status}
         us, status = await _measure(app, "/metadata", STRANGER, count)
         results["/metadata (unknown caller)"] = {"us": us, "status": status}
+        token = app.services.tokens.issue(instance_id, 21600).encode()
+        us, status = await _measure(app, PATHS[1], CALLER, count, [(TOKEN_HEADER, token)])
+        results[f"{PATHS[1]} (IMDSv2 token)"] = {"us": us, "status": status}
+        us, status = await _measure(app, GOOGLE[0], CALLER, count, GOOGLE[1])
+        results[f"{GOOGLE[0]} (Metadata-Flavor)"] = {"us": us, "status": status}
+        results["EC2 version root of a new instance (identity signatures)"] = {"us": _signing(app), "status": 200}
     return results
+
+
+def _signing(app: Any, count: int = 100) -> float:
+    """µs of CPU per EC2 version root rendered for an instance seen for the first time (a boot: signed then)."""
+    from imds.models import Instance  # noqa: PLC0415 - imported from the tree PYTHONPATH names
+    from imds.services.render.ec2 import version_root  # noqa: PLC0415
+
+    document = json.loads((ROOT / "src" / "imds" / "demo" / "metadata.json").read_text())
+    fresh = [Instance(f"i-{n:05d}", metadata={**document, "id": f"i-{n:05d}"}) for n in range(count)]
+    started = time.process_time()
+    for instance in fresh:
+        version_root(instance, "2021-03-23", app.services.signer)
+    return (time.process_time() - started) / count * 1e6
 
 
 def run_tree(source: Path | None, count: int) -> dict[str, dict[str, float]]:

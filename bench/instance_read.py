@@ -21,7 +21,9 @@ server in the same run: N instances in a fresh SQLite store, each crawling the E
 from its own 127.x.y.z address exactly as Debian's cloud-init does over IMDSv2 (token PUT,
 then the recorded GETs with the token, a new connection per request), ``--storm-concurrency``
 crawls at a time; request p50/p99/max, requests over 1 s, errors and server CPU per
-request. nginx has no part in it (it cannot mint tokens).
+request, and the clients' own CPU. nginx runs it first, answering every path with
+instance 0's bytes and the token PUT with a fixed token: the same client, connections and
+kernel, so its figures are the floor this box gives any server.
 
 Every process it starts is stopped by its PID; only loopback addresses are targeted.
 """
@@ -29,7 +31,6 @@ Every process it starts is stopped by its PID; only loopback addresses are targe
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import platform
@@ -49,6 +50,7 @@ BASELINE = "baseline"
 BUDGET_OVER_WRK = 1024  # more than any --connections used here
 START = 90.0  # seconds a server may take to answer its first read (a loaded machine starts slowly)
 PATHS = ("/metadata", "/latest/meta-data/instance-id", "/openstack/latest/meta_data.json")
+STORM_TOKEN = "storm-token-from-nginx"  # noqa: S105 - what nginx answers the token PUT with in the storm
 
 
 def start_nginx(workdir: Path, bodies: dict[str, bytes], port: int) -> subprocess.Popen[bytes]:
@@ -64,6 +66,34 @@ def start_nginx(workdir: Path, bodies: dict[str, bytes], port: int) -> subproces
         file.chmod(0o644)
         kind = "application/json" if url_path.endswith(("/metadata", ".json")) else "text/plain"
         locations.append(f"location = {url_path} {{ default_type {kind}; alias {file}; }}")
+    return run_nginx(workdir, port, locations)
+
+
+def start_storm_nginx(workdir: Path, answers: dict[str, tuple[int, bytes]], port: int) -> subprocess.Popen[bytes]:
+    """Start nginx answering the storm's paths with what imds gave instance 0, and the token PUT with a fixed token.
+
+    A path ending in ``/`` (a listing) is rewritten to its file (nginx's static module
+    would look for an index there); a status other than 200 is a bare ``return``.
+    """
+    www = workdir / "www"
+    www.mkdir(parents=True)
+    for path in (workdir, www):
+        path.chmod(0o755)
+    locations = [f'location = /latest/api/token {{ default_type text/plain; return 200 "{STORM_TOKEN}"; }}',
+                 f"location /body/ {{ internal; default_type text/plain; alias {www}/; }}"]
+    for index, (url_path, (status, body)) in enumerate(answers.items()):
+        if status != 200:
+            locations.append(f"location = {url_path} {{ return {status}; }}")
+            continue
+        file = www / f"body-{index}"
+        file.write_bytes(body)
+        file.chmod(0o644)
+        locations.append(f"location = {url_path} {{ rewrite ^ /body/body-{index} last; }}")
+    return run_nginx(workdir, port, locations)
+
+
+def run_nginx(workdir: Path, port: int, locations: list[str]) -> subprocess.Popen[bytes]:
+    """Start nginx (one worker, no access log) on 127.0.0.1:``port`` with ``locations``, its files under ``workdir``."""
     scratch = workdir / "scratch"
     conf = workdir / "nginx.conf"
     conf.write_text(f"""
@@ -80,7 +110,7 @@ http {{
     uwsgi_temp_path {scratch};
     scgi_temp_path {scratch};
     server {{
-        listen 127.0.0.1:{port};
+        listen 127.0.0.1:{port} backlog=2048;
         {" ".join(locations)}
     }}
 }}
@@ -229,6 +259,7 @@ def main() -> int:
     parser.add_argument("--boot-storm", type=int, default=0, metavar="N",
                         help="also run a boot storm of N IMDSv2 crawls against each imds server (0: none)")
     parser.add_argument("--storm-concurrency", type=int, default=256, help="crawls at a time in the boot storm")
+    parser.add_argument("--storm-clients", type=int, default=2, help="client processes sharing the boot storm")
     parser.add_argument("--output", type=Path, default=ROOT / "bench" / "results.md")
     args = parser.parse_args()
     if not _tools_present(profile=args.profile):
@@ -274,27 +305,51 @@ def main() -> int:
 
 
 def boot_storms(servers: tuple[str, ...], args: argparse.Namespace, tmp: Path) -> list[dict[str, object]]:
-    """The boot storm of ``bench/boot_storm.py`` (``--boot-storm`` crawls) against each server, one after another."""
+    """The boot storm of ``bench/boot_storm.py`` (``--boot-storm`` crawls): nginx, then each server, one after another.
+
+    nginx answers every path of the sequence with what the first imds server answered
+    instance 0 (status and bytes) and the token PUT with a fixed token: the same requests
+    and connections, so its row is the floor of this client and kernel on this box.
+    """
     if not args.boot_storm:
         return []
     from boot_storm import SEQUENCE, storm  # noqa: PLC0415 - the storm's generator loads imds's store
-    from scale import generate, serve, wait_ready  # noqa: PLC0415
+    from scale import generate, get, loopback, serve, wait_ready  # noqa: PLC0415
 
     sequence = json.loads(SEQUENCE.read_text())
     data_dir = tmp / "storm"
     generate(data_dir, args.boot_storm)
     rows: list[dict[str, object]] = []
+
+    def one(name: str, pid: int, port: int) -> None:
+        load_before = Path("/proc/loadavg").read_text().split()[:3]
+        before = cpu_seconds(pid)
+        result = storm(port, args.boot_storm, args.storm_concurrency, sequence, args.storm_clients)
+        result["cpu_us_per_request"] = round((cpu_seconds(pid) - before) / result["requests"] * 1e6, 1)
+        result["load_before"] = load_before
+        result["load_after"] = Path("/proc/loadavg").read_text().split()[:3]
+        rows.append({"server": name, **result})
+        print(f"boot storm {name:8} {result['crawls']} crawls in {result['total_s']} s: request p50 "
+              f"{result['request_p50_ms']} / p99 {result['request_p99_ms']} / max {result['request_max_ms']} ms, "
+              f"{result['over_1s']} over 1 s, {result['errors']} errors, server cpu {result['cpu_us_per_request']} "
+              f"us/req, client cpu {result['client_cpu_us_per_request']} us/req, load {' '.join(load_before)}")
+
+    answers: dict[str, tuple[int, bytes]] = {}
     for name in servers:
         port, log = free_port(), tmp / f"storm-{name}.log"
         with serve(data_dir, port, log, "--server", name, "--imdsv2", "optional", "--log-level", "warning") as proc:
             wait_ready(proc, port, log)
-            before = cpu_seconds(proc.pid)
-            result = asyncio.run(storm(port, args.boot_storm, args.storm_concurrency, sequence))
-            result["cpu_us_per_request"] = round((cpu_seconds(proc.pid) - before) / result["requests"] * 1e6, 1)
-        rows.append({"server": name, **result})
-        print(f"boot storm {name:8} {result['crawls']} crawls in {result['total_s']} s: request p50 "
-              f"{result['request_p50_ms']} / p99 {result['request_p99_ms']} / max {result['request_max_ms']} ms, "
-              f"{result['over_1s']} over 1 s, {result['errors']} errors, cpu {result['cpu_us_per_request']} us/req")
+            if not answers:  # what nginx will answer, from the first server: then nginx goes first
+                answers = {f"/{step['path']}": get(port, f"/{step['path']}", loopback(0))
+                           for step in sequence if step["method"] == "GET"}
+                nginx_port = free_port()
+                nginx = start_storm_nginx(tmp / "storm-nginx", answers, nginx_port)
+                try:
+                    wait_for(f"http://127.0.0.1:{nginx_port}/latest/api/token", START)
+                    one("nginx", nginx.pid, nginx_port)
+                finally:
+                    stop(nginx)
+            one(name, proc.pid, port)
     return rows
 
 
@@ -308,15 +363,21 @@ def write_storms(args: argparse.Namespace, storms: list[dict[str, object]]) -> N
     lines = [
         "",
         (f"Boot storm in the same run: {args.boot_storm:,} IMDSv2 crawls (cloud-init's recorded sequence, a new "
-         f"connection per request, each instance from its own 127.x.y.z), {args.storm_concurrency} at a time; "
-         "SQLite store, default limits, `--imdsv2 optional`."),
+         f"connection per request, each instance from its own 127.x.y.z), {args.storm_concurrency} at a time from "
+         f"{args.storm_clients} client processes (uvloop, prebuilt request bytes on bare sockets); imds: SQLite "
+         "store, default limits, `--imdsv2 optional`; nginx: one worker answering the same paths with instance 0's "
+         "bytes and the token PUT with `return 200` (the floor of this client and kernel on this box). "
+         "server/client cpu = utime+stime per request; load = load average before / after each storm."),
         "",
-        "| server | crawls | requests | total s | request p50 / p99 / max ms | requests > 1 s | errors | cpu µs/req |",
-        "|---|---|---|---|---|---|---|---|",
+        ("| server | crawls | requests | total s | request p50 / p99 / max ms | requests > 1 s | errors "
+         "| server cpu µs/req | client cpu µs/req | load before / after |"),
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     lines += [f"| {row['server']} | {row['crawls']:,} | {row['requests']:,} | {row['total_s']} | "
               f"{row['request_p50_ms']} / {row['request_p99_ms']} / {row['request_max_ms']} | {row['over_1s']} | "
-              f"{row['errors']} | {row['cpu_us_per_request']} |" for row in storms]
+              f"{row['errors']} | {row['cpu_us_per_request']} | {row['client_cpu_us_per_request']} | "
+              f"{' '.join(row['load_before'])} / {' '.join(row['load_after'])} |"  # type: ignore[arg-type]
+              for row in storms]
     with args.output.open("a") as markdown:
         markdown.write("\n".join([*lines, ""]))
 
@@ -338,7 +399,8 @@ def write_results(
                f"--connections {args.connections} --threads {args.threads}"
                + "".join(f" --server {name}" for name in (args.server or ())) + (" --profile" if args.profile else "")
                + (" --baseline SRC" if args.baseline else "")
-               + (f" --boot-storm {args.boot_storm}" if args.boot_storm else ""))
+               + (f" --boot-storm {args.boot_storm} --storm-concurrency {args.storm_concurrency} "
+                  f"--storm-clients {args.storm_clients}" if args.boot_storm else ""))
     lines = [
         "",
         f"## read: {stamp}",

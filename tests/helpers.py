@@ -176,3 +176,21 @@ async def wait_for_async(
         if time.monotonic() - started > timeout:
             raise _timed_out(what, timeout, None)
         await asyncio.sleep(POLL_INTERVAL / 5)
+
+
+def count_signing(signer: Any) -> list[str]:
+    """Record each private-key operation an identity signer makes from now on (``pkcs7`` or ``signature``)."""
+    made: list[str] = []
+
+    def counted(name: str) -> Callable[[bytes], str]:
+        make = getattr(signer, name)
+
+        def sign(data: bytes) -> str:
+            made.append(name)
+            return str(make(data))
+
+        return sign
+
+    for name in ("pkcs7", "signature"):
+        setattr(signer, name, counted(name))
+    return made

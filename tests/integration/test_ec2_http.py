@@ -22,7 +22,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
 
 from ec2_expected import HOLLOW_SEED, seed
-from helpers import admin_client, client_from, make_settings, push_record, running_app
+from helpers import admin_client, client_from, count_signing, make_settings, push_record, running_app
 from imds import config
 from imds.errors import ConfigError
 from imds.services.identity.tokens import TokenIssuer
@@ -562,18 +562,16 @@ async def identity_parts(app: InstanceFront, version: str = "latest") -> dict[st
     return parts
 
 
-def openssl_verify(
-    tmp_path: Path, document: bytes, pkcs7_b64: bytes, certificate: bytes
-) -> subprocess.CompletedProcess[str]:
+def openssl_verify(tmp_path: Path, pkcs7_b64: bytes, certificate: bytes) -> subprocess.CompletedProcess[str]:
+    """AWS's own check: the served lines between PKCS7 armour, `openssl smime -verify` with no ``-content``."""
     if OPENSSL is None:
         pytest.fail("the openssl binary is not installed (apt-get install openssl); it verifies the pkcs7 signature")
-    (tmp_path / "document").write_bytes(document)
-    (tmp_path / "signature.der").write_bytes(base64.b64decode(pkcs7_b64))
+    (tmp_path / "pkcs7").write_bytes(b"-----BEGIN PKCS7-----\n" + pkcs7_b64 + b"\n-----END PKCS7-----\n")
     (tmp_path / "cert.pem").write_bytes(certificate)
     return subprocess.run(
-        [OPENSSL, "smime", "-verify", "-inform", "DER", "-in", str(tmp_path / "signature.der"), "-binary",
-         "-content", str(tmp_path / "document"), "-certfile", str(tmp_path / "cert.pem"),
-         "-CAfile", str(tmp_path / "cert.pem"), "-purpose", "any", "-out", str(tmp_path / "verified")],
+        [OPENSSL, "smime", "-verify", "-inform", "PEM", "-in", str(tmp_path / "pkcs7"), "-binary",
+         "-certfile", str(tmp_path / "cert.pem"), "-CAfile", str(tmp_path / "cert.pem"), "-purpose", "any",
+         "-out", str(tmp_path / "document")],
         capture_output=True, text=True, timeout=30, check=False,
     )
 
@@ -614,19 +612,33 @@ async def test_signature_verifies_with_the_published_certificate_and_fails_for_a
 
 
 async def test_pkcs7_and_rsa2048_verify_with_openssl_and_fail_for_a_changed_document(tmp_path):
-    """The real `openssl smime -verify` accepts pkcs7 and rsa2048 for the document and rejects a modified one."""
+    """AWS's `openssl smime -verify`: accepts pkcs7 and rsa2048 and print the document inside; a changed one fails."""
     async with seeded() as app:
         parts = await identity_parts(app, "2021-03-23")
     for name in ("pkcs7", "rsa2048"):
         assert all(len(line) <= 64 for line in parts[name].split(b"\n"))
-        ok = openssl_verify(tmp_path, parts["document"], parts[name], parts["certificate"])
+        ok = openssl_verify(tmp_path, parts[name], parts["certificate"])
         assert ok.returncode == 0, ok.stderr
         assert "Verification successful" in ok.stderr
-        assert (tmp_path / "verified").read_bytes() == parts["document"]
-        changed = parts["document"].replace(b"10.70.17.9", b"10.70.17.8")
-        bad = openssl_verify(tmp_path, changed, parts[name], parts["certificate"])
+        assert (tmp_path / "document").read_bytes() == parts["document"]  # the document is inside, as on AWS
+        der = base64.b64decode(parts[name])
+        assert der.count(b"10.70.17.9") == 1
+        changed = base64.b64encode(der.replace(b"10.70.17.9", b"10.70.17.8"))
+        bad = openssl_verify(tmp_path, changed, parts["certificate"])
         assert bad.returncode != 0
-        assert "Verification failure" in bad.stderr
+        assert "Verification failure" in bad.stderr or "digest failure" in bad.stderr, bad.stderr
+
+
+async def test_one_pkcs7_answers_pkcs7_and_rsa2048_under_every_version():
+    """One key, one certificate: pkcs7 and rsa2048 are the same signature, made once for the document."""
+    async with seeded() as app:
+        made = count_signing(app.services.signer)
+        latest = await identity_parts(app, "latest")
+        dated = await identity_parts(app, "2021-03-23")
+    assert made == ["pkcs7", "signature"]  # one of each for the document, whatever the version read
+    assert latest["pkcs7"] == latest["rsa2048"]
+    assert (dated["document"], dated["pkcs7"], dated["signature"]) == (
+        latest["document"], latest["pkcs7"], latest["signature"])
 
 
 def write_key(path: Path, key: rsa.RSAPrivateKey | ec.EllipticCurvePrivateKey) -> Path:

@@ -122,6 +122,49 @@ async def test_random_seed_is_fresh_per_request_and_the_rest_is_identical():
         assert "random_seed" in (await get(app, "/openstack/2013-04-04/meta_data.json")).json()
 
 
+async def test_meta_data_json_is_remembered_with_a_fresh_seed_in_each_answer():
+    """After one read the memo answers meta_data.json (the front's path): a new seed each time, the rest kept.
+
+    Nova draws a seed per request too, so the memo keeps the document and splices one in per answer
+    (also to a read the front recognises by its bytes); its kept Content-Length fits every answer, its
+    ETag is the handler's; a new version of the record is read afresh.
+    """
+    path = "/openstack/latest/meta_data.json"
+    async with seeded() as app:
+        assert app.remembered((GUEST, 40000), path, "GET", [(b"host", b"169.254.169.254")]) is None  # not read yet
+        first = await get(app, path)
+        answers = [app.remembered((GUEST, 40000), path, "GET", [(b"host", b"169.254.169.254")]) for _ in range(3)]
+        assert all(answer is not None for answer in answers)
+        bodies = [answer.body for answer in answers if answer is not None]
+        seeds = {base64.b64decode(json.loads(body)["random_seed"]) for body in [first.content, *bodies]}
+        assert len(seeds) == 4
+        assert {len(seed) for seed in seeds} == {512}
+        assert all(without_seed(body) == without_seed(first.content) for body in bodies)
+        for answer in answers:
+            assert answer is not None
+            headers = dict(answer.headers)
+            assert headers[b"content-length"] == str(len(answer.body)).encode()
+            assert headers[b"etag"].decode() == first.headers["etag"]
+            assert headers[b"content-type"] == b"application/json"
+            said, answer.wire = answer.body, "the bytes a server wrote"
+            assert app.again((GUEST, 40000), path, answer)  # asked again by its bytes: a new body, the old wire gone
+            assert answer.wire is None
+            assert len(answer.body) == len(said)
+            assert json.loads(answer.body)["random_seed"] != json.loads(said)["random_seed"]
+            assert without_seed(answer.body) == without_seed(said)
+        again = await get(app, path)  # through the ASGI entry: the memo's answer, a new seed
+        assert json.loads(again.content)["random_seed"] not in {json.loads(b)["random_seed"] for b in bodies}
+        head = await get(app, path, method="HEAD")
+        assert (head.status_code, head.headers["content-length"]) == (200, str(len(first.content)))
+        assert (await get(app, path, headers={"If-None-Match": first.headers["etag"]})).status_code == 304
+        async with admin_client(app) as admin:
+            await push_record(admin, [GUEST], {**openstack_document(), "hostname": "renamed"}, USERDATA,
+                              userdata_encoding="text")
+        assert not app.again((GUEST, 40000), path, answers[0])  # type: ignore[arg-type]
+        assert app.remembered((GUEST, 40000), path, "GET", [(b"host", b"169.254.169.254")]) is None
+        assert (await get(app, path)).json()["hostname"] == "renamed"
+
+
 @pytest.mark.parametrize(
     ("version", "present", "nic_fields"),
     [

@@ -5,8 +5,9 @@ caller's catalog entry. These drive real ``imds serve`` processes (front, grania
 the memo is the front's ``serve``, so every server has it) and check that a read after a
 change answers the change: a write, an address moving to another instance, a more specific
 network taking the caller, a deletion; that a guarded route's refusal never turns into a
-remembered 200; and that what must be fresh each time (the IMDSv2 TTL, OpenStack's random
-seed) is, while the counters and the read log count every read.
+remembered 200 (nor a GCE read kept with its Metadata-Flavor header one without it); and that
+what must be fresh each time (the IMDSv2 TTL, OpenStack's random seed) is, while the counters
+and the read log count every read.
 """
 
 from __future__ import annotations
@@ -83,6 +84,18 @@ def test_a_deleted_instance_is_not_found(server):
     with httpx.Client(timeout=15) as admin:
         assert admin.delete(f"{server.url}/device-metadata/{instance_id}", headers=server.admin_headers).is_success
     assert {a.status_code for a in _reads(server, guest, "/metadata")} == {404}
+
+
+def test_a_gce_read_is_remembered_with_its_flavor_header_only(server):
+    """GCE reads (Metadata-Flavor: Google) answer a write at once; without the header they stay GCE's 403."""
+    instance_id, guest = new_id(), "127.0.1.17"
+    path = "/computeMetadata/v1/instance/hostname"
+    server.post("/device-metadata", metadata_body(instance_id, ips=[guest], hostname="one"))
+    assert {(a.status_code, a.text) for a in _reads(server, guest, path, **{"Metadata-Flavor": "Google"})} == {
+        (200, "one")}
+    assert {a.status_code for a in _reads(server, guest, path)} == {403}
+    server.post("/device-metadata", metadata_body(instance_id, ips=[guest], hostname="two"))
+    assert {a.text for a in _reads(server, guest, path, **{"Metadata-Flavor": "Google"})} == {"two"}
 
 
 def test_fresh_values_stay_fresh(server):

@@ -8,6 +8,8 @@ task has run must not be answered from what was remembered before it.
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -15,6 +17,7 @@ import pytest
 from factories import new_id
 from helpers import ADMIN_TOKEN, FakeClock, admin_client, client_from, make_settings, push_record
 from imds.app import build_app
+from imds.web.instance import InstanceFront
 
 pytestmark = pytest.mark.anyio
 
@@ -29,6 +32,34 @@ def _at(moment: datetime) -> str:
 
 async def test_a_remembered_read_is_not_answered_past_its_notice_moment():
     """Active, read twice (remembered); the window ends: the next read is [] even before the clock task runs."""
+    async with active_notice() as (app, clock), client_from(app, GUEST) as guest:
+        for _ in range(3):  # the second and third are the memo's
+            active = json.loads((await guest.get(SCHEDULED)).text)
+            assert [(e["Description"], e["State"]) for e in active] == [("switch firmware", "active")]
+        clock.now = (T0 + timedelta(hours=1)).timestamp()  # the window ends; no expire_notices() yet
+        after = await guest.get(SCHEDULED)
+    assert (after.status_code, after.text) == (200, "[]")
+
+
+@pytest.mark.parametrize("path", ["/notices", "/openstack/latest/notices.json"])
+async def test_the_notices_document_is_remembered_until_its_notice_moment(path):
+    """The JSON/OpenStack notices document is remembered while current; past the window's end it says so at once."""
+    async with active_notice() as (app, clock), client_from(app, GUEST) as guest:
+        first = await guest.get(path)
+        assert [n["state"] for n in first.json()["notices"]] == ["active"]
+        remembered = app.remembered((GUEST, 40000), path, "GET", [(b"host", b"169.254.169.254")])
+        assert remembered is not None
+        assert remembered.body == first.content
+        assert (await guest.get(path)).content == first.content
+        clock.now = (T0 + timedelta(hours=1)).timestamp()  # the window ends; no expire_notices() yet
+        assert app.remembered((GUEST, 40000), path, "GET", [(b"host", b"169.254.169.254")]) is None
+        after = (await guest.get(path)).json()
+    assert (after["notices"], [n["description"] for n in after["history"]]) == ([], ["switch firmware"])
+
+
+@asynccontextmanager
+async def active_notice() -> AsyncIterator[tuple[InstanceFront, FakeClock]]:
+    """An app whose clock is five minutes into a maintenance window of GUEST's facility."""
     clock = FakeClock((T0 + timedelta(minutes=5)).timestamp())
     app = build_app(make_settings(), clock=clock)
     async with app.services.running():
@@ -38,10 +69,4 @@ async def test_a_remembered_read_is_not_answered_past_its_notice_moment():
                 "facility": "da11", "kind": "maintenance", "time": _at(T0),
                 "window_end": _at(T0 + timedelta(hours=1)), "description": "switch firmware"})
             assert notice.status_code == 200, notice.text
-        async with client_from(app, GUEST) as guest:
-            for _ in range(3):  # the second and third are the memo's
-                active = json.loads((await guest.get(SCHEDULED)).text)
-                assert [(e["Description"], e["State"]) for e in active] == [("switch firmware", "active")]
-            clock.now = (T0 + timedelta(hours=1)).timestamp()  # the window ends; no expire_notices() yet
-            after = await guest.get(SCHEDULED)
-        assert (after.status_code, after.text) == (200, "[]")
+        yield app, clock

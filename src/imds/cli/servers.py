@@ -38,6 +38,7 @@ from typing import Any
 import click
 
 from imds import log
+from imds.cli import tally
 from imds.cli.warden import Warden
 from imds.config import Settings
 
@@ -105,17 +106,20 @@ def raise_fd_limit(connections: int = 0) -> int:
 
 
 @contextlib.contextmanager
-def connection_budget(app: Any, sockets: list[socket.socket], settings: Settings) -> Iterator[Warden]:
+def connection_budget(
+    app: Any, sockets: list[socket.socket], settings: Settings, counts: tally.Tally | None = None,
+) -> Iterator[Warden]:
     """Run the per-source connection warden (``--max-connections-per-source``) while serving.
 
     Only the instance listeners are watched: ``sockets`` are the ``--listen`` ones, then the
     ``--admin-listen`` ones (``cli/serve.py``), and an admin-only listener's clients are
-    operators, often all behind one TLS front.
+    operators, often all behind one TLS front. ``counts``: the server counts its instance
+    connections per source there (the front), and the warden dumps only when they say so.
     """
     metrics = getattr(getattr(app, "services", None), "metrics", None)
     watched = sockets[: len(sockets) - len(settings.http.admin_listen)]
     warden = Warden(watched, settings.http.max_connections_per_source, settings.callers.trusted_proxy,
-                    on_shut=metrics.connections_shut.inc if metrics is not None else lambda _n: None)
+                    on_shut=metrics.connections_shut.inc if metrics is not None else lambda _n: None, tally=counts)
     warden.start()
     try:
         yield warden
@@ -136,8 +140,9 @@ def serve_front(app: Any, sockets: list[socket.socket], settings: Settings) -> N
     """Serve ``app`` on ``sockets`` with imds's own front until SIGINT/SIGTERM; in-flight requests finish first."""
     from imds.cli import front  # noqa: PLC0415 - the server stack loads only when serving
 
-    with connection_budget(app, sockets, settings), asyncio.Runner(loop_factory=_new_loop) as runner:
-        runner.run(front.run(app, sockets, settings))
+    counts = tally.shared() if settings.http.max_connections_per_source > 0 else None
+    with connection_budget(app, sockets, settings, counts), asyncio.Runner(loop_factory=_new_loop) as runner:
+        runner.run(front.run(app, sockets, settings, counts))
 
 
 def serve_granian(app: Any, sockets: list[socket.socket], settings: Settings) -> None:
@@ -283,9 +288,11 @@ def _worker_main(serve_one: Callable[[], None]) -> int:  # pragma: no cover - ru
 def run_workers(count: int, serve_one: Callable[[], None]) -> None:
     """Fork ``count`` processes running ``serve_one``; forward SIGINT/SIGTERM; fail if any worker failed."""
     children: list[int] = []
-    for _ in range(count):
+    tally.prepare(count)  # the front's per-source connection counts, one row per worker
+    for index in range(count):
         pid = os.fork()
         if pid == 0:  # pragma: no cover - runs in the child
+            tally.shared().adopt_row(index)
             os._exit(_worker_main(serve_one))
         children.append(pid)
 

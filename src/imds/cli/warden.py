@@ -18,7 +18,11 @@ them, the client sees its connection closed.
 - Trusted proxies' networks are exempt: every VM behind one arrives from its address.
 - Our fds are found by ``fstat`` (socket inode); each is pinned with ``dup`` and its inode
   checked again before the shutdown, so an fd closed and reused meanwhile is never touched.
-- Cheap when no source is over budget: one netlink dump of our listeners' connections.
+- Cheap when no source is over budget: one netlink dump of our listeners' connections; and
+  none at all beside a server that counts its connections per source (the front, ``tally``:
+  ``imds.cli.tally``), until a count says a source may be over budget. The dump is what
+  costs under a boot storm: the kernel walks every socket of the namespace, TIME_WAIT ones
+  included, to find the few it returns.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 
 from imds import log
+from imds.cli.tally import Tally
 from imds.models import Network
 
 _log = log.get("serve")
@@ -192,6 +197,7 @@ class Warden:
         period: float = 0.1,
         on_shut: Callable[[int], None] = lambda _n: None,
         clock: Callable[[], float] = time.monotonic,
+        tally: Tally | None = None,
     ) -> None:
         self.listeners = listeners(sockets)
         self.budget = budget
@@ -205,6 +211,12 @@ class Warden:
         self._exempt: dict[str, bool] = {}
         self._logged: dict[str, float] = {}
         self._pending: dict[str, int] = {}
+        # The server's own per-source counts, when it keeps them: a dump only after they raised the alarm.
+        self.tally = tally
+        self._dumped = 0  # monotonic ns at the start of the last dump
+        if tally is not None:
+            tally.budget = budget
+            tally.exempt = self.exempt
 
     def exempt(self, source: str) -> bool:
         """True for an address inside a trusted proxy network (cached per address)."""
@@ -233,11 +245,24 @@ class Warden:
                 for (family, port), bound in self.listeners.items()
                 for _f, _local, remote, inode in ours_only(dump(port, family), bound)]
 
+    def due(self) -> bool:
+        """Whether a pass is due: always without a tally; with one, if its alarm rose since the last dump."""
+        return self.tally is None or self.tally.alarmed_since(self._dumped)
+
     def scan(self) -> int:
-        """One pass: shut the excess this process holds; how many were shut."""
-        over = excess(self.connections(), self.budget, self.exempt)
+        """One pass: shut the excess this process holds; how many were shut.
+
+        With a tally, an excess found (anyone's) raises its alarm again: every worker's
+        warden passes again next period, until a pass finds none.
+        """
+        started = time.monotonic_ns()
+        conns = self.connections()
+        self._dumped = started  # a failed dump leaves the alarm pending
+        over = excess(conns, self.budget, self.exempt)
         if not over:
             return 0
+        if self.tally is not None:
+            self.tally.alarm()
         shut_now: dict[str, int] = {}
         targets = to_shut(over, our_sockets(over))
         # In chunks spread over the period: a thousand shutdowns at once (and the thousand
@@ -275,6 +300,8 @@ class Warden:
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), NICE)
         failed = False
         while not self._stop.wait(self.period):
+            if not self.due():
+                continue
             try:
                 self.scan()
             except Exception as exc:  # noqa: BLE001 - the warden never takes the server down: it says so, once

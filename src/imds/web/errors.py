@@ -82,15 +82,23 @@ def documented(*statuses: int) -> dict[int | str, dict[str, object]]:
 
 
 def status_for(exc: ImdsError) -> int:
-    """The HTTP status for an imds error."""
-    return next(status for kind, status in STATUS if isinstance(exc, kind))
+    """The HTTP status for an imds error: its class's first ``STATUS`` row, found once per class."""
+    kind = type(exc)
+    status = _STATUS_OF.get(kind)
+    if status is None:
+        status = _STATUS_OF[kind] = next(status for base, status in STATUS if issubclass(kind, base))
+    return status
+
+
+_STATUS_OF: dict[type[ImdsError], int] = {}  # one entry per error class met (a few dozen at most)
 
 
 def error_body(message: str, exc: ImdsError | None = None) -> bytes:
     """The JSON error body; field problems are listed for InvalidInput."""
+    if not isinstance(exc, InvalidInput):  # json.dumps({"message": message}), byte for byte, without the dict
+        return b'{"message": %b}' % json.dumps(message).encode()
     body: dict[str, object] = {"message": message}
-    if isinstance(exc, InvalidInput):
-        body["errors"] = [{"field": p.field, "message": p.message} for p in exc.problems]
+    body["errors"] = [{"field": p.field, "message": p.message} for p in exc.problems]
     return json.dumps(body).encode()
 
 

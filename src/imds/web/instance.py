@@ -38,7 +38,7 @@ from imds.web.flavors.nocloud import NoCloudFlavor
 from imds.web.flavors.openstack import OpenStackFlavor
 from imds.web.instance_guard import FlavorGuard
 from imds.web.listeners import AdminListeners
-from imds.web.memo import ReadMemo, Remembered, inert
+from imds.web.memo import ReadMemo, Remembered, memo_key
 from imds.web.replies import reply_head
 from imds.web.routes import INSTANCE, PROBE_PATHS, PUBLISHED_PATHS, Groups, aliased, dispatch, on_gce_path
 from imds.web.routing import (
@@ -120,9 +120,11 @@ def _direct(endpoint: Endpoint) -> ASGIApp:
     return app
 
 
-def _keepable(scope: Scope) -> bool:
-    """Whether a fixed answer to this request may be kept (``imds.web.memo``): a plain GET or HEAD."""
-    return scope["method"] in READ_METHODS and not scope["query_string"] and inert(scope["headers"])
+def _keepable(scope: Scope) -> str | None:
+    """The key a fixed answer to this request is kept under (``imds.web.memo``), or None: never kept."""
+    if scope["method"] not in READ_METHODS or scope["query_string"]:
+        return None
+    return memo_key(scope["path"], scope["headers"])
 
 
 class InstanceFront:
@@ -240,11 +242,12 @@ class InstanceFront:
         with no query string and an instance route that is not ``_not_here`` or ``_loading``.
         """
         memo = self._memo
-        if memo is None or method not in READ_METHODS or not inert(headers):
+        key = memo_key(path, headers) if memo is not None and method in READ_METHODS else None
+        if key is None or memo is None:
             return None
         started = time.perf_counter()
         host = client[0] if client else None
-        found = memo.recall(host, path)
+        found = memo.recall(host, key)
         return found if found is not None and self._counted(memo, found, host, path, started) else None
 
     def again(self, client: Any, path: str, found: Remembered) -> bool:
@@ -252,12 +255,23 @@ class InstanceFront:
 
         For a server that recognises a request by its bytes: the memo must still hold
         ``found`` for this caller and path (else the caller, the instance or its rendering
-        moved); the bookkeeping is done as for ``remembered``.
+        moved); the bookkeeping is done as for ``remembered``. An answer made anew each time
+        (``Remembered.renew``: a fresh seed) answers again while the memo keeps its recipe:
+        ``found`` then gets a new body (and loses the server's encoding of the old one, ``wire``).
         """
         started = time.perf_counter()
         host = client[0] if client else None
         memo = self._memo
-        return memo is not None and memo.recall(host, path) is found and self._counted(memo, found, host, path, started)
+        if memo is None:
+            return False
+        renew = found.renew
+        if renew is None:
+            return memo.recall(host, found.key) is found and self._counted(memo, found, host, path, started)
+        kept = memo.kept(host, found.key)
+        if kept is None or kept.renew is not renew or not self._counted(memo, found, host, path, started):
+            return False
+        found.body, found.wire = renew(), None
+        return True
 
     def _counted(self, memo: ReadMemo, found: Remembered, host: str | None, path: str, started: float) -> bool:
         """``serve``'s bookkeeping for a remembered answer; False (nothing counted) when a limit refuses it."""
@@ -279,7 +293,8 @@ class InstanceFront:
         started = time.perf_counter()
         scope = call.scope
         memo = self._memo
-        before = memo.counted() if memo is not None and _keepable(scope) else None
+        kept_as = _keepable(scope) if memo is not None else None  # the memo's key (``key`` is the limits')
+        before = memo.counted() if memo is not None and kept_as is not None else None
         try:
             reply = self._limited(call, key) if key is not None else None  # no key: neither limit is on
             if reply is None:
@@ -298,8 +313,8 @@ class InstanceFront:
             _log.exception("instance.error", path=scope["path"])
             reply = _own(call, _INTERNAL)
         status, headers = reply_head(call, reply)
-        if before is not None and reply.fixed and status == 200 and memo is not None:
-            memo.keep(call, headers, reply.body, before)
+        if before is not None and reply.fixed and status == 200 and memo is not None and kept_as is not None:
+            memo.keep(call, kept_as, headers, reply, before)
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": b"" if scope["method"] == "HEAD" or status == 304
                     else reply.body})

@@ -83,7 +83,12 @@ class Reply:
     entry (this version of it) and the path: no other request header, no clock, no chance,
     no state outside the entry. The front may then keep it with the entry and answer the
     same read again from it (``imds.web.memo``). Set it only on answers rendered from the
-    entry (``Entry.render``); leave it off for anything minted, seeded, timed or consumed.
+    entry (``Entry.render``); leave it off for anything minted, timed or consumed.
+
+    ``renew``: with ``fixed``, the answer is fixed but for a fresh part made anew for each
+    answer (OpenStack's ``random_seed``): ``renew()`` makes the next body, of the same length
+    as ``body`` (the kept ``content-length`` holds for each). The front keeps the recipe and
+    answers each repeated read with a new body.
     """
 
     status: int
@@ -91,6 +96,7 @@ class Reply:
     content_type: bytes = TEXT
     headers: tuple[tuple[bytes, bytes], ...] = ()
     fixed: bool = False
+    renew: Callable[[], bytes] | None = None
 
 
 Handler = Callable[[InstanceCall], Awaitable[Reply]]

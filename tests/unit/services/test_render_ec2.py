@@ -12,6 +12,7 @@ import pytest
 
 from ec2_expected import ED25519_KEY, HOLLOW_SEED, INSTANCE_ID, REPO, RSA_KEY, seed
 from imds.models import Instance
+from imds.services.identity.document import Signed
 from imds.services.render.ec2 import (
     AWS_VERSIONS,
     HOLLOW_VERSION,
@@ -94,13 +95,14 @@ def text_tree(root: Dir) -> dict[str, str]:
 
 
 class FakeSigner:
-    """Deterministic stand-in for the identity signer: proves what is signed, not how."""
+    """Deterministic stand-in for the identity signer: proves what is signed, not how (and how often)."""
 
-    def signature(self, data: bytes) -> str:
-        return f"sig({len(data)})"
+    def __init__(self) -> None:
+        self.signed: list[bytes] = []
 
-    def pkcs7(self, data: bytes) -> str:
-        return f"p7({len(data)})"
+    def sign(self, document: bytes) -> Signed:
+        self.signed.append(document)
+        return Signed(f"p7({len(document)})", f"sig({len(document)})")
 
 
 # --- hollow's 2009-04-04 subset ----------------------------------------------------------------------------
@@ -434,7 +436,8 @@ def test_identity_document_architecture_and_missing_private_ip():
 def test_aws_version_root_has_dynamic_meta_data_and_user_data(version):
     """Under each AWS version: dynamic/instance-identity (document + signatures), meta-data, user-data."""
     inst = instance(seed(), b"#!/bin/sh\n\xc3\xa9\n")
-    root = version_root(inst, version, FakeSigner())
+    signer = FakeSigner()
+    root = version_root(inst, version, signer)
     document = identity_document(inst)
     assert root.listing() == "dynamic\nmeta-data\nuser-data"  # AWS lists the version root bare
     assert body(resolve(root, "dynamic")) == b"instance-identity/"  # type: ignore[arg-type]
@@ -443,6 +446,7 @@ def test_aws_version_root_has_dynamic_meta_data_and_user_data(version):
     assert resolve(root, "dynamic/instance-identity/signature") == f"sig({len(document)})"
     assert resolve(root, "dynamic/instance-identity/pkcs7") == f"p7({len(document)})"
     assert resolve(root, "dynamic/instance-identity/rsa2048") == f"p7({len(document)})"
+    assert signer.signed == [document]  # one call: one PKCS#7 serves pkcs7 and rsa2048
     assert text_tree(resolve(root, "meta-data")) == AWS_SEED  # type: ignore[arg-type]
     assert resolve(root, "user-data") == b"#!/bin/sh\n\xc3\xa9\n"
 

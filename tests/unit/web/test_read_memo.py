@@ -115,3 +115,42 @@ async def test_the_catalog_version_moves_with_every_placed_or_dropped_entry(app)
     async with client_from(app, "192.0.2.250", token="test-admin-token") as admin:
         assert (await admin.delete(f"/device-metadata/{instance_id}")).status_code == 200
     assert catalog.version > written
+
+
+FLAVOR = (b"metadata-flavor", b"Google")
+HOSTNAME = "/computeMetadata/v1/instance/hostname"
+
+
+async def test_a_gce_read_is_remembered_under_its_metadata_flavor_value(app):
+    """GCE's reads carry Metadata-Flavor: Google: kept under the path and that value, recalled only with it."""
+    host = (GUEST, 40000)
+    assert app.remembered(host, HOSTNAME, "GET", [FLAVOR]) is None
+    async with client_from(app, GUEST) as guest:
+        first = await guest.get(HOSTNAME, headers={"Metadata-Flavor": "Google"})
+        assert (first.status_code, first.text) == (200, "one")
+        found = app.remembered(host, HOSTNAME, "GET", [(b"host", b"metadata.google.internal"), FLAVOR])
+        assert found is not None
+        assert found.body == b"one"
+        kept = dict(found.headers)
+        assert (kept[b"metadata-flavor"], kept[b"etag"].decode()) == (b"Google", first.headers["etag"])
+        assert app.again(host, HOSTNAME, found)
+        for headers in ([], [(b"metadata-flavor", b"google")], [FLAVOR, FLAVOR], [FLAVOR, (b"metadata", b"true")]):
+            assert app.remembered(host, HOSTNAME, "GET", headers) is None, headers
+        refused = await guest.get(HOSTNAME)  # no header: GCE's 403, never the kept 200
+        assert refused.status_code == 403
+        await push_record(app, [GUEST], {"id": "11111111-1111-4111-8111-111111111111", "hostname": "two"})
+        assert app.remembered(host, HOSTNAME, "GET", [FLAVOR]) is None  # a new version: read afresh
+        assert (await guest.get(HOSTNAME, headers={"Metadata-Flavor": "Google"})).text == "two"
+
+
+async def test_a_guarded_read_kept_with_a_flavor_header_is_never_recalled_without_it():
+    """--instance-auth json: a read with Metadata-Flavor is kept under that value; a plain read stays 401."""
+    async with running_app(make_settings(instance_auth=("json",))) as running:
+        await push_record(running, [GUEST], {"id": "11111111-1111-4111-8111-111111111111", "hostname": "one"})
+        async with client_from(running, GUEST) as guest:
+            for _ in range(2):
+                allowed = await guest.get("/metadata", headers={"Metadata-Flavor": "imds"})
+                assert allowed.json()["hostname"] == "one"
+            assert running.remembered((GUEST, 1), "/metadata", "GET", [(b"metadata-flavor", b"imds")]) is not None
+            assert running.remembered((GUEST, 1), "/metadata", "GET", []) is None
+            assert (await guest.get("/metadata")).status_code == 401

@@ -11,7 +11,8 @@ with granian or uvicorn (docs/server.md).
 
 ``run`` (what ``imds.cli.servers.serve_front`` runs) runs the app's lifespan (uvicorn's
 ``LifespanOn``), accepts on every socket (``imds.cli.front.listener``: ``--max-connections``
-per listener), ticks once a second (the ``date`` header; header and keep-alive deadlines, checked every 0.25 s) and on
+per listener), ticks once a second (the ``date`` header; header and keep-alive deadlines, checked every 0.25 s;
+what survived a full garbage collection frozen, ``imds.cli.front.heap``) and on
 SIGINT/SIGTERM stops accepting, lets the answers under way finish (at most
 ``--shutdown-timeout``), runs the lifespan shutdown and returns.
 """
@@ -28,16 +29,22 @@ import uvicorn
 from uvicorn.lifespan.on import LifespanOn
 
 from imds import log
+from imds.cli.front.heap import Heap
 from imds.cli.front.listener import Listener
 from imds.cli.front.shared import Shared
+from imds.cli.tally import Tally
 from imds.config import Settings
 
 _log = log.get("serve")
 TICK = 0.25  # seconds between deadline checks (the header and keep-alive timeouts are this precise)
 
 
-async def run(app: Any, sockets: list[socket.socket], settings: Settings) -> None:
-    """Serve ``app`` on ``sockets`` until SIGINT/SIGTERM; the answers under way finish first."""
+async def run(app: Any, sockets: list[socket.socket], settings: Settings, counts: Tally | None = None) -> None:
+    """Serve ``app`` on ``sockets`` until SIGINT/SIGTERM; the answers under way finish first.
+
+    ``counts``: where the instance listeners' connections are counted per source, for the
+    connection warden (``imds.cli.tally``); the admin-only listeners (last) are not counted.
+    """
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
@@ -47,24 +54,30 @@ async def run(app: Any, sockets: list[socket.socket], settings: Settings) -> Non
     if lifespan.should_exit:
         raise click.ClickException("imds did not start; see the log above")
     shared = Shared(app, settings, loop)
-    listeners = [Listener(shared, sock, settings.http.max_connections) for sock in sockets]
+    instances = len(sockets) - len(settings.http.admin_listen)
+    listeners = [Listener(shared, sock, settings.http.max_connections, counts if index < instances else None)
+                 for index, sock in enumerate(sockets)]
     for listener in listeners:
         listener.start()
-    ticking = loop.create_task(_tick(shared))
+    heap = Heap(loop.time)
+    heap.start()
+    ticking = loop.create_task(_tick(shared, heap))
     await stop.wait()
     _log.info("stopping", in_flight_grace=settings.http.shutdown_timeout)
     for listener in listeners:
         listener.stop()
     await _drain(shared, settings.http.shutdown_timeout)
     ticking.cancel()
+    heap.stop()
     await lifespan.shutdown()
 
 
-async def _tick(shared: Shared) -> None:
-    """The ``date`` header once a second; connections past their head or idle deadline closed."""
+async def _tick(shared: Shared, heap: Heap) -> None:
+    """The ``date`` header once a second; connections past their head or idle deadline closed; the heap frozen."""
     ticks = 0
     while True:
         await asyncio.sleep(TICK)
+        heap.tick()
         ticks += 1
         if ticks % round(1 / TICK) == 0:
             shared.redate()

@@ -36,9 +36,11 @@ from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
 from imds.cli.front import eager
 from imds.cli.front.exchange import Exchange
+from imds.cli.front.held import Held
 from imds.cli.front.request import asgi_cycle, scope_of
 from imds.cli.front.shared import Shared
 from imds.cli.front.wire import Last, recalled, refusal
+from imds.cli.tally import Tally
 from imds.errors import HeadTooLarge, ImdsError, InvalidInput
 from imds.web.memo import Remembered
 from imds.web.routing import Handler, Scope
@@ -58,14 +60,15 @@ class _Stop(Exception):
 class Connection(asyncio.Protocol):
     """One HTTP/1.1 connection (see the module docstring)."""
 
-    __slots__ = ("_release", "active", "client", "closing", "deadline", "early", "exchange", "flow", "head_bytes",
+    __slots__ = ("_release", "active", "client", "closing", "deadline", "exchange", "flow", "head_bytes",
                  "head_size", "headers", "idle_since", "in_head", "messages", "parser", "parsing", "queue", "recalled",
-                 "recalls", "repeat", "says_connection", "server", "shared", "transport", "url")
+                 "recalls", "repeat", "says_connection", "server", "shared", "tally", "transport", "url")
 
     def __init__(self, shared: Shared, release: Callable[[], None], client: tuple[str, int],
                  server: tuple[str, int]) -> None:
         self.shared = shared
         self._release: Callable[[], None] | None = release  # gives the listener's connection slot back, once
+        self.tally: Tally | None = None  # where the listener counted it (per source), if it does
         self.client = client
         self.server = server
         self.parser = httptools.HttpRequestParser(self)
@@ -89,7 +92,6 @@ class Connection(asyncio.Protocol):
         self.deadline = 0.0  # loop time the head (or the idle wait) must end by; 0: an answer is under way
         self.idle_since = 0.0
         self.recalls = shared.instance_listener(server)  # may answer from the read memo
-        self.early = b""  # bytes the listener read before the connection was made
         self.messages = 0  # requests completed in the chunk being parsed
         self.recalled: tuple[Remembered, str, bool] | None = None  # the last request answered from the memo
         self.repeat: tuple[bytes, Remembered, str, bool] | None = None  # its bytes, when they came alone
@@ -98,15 +100,19 @@ class Connection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         transport = cast("asyncio.Transport", transport)  # a TCP transport (uvloop's is no asyncio.Transport subclass)
+        held = self.transport
+        if isinstance(held, Held):  # made on a Held transport first (imds.cli.front.held): the loop's takes over
+            self.transport = transport
+            if self.exchange is not None:
+                self.exchange.retarget(transport)
+            held.attach(transport)
+            return
         self.transport = transport
         self.flow = FlowControl(transport)
         self.exchange = Exchange(transport, self.flow, self.shared.date, transport.close)
         self.shared.connections.add(self)
         self.idle_since = self.shared.loop.time()
         self.deadline = self.idle_since + self.shared.header_timeout  # the first head, from the accept
-        early, self.early = self.early, b""
-        if early:  # read when accepted (imds.cli.front.listener)
-            self.data_received(early)
 
     def connection_lost(self, exc: Exception | None) -> None:  # noqa: ARG002 - the reason changes nothing
         self.closing = True
@@ -125,6 +131,8 @@ class Connection(asyncio.Protocol):
         release, self._release = self._release, None
         if release is not None:
             release()
+            if self.tally is not None:
+                self.tally.closed(self.client[0])
 
     def data_received(self, data: bytes) -> None:
         if self.closing:
@@ -362,6 +370,11 @@ class Connection(asyncio.Protocol):
             flow.resume_reading()
         self.idle_since = now = self.shared.now  # the tick's clock: deadlines are checked on ticks anyway
         self.deadline = now + (self.shared.header_timeout if self.in_head else self.shared.idle_timeout)
+
+    def answered_early(self) -> bool:
+        """On a Held transport: whether the connection has answered all it was sent and is closing."""
+        held = self.transport
+        return isinstance(held, Held) and held.closed and not held.aborted and self.active is None and not self.queue
 
     def closing_transport(self) -> bool:
         """Whether the connection is closed or closing."""

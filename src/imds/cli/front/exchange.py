@@ -54,6 +54,11 @@ class Exchange:
         self.lost = False
         self.begin(keep_alive=True, http10=False, head_only=False)
 
+    def retarget(self, transport: asyncio.Transport) -> None:
+        """Write to ``transport`` from now on (the loop's, replacing a ``Held`` one)."""
+        self._transport = transport
+        self.on_close = transport.close
+
     def begin(self, *, keep_alive: bool, http10: bool, head_only: bool) -> None:
         """Ready for the next request's answer."""
         self.keep_alive = keep_alive

@@ -5,22 +5,27 @@ rest wait in the kernel's backlog, which the hostile-input suite relies on (conn
 over the cap cost the process nothing). So the front accepts itself: the listening
 socket is watched for readability, each accepted socket is handed to the event loop as a
 ``Connection`` (``loop.connect_accepted_socket``), and at the cap the socket is no longer
-watched until a connection closes. Accept errors such as ``EMFILE`` (the open-files limit)
-pause accepting for a moment rather than spin on a readable socket.
+watched until a connection closes. An instance listener counts its connections per source
+in the warden's tally (``imds.cli.tally``) as they open and close. Accept errors such as
+``EMFILE`` (the open-files limit) pause accepting for a moment rather than spin on a
+readable socket.
 """
 
 from __future__ import annotations
 
 import _socket
+import asyncio
 import contextlib
 import errno
 import ipaddress
 import socket
-from typing import Any
+from typing import Any, cast
 
 from imds.cli.front import eager
 from imds.cli.front.connection import Connection
+from imds.cli.front.held import Held
 from imds.cli.front.shared import Shared
+from imds.cli.tally import Tally
 
 ACCEPT_BATCH = 64  # connections taken per wake-up before others on the loop get a turn
 EARLY_BYTES = 65536  # what is read at once from a connection just accepted
@@ -55,10 +60,11 @@ class _Accepted(socket.socket):
 class Listener:
     """Accepts connections on ``sock`` for ``shared``, up to ``cap`` open at once."""
 
-    def __init__(self, shared: Shared, sock: socket.socket, cap: int) -> None:
+    def __init__(self, shared: Shared, sock: socket.socket, cap: int, tally: Tally | None = None) -> None:
         self.shared = shared
         self.sock = sock
         self.cap = cap
+        self.tally = tally
         self._kind = (int(sock.family), int(sock.type), sock.proto)  # what each accepted socket is made with
         host, port = _address(sock.getsockname())
         # The local address of every connection, unless bound to a wildcard (then each has its own).
@@ -119,19 +125,64 @@ class Listener:
                 self.release()
                 return
         connection = Connection(self.shared, self.release, client, server)
-        # A client that connects to ask one thing has usually sent it by now: read it here, and the
-        # connection answers it as soon as it is made, a loop turn earlier than waiting to read.
-        with contextlib.suppress(BlockingIOError, InterruptedError, ConnectionError):
-            connection.early = conn.recv(EARLY_BYTES)
+        if self.tally is not None:
+            self.tally.opened(client[0])
+            connection.tally = self.tally  # it says when it closes
+        # A client that connects to ask one thing has usually sent it by now: read it here and answer
+        # it on a Held transport; an answer that ends the connection goes out without the loop's.
+        if self._answer_early(conn, connection):
+            return
 
         def failed(_exc: BaseException) -> None:
             with contextlib.suppress(OSError):
                 conn.close()
-            if connection.transport is None:  # never connected: its slot is given back here
+            if connection.transport is None:  # never connected: its slot (and count) is given back here
                 self.release()
+                if connection.tally is not None:
+                    connection.tally.closed(client[0])
+            elif isinstance(connection.transport, Held):  # made on its Held transport only: lost here
+                connection.connection_lost(None)
 
         loop = self.shared.loop
         eager.drive(loop.connect_accepted_socket(lambda: connection, conn), loop, failed)
+
+    def _answer_early(self, conn: socket.socket, connection: Connection) -> bool:
+        """Answer what the client sent with its connection on a Held transport; True if that ended it."""
+        early = b""
+        with contextlib.suppress(BlockingIOError, InterruptedError, ConnectionError):
+            early = conn.recv(EARLY_BYTES)
+        if not early:
+            return False
+        connection.connection_made(cast("asyncio.Transport", Held()))
+        try:
+            connection.data_received(early)
+        except Exception:  # a bug (the connection answers its own errors): this one goes, never the listener
+            self.shared.logger.exception("front.early_failed")
+            conn.close()
+            connection.connection_lost(None)
+            return True
+        return len(early) < EARLY_BYTES and connection.answered_early() and self._send_and_close(conn, connection)
+
+    def _send_and_close(self, conn: socket.socket, connection: Connection) -> bool:
+        """Send a connection's whole answer and close it, no transport made; False if it did not all go.
+
+        What the socket did not take now (a full send buffer) is left on the Held transport
+        for the loop's, which then closes the connection.
+        """
+        held = cast("Held", connection.transport)
+        data = held.take()
+        try:
+            sent = conn.send(data)
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        except OSError:  # reset or gone: nobody left to answer
+            sent = len(data)
+        if sent < len(data):
+            held.data.append(data[sent:])
+            return False
+        conn.close()
+        connection.connection_lost(None)
+        return True
 
     def release(self) -> None:
         """A connection of this listener closed: its slot is free."""

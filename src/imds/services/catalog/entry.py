@@ -285,7 +285,13 @@ class Entry:
 
     def render_in_context(self, key: str, build: Callable[[Instance, Context], T]) -> T:
         """``render``, for a rendering that also takes the instance's context (project record, notices)."""
-        return self.render(key, lambda instance: build(instance, self.context()))
+        if self._until is not None:
+            self._fresh()
+        rendered = self._rendered
+        if rendered is not None and key in rendered:  # as ``render`` does, without making a closure per read
+            self._cache.touch(self)
+            return cast("T", rendered[key])
+        return self._keep(key, build(self.instance, self.context()))
 
     def render_in_project(self, key: str, build: Callable[[Instance, ProjectAttributes | None], T]) -> T:
         """``render_in_context`` for a rendering that takes only the project's record."""

@@ -3,7 +3,18 @@
 The signing key is the operator's (``--identity-key``) or one generated into the data
 directory (``identity-key.pem``); the certificate is ``--identity-cert`` or a self-signed
 one for that key. The admin API publishes the certificate so relying parties can verify
-``signature`` (RSA-SHA256) and ``pkcs7``/``rsa2048`` (PKCS#7 detached, SHA-256).
+``signature`` (RSA-SHA256) and ``pkcs7``/``rsa2048`` (PKCS#7, SHA-256). As on AWS the
+PKCS#7 carries the document itself (``openssl smime -verify`` prints it; Vault-style relying
+parties take the document out of it), not a detached signature.
+
+On AWS ``pkcs7`` and ``rsa2048`` differ only in the key that signs them (a DSA key with
+SHA-1, an RSA-2048 key with SHA-256), each verified with its own published certificate.
+imds has one key and one certificate, so the two would be the same signature made twice:
+one PKCS#7 is made and served at both paths. A document's signatures are made once
+(``sign``) and kept for the next ``MEMO_DOCUMENTS`` documents signed: each costs a private-key
+operation or two (about a millisecond on a loaded 2-core box), and the same document is
+signed again when an instance is read under another version, or after its renderings were
+dropped (an eviction, a notice or project change).
 """
 
 from __future__ import annotations
@@ -11,6 +22,8 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import textwrap
+from collections import OrderedDict
+from dataclasses import dataclass
 from pathlib import Path
 
 from cryptography import x509
@@ -25,6 +38,15 @@ from imds.services.identity.keys import load_or_create, read
 KEY_FILE = "identity-key.pem"
 CERT_FILE = "identity-cert.pem"
 _RSA_BITS = 2048
+MEMO_DOCUMENTS = 1024  # documents whose signatures are kept (about 3 KiB each with the document)
+
+
+@dataclass(frozen=True, slots=True)
+class Signed:
+    """A document's signatures: ``pkcs7`` (served as ``pkcs7`` and ``rsa2048``) and ``signature``."""
+
+    pkcs7: str
+    signature: str
 
 
 class IdentitySigner:
@@ -33,6 +55,18 @@ class IdentitySigner:
     def __init__(self, key: rsa.RSAPrivateKey, certificate: x509.Certificate) -> None:
         self._key = key
         self.certificate = certificate
+        self._signed: OrderedDict[bytes, Signed] = OrderedDict()
+
+    def sign(self, document: bytes) -> Signed:
+        """Both signatures of ``document``: made once, then recalled while it is among the last signed."""
+        signed = self._signed.get(document)
+        if signed is not None:
+            self._signed.move_to_end(document)
+            return signed
+        signed = self._signed[document] = Signed(self.pkcs7(document), self.signature(document))
+        if len(self._signed) > MEMO_DOCUMENTS:
+            self._signed.popitem(last=False)
+        return signed
 
     @property
     def certificate_pem(self) -> bytes:
@@ -44,12 +78,12 @@ class IdentitySigner:
         return base64.b64encode(self._key.sign(data, padding.PKCS1v15(), hashes.SHA256())).decode()
 
     def pkcs7(self, data: bytes) -> str:
-        """Base64 DER PKCS#7 detached signature of ``data``, in 64-character lines like AWS."""
+        """Base64 DER PKCS#7 signed data holding ``data``, in 64-character lines like AWS."""
         der = (
             pkcs7.PKCS7SignatureBuilder()
             .set_data(data)
             .add_signer(self.certificate, self._key, hashes.SHA256())
-            .sign(serialization.Encoding.DER, [pkcs7.PKCS7Options.DetachedSignature, pkcs7.PKCS7Options.Binary])
+            .sign(serialization.Encoding.DER, [pkcs7.PKCS7Options.Binary])
         )
         return "\n".join(textwrap.wrap(base64.b64encode(der).decode(), 64))
 

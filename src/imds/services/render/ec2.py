@@ -56,15 +56,25 @@ AWS_VERSIONS = ("2016-09-02", "2018-09-24", "2021-03-23", "latest")
 VERSIONS = (HOLLOW_VERSION, *AWS_VERSIONS)
 
 
+class Signatures(Protocol):
+    """A document's signatures (``imds.services.identity.document.Signed``)."""
+
+    @property
+    def pkcs7(self) -> str:
+        """Base64 DER PKCS#7 holding the document, AWS-style line-wrapped (served as ``pkcs7`` and ``rsa2048``)."""
+        ...
+
+    @property
+    def signature(self) -> str:
+        """Base64 RSA-SHA256 signature."""
+        ...
+
+
 class Signer(Protocol):
     """Signs identity documents (see ``imds.services.identity.document``)."""
 
-    def signature(self, data: bytes) -> str:
-        """Base64 RSA-SHA256 signature of ``data``."""
-        ...
-
-    def pkcs7(self, data: bytes) -> str:
-        """Base64 DER PKCS#7 detached signature of ``data``, AWS-style line-wrapped."""
+    def sign(self, document: bytes) -> Signatures:
+        """The signatures of ``document``."""
         ...
 
 
@@ -329,11 +339,12 @@ def version_root(instance: Instance, version: str, signer: Signer, context: Cont
             items.append(("meta-data", hollow_meta_data(doc, instance.id)))
     elif doc is not None:
         document = identity_document(instance)
+        signed = signer.sign(document)  # one PKCS#7 for pkcs7 and rsa2048 (one key, one certificate)
         identity = Dir([
             ("document", document),
-            ("pkcs7", signer.pkcs7(document)),
-            ("rsa2048", signer.pkcs7(document)),
-            ("signature", signer.signature(document)),
+            ("pkcs7", signed.pkcs7),
+            ("rsa2048", signed.pkcs7),
+            ("signature", signed.signature),
         ])
         items += [("dynamic", Dir([("instance-identity", identity)])),
                   ("meta-data", aws_meta_data(doc, instance.id, context))]

@@ -31,7 +31,7 @@ and whoever serves it splices a fresh ``random_seed`` in with ``with_seed``.
 
 from __future__ import annotations
 
-import base64
+import binascii
 import os
 from typing import Any
 
@@ -88,8 +88,16 @@ class SeededJson(bytes):
 
     def with_seed(self, seed: bytes) -> bytes:
         """The document with ``"random_seed": base64(seed)`` added."""
-        encoded = base64.b64encode(seed)
-        return bytes(self[:-1]) + b',"random_seed":"' + encoded + b'"}'
+        return splice(self.opening(), seed)
+
+    def opening(self) -> bytes:
+        """The document up to its seed's base64 text: every member, then ``,"random_seed":"``."""
+        return bytes(self[:-1]) + b',"random_seed":"'
+
+
+def splice(opening: bytes, seed: bytes) -> bytes:
+    """A seeded document from its ``SeededJson.opening`` and the seed: the base64 text and the closing ``"}``."""
+    return b"".join((opening, binascii.b2a_base64(seed, newline=False), b'"}'))
 
 
 def since(version: str, introduced: str) -> bool:

@@ -150,7 +150,8 @@ class GceFlavor:
             return Reply(200, token.encode(), _TEXT, (FLAVOR,))
         body, content_type = render_answer(node, recursive=recursive, alt=alt, verbatim=parts[-1:] == ["attributes"])
         self._locator.served(METADATA)
-        return Reply(200, body, content_type, (FLAVOR, (b"etag", entry.etag.strip(b'"'))))
+        # Fixed: the read memo keeps it under the path and the Metadata-Flavor value (imds.web.memo.memo_key).
+        return Reply(200, body, content_type, (FLAVOR, (b"etag", entry.etag.strip(b'"'))), fixed=True)
 
     async def _held(
         self, call: InstanceCall, first: Reply, watch: Watch, path: _Path, receive: Receive,

@@ -47,7 +47,7 @@ class JsonFlavor:
             body = entry.render_in_context("json/notices", lambda _instance, context: notices_document(context))
         except ImdsError as exc:
             return error_reply(exc)
-        return Reply(200, body, JSON)
+        return Reply(200, body, JSON, fixed=True)  # not recalled past the next moment a notice changes on its own
 
     async def _serve(
         self, call: InstanceCall, kind: str, build: Callable[[Instance], bytes],

@@ -1,7 +1,9 @@
 """The OpenStack flavor: ``/openstack``, ``/openstack/<version>/…`` and the instance's password.
 
 Reads answer from the catalog's per-version trees (``imds.services.render.openstack``);
-``meta_data.json`` gets a fresh ``random_seed`` on every request. ``POST
+``meta_data.json`` gets a fresh ``random_seed`` on every request, as Nova's does (its
+``_metadata_as_json`` draws one per lookup, also from a cached ``InstanceMetadata``): the
+front remembers the document and splices a new seed into each repeated read (``Reply.renew``). ``POST
 /openstack/<version>/password`` (2013-04-04 and later) stores the password the instance
 posts, once: 200 with an empty body, 409 when one is already set, 400 over 1020 bytes.
 Errors are plain text (``404 - Not Found``), never JSON, never 500. ``GET
@@ -11,6 +13,9 @@ and a config drive does not hold it (a drive cannot follow notices).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
 
 from imds.errors import Conflict, ImdsError, InvalidInput, NotFound
 from imds.models import METADATA, USERDATA
@@ -27,6 +32,7 @@ from imds.services.render.openstack import (
     SeededJson,
     SeedPool,
     since,
+    splice,
     version_dir,
     versions_listing,
 )
@@ -75,7 +81,8 @@ class OpenStackFlavor:
             raise NotFound(f"no {rest!r} under /openstack/{version}")
         self._locator.served(kind)
         if isinstance(node, SeededJson):
-            return Reply(200, node.with_seed(self._seeds.take()), JSON)
+            renew = partial(_seeded, node.opening(), self._seeds.take)
+            return Reply(200, renew(), JSON, fixed=True, renew=renew)
         if rest.endswith(".json"):
             return Reply(200, body(node), JSON, fixed=True)
         if kind == USERDATA:
@@ -86,7 +93,7 @@ class OpenStackFlavor:
         """``latest/notices.json``: the JSON flavor's notices document (not Nova's, so not listed, not on a drive)."""
         entry = await self._locator.entry(call, METADATA, needs_record=True)
         body = entry.render_in_context("json/notices", lambda _instance, context: notices_document(context))
-        return Reply(200, body, JSON)
+        return Reply(200, body, JSON, fixed=True)  # not recalled past the next moment a notice changes on its own
 
     async def _post_password(self, call: InstanceCall) -> Reply:
         instance = (await self._locator.entry(call)).instance
@@ -105,3 +112,7 @@ class OpenStackFlavor:
 
         return Pending(complete=complete)
 
+
+def _seeded(opening: bytes, take: Callable[[], bytes]) -> bytes:
+    """A ``meta_data.json`` with a seed never handed out before (each the same length: ``SEED_BYTES``)."""
+    return splice(opening, take())
