@@ -30,6 +30,7 @@ from typing import Any
 import httpx
 import uvicorn
 
+from helpers import wait_for_async
 from serve_process import Server, free_port
 
 SCHEDULED = "/latest/meta-data/events/maintenance/scheduled"
@@ -215,10 +216,7 @@ class AppOnSocket:
     async def running(self) -> AsyncIterator[AppOnSocket]:
         task = asyncio.create_task(self._server.serve())
         try:
-            for _ in range(400):
-                if self._server.started or task.done():
-                    break
-                await asyncio.sleep(0.025)
+            await wait_for_async(lambda: self._server.started or task.done(), what="uvicorn to start")
             assert self._server.started, "uvicorn did not start"
             yield self
         finally:

@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from helpers import wait_for
 from imds.cli import tally as tally_module
 from imds.cli.tally import Tally
 from imds.cli.warden import Warden
@@ -159,16 +160,10 @@ def test_the_thread_skips_the_dump_until_the_alarm(monkeypatch):
         monkeypatch.setattr(warden, "connections", lambda: dumps.append(1) or [])
         warden.start()
         try:
-            deadline = time.monotonic() + 30
-            while len(periods) < 5 and time.monotonic() < deadline:
-                time.sleep(0.01)
-            assert len(periods) >= 5
+            wait_for(lambda: len(periods) >= 5, what="five of the warden's periods", timeout=30)
             assert dumps == []  # five periods, not one dump
             for _ in range(3):
                 counts.opened("127.0.0.2")
-            deadline = time.monotonic() + 10
-            while not dumps and time.monotonic() < deadline:
-                time.sleep(0.01)
-            assert dumps
+            wait_for(lambda: dumps, what="a dump once the alarm is raised", timeout=30)
         finally:
             warden.stop()
