@@ -29,7 +29,7 @@ recall can only ever give what the handler gave for this version of this instanc
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from operator import itemgetter
 
@@ -68,11 +68,6 @@ class Remembered:
     wire: object = None
     renew: Callable[[], bytes] | None = None
     key: str = ""
-
-
-def inert(headers: Iterable[tuple[bytes, bytes]]) -> bool:
-    """Whether every request header is one no handler reads."""
-    return INERT.issuperset(map(itemgetter(0), headers))
 
 
 def memo_key(path: str, headers: list[tuple[bytes, bytes]]) -> str | None:
