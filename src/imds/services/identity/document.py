@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
+import functools
 import textwrap
-from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,18 +56,11 @@ class IdentitySigner:
     def __init__(self, key: rsa.RSAPrivateKey, certificate: x509.Certificate) -> None:
         self._key = key
         self.certificate = certificate
-        self._signed: OrderedDict[bytes, Signed] = OrderedDict()
+        # Both signatures of a document: made once, then recalled while it is among the last signed.
+        self.sign: Callable[[bytes], Signed] = functools.lru_cache(maxsize=MEMO_DOCUMENTS)(self._signatures)
 
-    def sign(self, document: bytes) -> Signed:
-        """Both signatures of ``document``: made once, then recalled while it is among the last signed."""
-        signed = self._signed.get(document)
-        if signed is not None:
-            self._signed.move_to_end(document)
-            return signed
-        signed = self._signed[document] = Signed(self.pkcs7(document), self.signature(document))
-        if len(self._signed) > MEMO_DOCUMENTS:
-            self._signed.popitem(last=False)
-        return signed
+    def _signatures(self, document: bytes) -> Signed:
+        return Signed(self.pkcs7(document), self.signature(document))
 
     @property
     def certificate_pem(self) -> bytes:
