@@ -282,10 +282,12 @@ def test_one_vm_cannot_hold_more_than_its_connections(host):
     vm, other = host.vms[UUID_A], host.vms[UUID_B]
     host.wait_served(vm)
     with subprocess.Popen(["ip", "netns", "exec", vm.name, sys.executable, "-c", _HOLD, str(PER_SOURCE)],
-                          stdout=subprocess.PIPE, text=True) as holder:
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as holder:
         assert holder.stdout is not None
+        assert holder.stderr is not None
         extra = holder.stdout.readline().strip()
-        assert extra in {"extra: closed", "extra: ConnectionResetError"}, extra
+        # An empty line: the holder died (its traceback says where); seen once in CI, cause not known yet.
+        assert extra in {"extra: closed", "extra: ConnectionResetError"}, extra or holder.stderr.read()
         assert host.served(other)  # its own counter: same 10.0.0.5, another port
         held = holder.stdout.readline().strip()
         assert held == "held: HTTP/1.1 200 OK", held
