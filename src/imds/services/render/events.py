@@ -32,6 +32,7 @@ from datetime import datetime
 
 from imds.models import ACTIVE, CANCELED
 from imds.services.render.context import Context
+from imds.services.render.pretty import pretty
 from imds.services.render.timeline import Seen, aws_event_date, rfc3339
 from imds.services.render.tree import Dir, Leaf
 
@@ -46,7 +47,7 @@ EVENT_ID_PREFIX = "instance-event-"
 
 
 def _pretty(value: object) -> bytes:
-    return json.dumps(value, indent=2).encode()
+    return pretty(value).encode()  # json.dumps(indent=2)'s text from the C encoder
 
 
 def ec2_event(seen: Seen) -> dict[str, str]:
