@@ -90,8 +90,13 @@ def _active(notices: Iterable[Seen], kind: str) -> list[Seen]:
 
 
 def ec2_items(context: Context) -> dict[str, Leaf | Dir]:
-    """What notices add to EC2's ``meta-data/``: ``events/`` always, ``spot/`` and ``autoscaling/`` when they say so."""
+    """What notices add to EC2's ``meta-data/``: ``events/`` always, ``spot/`` and ``autoscaling/`` when they say so.
+
+    Without notices (most instances) ``events/`` is the same tree for everyone: one, shared (never modified).
+    """
     notices = context.notices
+    if not notices:
+        return {"events": _QUIET}
     maintenance = Dir([("history", _pretty(history(notices))), ("scheduled", _pretty(scheduled(notices, context.now)))])
     events: list[tuple[str, Leaf | Dir]] = [("maintenance", maintenance)]
     if rebalance := _active(notices, "rebalance"):
@@ -106,6 +111,9 @@ def ec2_items(context: Context) -> dict[str, Leaf | Dir]:
         newest = max(lifecycle, key=lambda s: (s.notice.time, s.notice.id))
         items["autoscaling"] = Dir([("target-lifecycle-state", newest.notice.target_state or "")])
     return items
+
+
+_QUIET = Dir([("maintenance", Dir([("history", _pretty([])), ("scheduled", _pretty([]))]))])  # no notice
 
 
 def gce_items(context: Context) -> dict[str, object]:
