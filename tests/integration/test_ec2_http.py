@@ -635,7 +635,7 @@ async def test_one_pkcs7_answers_pkcs7_and_rsa2048_under_every_version():
         made = count_signing(app.services.signer)
         latest = await identity_parts(app, "latest")
         dated = await identity_parts(app, "2021-03-23")
-    assert made == ["pkcs7", "signature"]  # one of each for the document, whatever the version read
+    assert sorted(made) == ["pkcs7", "signature"]  # one of each for the document, whatever the version read
     assert latest["pkcs7"] == latest["rsa2048"]
     assert (dated["document"], dated["pkcs7"], dated["signature"]) == (
         latest["document"], latest["pkcs7"], latest["signature"])
