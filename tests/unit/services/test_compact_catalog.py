@@ -6,7 +6,6 @@ import copy
 import ipaddress
 import random
 from datetime import UTC, datetime
-from types import SimpleNamespace
 
 from helpers import fixture_json
 from imds.models import Address, Instance, Network
@@ -165,7 +164,10 @@ def test_the_size_estimate_of_a_rendering_is_the_recursive_one():
 
 
 class _Signer:
-    """Signatures sized like real ones: what is counted, not what is signed."""
+    """Signatures made when read (``Later`` leaves): what is counted, not what is signed."""
 
-    def sign(self, document: bytes) -> SimpleNamespace:
-        return SimpleNamespace(pkcs7="p" * (2 * len(document)), signature="s" * 344)
+    def pkcs7_of(self, document: bytes) -> str:
+        return "p" * (2 * len(document))
+
+    def signature_of(self, document: bytes) -> str:
+        return "s" * len(document)
