@@ -289,3 +289,19 @@ async def test_a_put_with_a_body_or_elsewhere_still_goes_to_the_asgi_app(shared,
     assert answers[2][2] == b"405 - Method Not Allowed"
     assert answers[3][2] == DEMO_ID.encode()
     assert handed == ["PUT /latest/api/token", "PUT /latest/api/token", "PUT /latest/meta-data/instance-id"]
+
+
+async def test_token_puts_in_place_meet_the_rate_limit_as_reads_do(handed):
+    """Past the caller's burst a token PUT gets serve's 429 (JSON, Retry-After), still without the ASGI app."""
+    settings = make_settings(rate_limit=1.0, rate_burst=2, max_requests_per_source=0)
+    app = build_served_app(settings)
+    async with app.app.services.running():
+        await load_demo(app.app.services.records)
+        connection, transport = _connect(Shared(app, settings, asyncio.get_running_loop()))
+        connection.data_received(_put("/latest/api/token", f"{TTL}: 60") * 2 + _get("/metadata")
+                                 + _put("/latest/api/token", f"{TTL}: 60"))
+        answers = transport.answers()
+        assert [status for status, _, _ in answers] == [200, 200, 429, 429]
+        assert "retry-after" in answers[3][1]
+        assert json.loads(answers[3][2])["message"].startswith("too many requests")
+        assert handed == []
