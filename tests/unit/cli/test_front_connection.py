@@ -305,3 +305,24 @@ async def test_token_puts_in_place_meet_the_rate_limit_as_reads_do(handed):
         assert "retry-after" in answers[3][1]
         assert json.loads(answers[3][2])["message"].startswith("too many requests")
         assert handed == []
+
+
+async def test_a_token_put_on_an_admin_listener_is_the_asgi_apps_as_before(handed):
+    """With --admin-listen, a token PUT arriving there goes to the ASGI app (its 404); on the instance one, in place."""
+    settings = make_settings(max_requests_per_source=0, admin_listen=(("127.0.0.1", 8081),))
+    app = build_served_app(settings)
+    async with app.app.services.running():
+        await load_demo(app.app.services.records)
+        shared = Shared(app, settings, asyncio.get_running_loop())
+        admin = Connection(shared, lambda: None, ("127.0.0.1", 40000), ("127.0.0.1", 8081))
+        admin_transport = Transport()
+        admin.connection_made(admin_transport)  # type: ignore[arg-type]
+        admin.data_received(_put("/latest/api/token", f"{TTL}: 60"))
+        ((status, _, body),) = await _answered(admin_transport, 1)
+        assert (status, json.loads(body)["message"]) == (404, "not found")
+        assert handed == ["PUT /latest/api/token"]
+        connection, transport = _connect(shared)  # the instance listener (127.0.0.1:80)
+        connection.data_received(_put("/latest/api/token", f"{TTL}: 60"))
+        ((status, headers, _),) = transport.answers()
+        assert (status, headers[TTL.lower()]) == (200, "60")
+        assert handed == ["PUT /latest/api/token"]
