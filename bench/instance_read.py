@@ -23,7 +23,8 @@ then the recorded GETs with the token, a new connection per request), ``--storm-
 crawls at a time; request p50/p99/max, requests over 1 s, errors and server CPU per
 request, and the clients' own CPU. nginx runs it first, answering every path with
 instance 0's bytes and the token PUT with a fixed token: the same client, connections and
-kernel, so its figures are the floor this box gives any server.
+kernel, so its figures are the floor this box gives any server. ``--storm-workers N`` runs
+each imds server of the storm with ``--workers N`` and nginx with N worker processes.
 
 Every process it starts is stopped by its PID; only loopback addresses are targeted.
 """
@@ -69,7 +70,8 @@ def start_nginx(workdir: Path, bodies: dict[str, bytes], port: int) -> subproces
     return run_nginx(workdir, port, locations)
 
 
-def start_storm_nginx(workdir: Path, answers: dict[str, tuple[int, bytes]], port: int) -> subprocess.Popen[bytes]:
+def start_storm_nginx(workdir: Path, answers: dict[str, tuple[int, bytes]], port: int,
+                      workers: int = 1) -> subprocess.Popen[bytes]:
     """Start nginx answering the storm's paths with what imds gave instance 0, and the token PUT with a fixed token.
 
     A path ending in ``/`` (a listing) is rewritten to its file (nginx's static module
@@ -89,15 +91,15 @@ def start_storm_nginx(workdir: Path, answers: dict[str, tuple[int, bytes]], port
         file.write_bytes(body)
         file.chmod(0o644)
         locations.append(f"location = {url_path} {{ rewrite ^ /body/body-{index} last; }}")
-    return run_nginx(workdir, port, locations)
+    return run_nginx(workdir, port, locations, workers)
 
 
-def run_nginx(workdir: Path, port: int, locations: list[str]) -> subprocess.Popen[bytes]:
-    """Start nginx (one worker, no access log) on 127.0.0.1:``port`` with ``locations``, its files under ``workdir``."""
+def run_nginx(workdir: Path, port: int, locations: list[str], workers: int = 1) -> subprocess.Popen[bytes]:
+    """Start nginx (``workers`` worker processes, no access log) on 127.0.0.1:``port`` with ``locations``."""
     scratch = workdir / "scratch"
     conf = workdir / "nginx.conf"
     conf.write_text(f"""
-worker_processes 1;
+worker_processes {workers};
 daemon off;
 pid {workdir}/nginx.pid;
 error_log {workdir}/nginx-error.log warn;
@@ -260,6 +262,8 @@ def main() -> int:
                         help="also run a boot storm of N IMDSv2 crawls against each imds server (0: none)")
     parser.add_argument("--storm-concurrency", type=int, default=256, help="crawls at a time in the boot storm")
     parser.add_argument("--storm-clients", type=int, default=2, help="client processes sharing the boot storm")
+    parser.add_argument("--storm-workers", type=int, default=1,
+                        help="worker processes of each server in the boot storm (imds --workers, nginx's)")
     parser.add_argument("--output", type=Path, default=ROOT / "bench" / "results.md")
     args = parser.parse_args()
     if not _tools_present(profile=args.profile):
@@ -337,13 +341,14 @@ def boot_storms(servers: tuple[str, ...], args: argparse.Namespace, tmp: Path) -
     answers: dict[str, tuple[int, bytes]] = {}
     for name in servers:
         port, log = free_port(), tmp / f"storm-{name}.log"
-        with serve(data_dir, port, log, "--server", name, "--imdsv2", "optional", "--log-level", "warning") as proc:
+        with serve(data_dir, port, log, "--server", name, "--imdsv2", "optional", "--log-level", "warning",
+                   "--workers", str(args.storm_workers)) as proc:
             wait_ready(proc, port, log)
             if not answers:  # what nginx will answer, from the first server: then nginx goes first
                 answers = {f"/{step['path']}": get(port, f"/{step['path']}", loopback(0))
                            for step in sequence if step["method"] == "GET"}
                 nginx_port = free_port()
-                nginx = start_storm_nginx(tmp / "storm-nginx", answers, nginx_port)
+                nginx = start_storm_nginx(tmp / "storm-nginx", answers, nginx_port, args.storm_workers)
                 try:
                     wait_for(f"http://127.0.0.1:{nginx_port}/latest/api/token", START)
                     one("nginx", nginx.pid, nginx_port)
@@ -365,7 +370,8 @@ def write_storms(args: argparse.Namespace, storms: list[dict[str, object]]) -> N
         (f"Boot storm in the same run: {args.boot_storm:,} IMDSv2 crawls (cloud-init's recorded sequence, a new "
          f"connection per request, each instance from its own 127.x.y.z), {args.storm_concurrency} at a time from "
          f"{args.storm_clients} client processes (uvloop, prebuilt request bytes on bare sockets); imds: SQLite "
-         "store, default limits, `--imdsv2 optional`; nginx: one worker answering the same paths with instance 0's "
+         f"store, default limits, `--imdsv2 optional`, `--workers {args.storm_workers}`; nginx: "
+         f"{args.storm_workers} worker(s) answering the same paths with instance 0's "
          "bytes and the token PUT with `return 200` (the floor of this client and kernel on this box). "
          "server/client cpu = utime+stime per request; load = load average before / after each storm."),
         "",
@@ -400,7 +406,8 @@ def write_results(
                + "".join(f" --server {name}" for name in (args.server or ())) + (" --profile" if args.profile else "")
                + (" --baseline SRC" if args.baseline else "")
                + (f" --boot-storm {args.boot_storm} --storm-concurrency {args.storm_concurrency} "
-                  f"--storm-clients {args.storm_clients}" if args.boot_storm else ""))
+                  f"--storm-clients {args.storm_clients} --storm-workers {args.storm_workers}"
+                  if args.boot_storm else ""))
     lines = [
         "",
         f"## read: {stamp}",

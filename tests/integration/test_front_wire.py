@@ -9,6 +9,7 @@ is bounded by the socket timeout (``http_wire.TIMEOUT``), never by a sleep.
 
 from __future__ import annotations
 
+import base64
 import json
 import signal
 import socket
@@ -18,6 +19,9 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric import padding, rsa
 
 from factories import metadata_body, new_id
 from helpers import wait_for
@@ -133,6 +137,46 @@ def test_an_imdsv2_stream_cut_in_small_segments_is_answered_in_order(server):
         head = reader.answer(head=True)
         assert (head.status, head.header("content-length"), head.body) == (200, str(len(b"cut-again")), b"")
         assert reader.answer().body == b"cut-again"
+
+
+def test_signatures_made_off_the_loop_are_answered_in_order_and_verify(server):
+    """pkcs7, rsa2048 and signature (made on the signing thread while the read waits): pipelined and one-shot."""
+    identity = "/latest/dynamic/instance-identity/"
+    instance_id, guest = new_id(), "127.0.0.44"
+    with connect(_port(server)) as admin:
+        body = json.dumps(metadata_body(instance_id, ips=[guest], hostname="signed")).encode()
+        admin.sendall(request("POST", "/device-metadata", AUTH, "Content-Type: application/json", body=body)
+                      + request("GET", "/identity/certificate.pem"))
+        reader = Reader(admin)
+        assert reader.answer().status == 200
+        certificate = x509.load_pem_x509_certificate(reader.answer().body)
+    with connect(_port(server), source=guest) as sock:  # the first read of the tree queues both signatures
+        sock.sendall(request("PUT", "/latest/api/token", "X-aws-ec2-metadata-token-ttl-seconds: 60"))
+        reader = Reader(sock)
+        with_token = f"X-aws-ec2-metadata-token: {reader.answer().body.decode()}"
+        sock.sendall(b"".join(request("GET", identity + name, with_token)
+                              for name in ("signature", "document", "pkcs7", "rsa2048")))
+        signature, document, pkcs7, rsa2048 = (reader.answer() for _ in range(4))
+    assert json.loads(document.body)["instanceId"] == instance_id
+    public_key = certificate.public_key()
+    assert isinstance(public_key, rsa.RSAPublicKey)
+    public_key.verify(base64.b64decode(signature.body), document.body, padding.PKCS1v15(), hashes.SHA256())
+    assert pkcs7.status == 200
+    assert pkcs7.body == rsa2048.body
+    held = pkcs7_der(pkcs7.body)
+    assert document.body in held  # the PKCS#7 holds the document it signs
+    for name, expected in (("signature", signature.body), ("pkcs7", pkcs7.body)):  # one request per connection
+        with connect(_port(server), source=guest) as sock:
+            sock.sendall(request("GET", identity + name, with_token, "Connection: close"))
+            again = Reader(sock).answer()
+        assert (again.status, again.body) == (200, expected)
+
+
+def pkcs7_der(served: bytes) -> bytes:
+    """The DER of a served PKCS#7 (base64 in 64-character lines)."""
+    lines = served.split(b"\n")
+    assert all(len(line) <= 64 for line in lines)
+    return base64.b64decode(b"".join(lines))
 
 
 @pytest.mark.parametrize("path", ["/metadata", "/healthz"], ids=["instance-read", "asgi"])

@@ -12,7 +12,6 @@ import pytest
 
 from ec2_expected import ED25519_KEY, HOLLOW_SEED, INSTANCE_ID, REPO, RSA_KEY, seed
 from imds.models import Instance
-from imds.services.identity.document import Signed
 from imds.services.render.ec2 import (
     AWS_VERSIONS,
     HOLLOW_VERSION,
@@ -24,7 +23,7 @@ from imds.services.render.ec2 import (
     version_root,
     versions_listing,
 )
-from imds.services.render.tree import Dir, body, resolve, walk
+from imds.services.render.tree import Dir, Later, body, resolve, walk
 
 MAC0 = "40:a6:b7:74:9f:10"
 MAC1 = "40:a6:b7:74:9f:11"
@@ -98,11 +97,15 @@ class FakeSigner:
     """Deterministic stand-in for the identity signer: proves what is signed, not how (and how often)."""
 
     def __init__(self) -> None:
-        self.signed: list[bytes] = []
+        self.signed: list[tuple[str, bytes]] = []
 
-    def sign(self, document: bytes) -> Signed:
-        self.signed.append(document)
-        return Signed(f"p7({len(document)})", f"sig({len(document)})")
+    def pkcs7_of(self, document: bytes) -> str:
+        self.signed.append(("pkcs7", document))
+        return f"p7({len(document)})"
+
+    def signature_of(self, document: bytes) -> str:
+        self.signed.append(("signature", document))
+        return f"sig({len(document)})"
 
 
 # --- hollow's 2009-04-04 subset ----------------------------------------------------------------------------
@@ -443,10 +446,15 @@ def test_aws_version_root_has_dynamic_meta_data_and_user_data(version):
     assert body(resolve(root, "dynamic")) == b"instance-identity/"  # type: ignore[arg-type]
     assert body(resolve(root, "dynamic/instance-identity")) == b"document\npkcs7\nrsa2048\nsignature"  # type: ignore[arg-type]
     assert resolve(root, "dynamic/instance-identity/document") == document
-    assert resolve(root, "dynamic/instance-identity/signature") == f"sig({len(document)})"
-    assert resolve(root, "dynamic/instance-identity/pkcs7") == f"p7({len(document)})"
-    assert resolve(root, "dynamic/instance-identity/rsa2048") == f"p7({len(document)})"
-    assert signer.signed == [document]  # one call: one PKCS#7 serves pkcs7 and rsa2048
+    assert signer.signed == []  # nothing signed until a signature is read
+    pkcs7 = resolve(root, "dynamic/instance-identity/pkcs7")
+    assert isinstance(pkcs7, Later)
+    assert resolve(root, "dynamic/instance-identity/rsa2048") is pkcs7  # one PKCS#7 serves pkcs7 and rsa2048
+    assert body(pkcs7) == f"p7({len(document)})".encode()
+    assert body(resolve(root, "dynamic/instance-identity/rsa2048")) == f"p7({len(document)})".encode()  # type: ignore[arg-type]
+    assert signer.signed == [("pkcs7", document)]  # made once, kept in the leaf
+    assert body(resolve(root, "dynamic/instance-identity/signature")) == f"sig({len(document)})".encode()  # type: ignore[arg-type]
+    assert signer.signed == [("pkcs7", document), ("signature", document)]
     assert text_tree(resolve(root, "meta-data")) == AWS_SEED  # type: ignore[arg-type]
     assert resolve(root, "user-data") == b"#!/bin/sh\n\xc3\xa9\n"
 

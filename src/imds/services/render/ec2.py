@@ -43,38 +43,30 @@ import hashlib
 import ipaddress
 import json
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Protocol
 
 from imds.models import Instance, JsonObject
 from imds.services.render.context import Context
 from imds.services.render.events import ec2_items
 from imds.services.render.fields import as_list, as_object
-from imds.services.render.tree import Dir, Leaf
+from imds.services.render.tree import Dir, Later, Leaf
 
 HOLLOW_VERSION = "2009-04-04"
 AWS_VERSIONS = ("2016-09-02", "2018-09-24", "2021-03-23", "latest")
+IDENTITY = "dynamic/instance-identity"  # the document and its signatures (``Later`` leaves), under an AWS version
 VERSIONS = (HOLLOW_VERSION, *AWS_VERSIONS)
 
 
-class Signatures(Protocol):
-    """A document's signatures (``imds.services.identity.document.Signed``)."""
+class Signer(Protocol):
+    """Signs identity documents (see ``imds.services.identity.document``), each signature once per document."""
 
-    @property
-    def pkcs7(self) -> str:
+    def pkcs7_of(self, document: bytes) -> str:
         """Base64 DER PKCS#7 holding the document, AWS-style line-wrapped (served as ``pkcs7`` and ``rsa2048``)."""
         ...
 
-    @property
-    def signature(self) -> str:
-        """Base64 RSA-SHA256 signature."""
-        ...
-
-
-class Signer(Protocol):
-    """Signs identity documents (see ``imds.services.identity.document``)."""
-
-    def sign(self, document: bytes) -> Signatures:
-        """The signatures of ``document``."""
+    def signature_of(self, document: bytes) -> str:
+        """Base64 RSA-SHA256 signature of the document."""
         ...
 
 
@@ -339,12 +331,13 @@ def version_root(instance: Instance, version: str, signer: Signer, context: Cont
             items.append(("meta-data", hollow_meta_data(doc, instance.id)))
     elif doc is not None:
         document = identity_document(instance)
-        signed = signer.sign(document)  # one PKCS#7 for pkcs7 and rsa2048 (one key, one certificate)
+        # Signed when first read (a private-key operation each); one PKCS#7 for pkcs7 and rsa2048.
+        pkcs7 = Later(partial(signer.pkcs7_of, document))
         identity = Dir([
             ("document", document),
-            ("pkcs7", signed.pkcs7),
-            ("rsa2048", signed.pkcs7),
-            ("signature", signed.signature),
+            ("pkcs7", pkcs7),
+            ("rsa2048", pkcs7),
+            ("signature", Later(partial(signer.signature_of, document))),
         ])
         items += [("dynamic", Dir([("instance-identity", identity)])),
                   ("meta-data", aws_meta_data(doc, instance.id, context))]

@@ -1,6 +1,7 @@
 """Trees: what the path-based flavors (EC2, later OpenStack and NoCloud) serve.
 
-A tree is a ``Dir`` of keys to leaves (``str``/``bytes``) and sub-``Dir``s. Listings are
+A tree is a ``Dir`` of keys to leaves (``str``/``bytes``, or ``Later``: made when first read)
+and sub-``Dir``s. Listings are
 derived from the tree, never written by hand: one entry per line, a subtree entry ends in
 ``/`` (unless its parent is ``bare``, as hollow's 2009-04-04 layout is), and a ``label``
 can replace the shown text (AWS lists ``public-keys/0`` as ``0=name``).
@@ -8,9 +9,41 @@ can replace the shown text (AWS lists ``public-keys/0`` as ``0=name``).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import Executor, Future
 
-Leaf = str | bytes
+
+class Later:
+    """A leaf whose text is made apart from the tree (``make``, called once; then kept in ``value``).
+
+    For what is too costly to make while a server's event loop waits: an identity signature
+    is a private-key operation (half a millisecond or more). ``start`` has an executor make it
+    (``pending`` is that job); ``body`` makes it in place if nobody did.
+    """
+
+    __slots__ = ("_make", "pending", "value")
+
+    def __init__(self, make: Callable[[], str]) -> None:
+        self._make = make
+        self.value: str | None = None
+        self.pending: Future[str] | None = None
+
+    def made(self) -> str:
+        """The leaf's text, made now if it was not yet (safe on a worker thread: at worst made twice, kept once)."""
+        value = self.value
+        if value is None:
+            value = self.value = self._make()
+        return value
+
+    def start(self, executor: Executor) -> Future[str]:
+        """The job making it on ``executor``: submitted by the first call, the same one after."""
+        pending = self.pending
+        if pending is None:
+            pending = self.pending = executor.submit(self.made)
+        return pending
+
+
+Leaf = str | bytes | Later
 
 
 class Dir(dict[str, "Leaf | Dir"]):
@@ -60,6 +93,8 @@ def body(node: Leaf | Dir) -> bytes:
     """What a GET of this node answers: the listing of a Dir, or the leaf's bytes."""
     if isinstance(node, Dir):
         return node.listing().encode()
+    if isinstance(node, Later):
+        return text_bytes(node.made())
     return text_bytes(node) if isinstance(node, str) else node
 
 

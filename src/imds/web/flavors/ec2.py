@@ -20,11 +20,12 @@ from functools import partial
 from imds.errors import ImdsError, NotFound, Refused, Unauthenticated
 from imds.models import METADATA, USERDATA, Instance
 from imds.services import Services
+from imds.services.identity.ahead import SigningQueue
 from imds.services.identity.proxied import may_mint_through
 from imds.services.identity.tokens import TOKEN_HEADER, TTL_HEADER, forwarding, is_token_path, parse_ttl
 from imds.services.render.context import Context
-from imds.services.render.ec2 import VERSIONS, version_root, versions_listing
-from imds.services.render.tree import Dir, body, resolve
+from imds.services.render.ec2 import IDENTITY, VERSIONS, version_root, versions_listing
+from imds.services.render.tree import Dir, Later, body, resolve
 from imds.web.errors import status_for
 from imds.web.flavors.gce import GOOGLE_ROOT, google_flavored
 from imds.web.replies import plain
@@ -46,6 +47,7 @@ class Ec2Flavor:
         self._tokens = services.tokens
         self._required = services.settings.ec2.imdsv2 == "required"
         self._roots = {version: (f"ec2/{version}", partial(self._root, version)) for version in VERSIONS}
+        self._signing = SigningQueue()
 
     def claims(self, segment: str) -> bool:
         """Whether an unknown first segment looks like an EC2 version (so 404s are EC2-style)."""
@@ -109,13 +111,21 @@ class Ec2Flavor:
         node = resolve(root, subpath)
         if node is None:
             raise NotFound(f"no {subpath!r} under /{version}")
+        if isinstance(node, Later):  # a signature: made off the loop (imds.services.identity.ahead)
+            await self._signing.made(node)
         if kind in _COUNTED:
             self._locator.served(record)
         return Reply(200, body(node), headers=headers, fixed=not tokens)  # a token's answer says its TTL
 
     def _root(self, version: str, instance: Instance, context: Context) -> Dir:
-        """Everything under ``/<version>/`` for ``instance`` (rendered once per version of it)."""
-        return version_root(instance, version, self._services.signer, context)
+        """Everything under ``/<version>/`` for ``instance`` (rendered once per version of it), signatures queued."""
+        root = version_root(instance, version, self._services.signer, context)
+        identity = resolve(root, IDENTITY)
+        if isinstance(identity, Dir):
+            for leaf in identity.values():
+                if isinstance(leaf, Later):
+                    self._signing.ahead(leaf)
+        return root
 
     def _check(self, tokens: list[str], instance_id: str) -> int:
         """Seconds the first valid token has left; the first one's error when none is valid."""
