@@ -17,7 +17,6 @@ whatever the VM sent before they add their own.
 from __future__ import annotations
 
 import base64
-import hashlib
 import hmac
 import re
 import secrets
@@ -141,4 +140,4 @@ class TokenIssuer:
         return owner, expires
 
     def _mac(self, payload: bytes) -> bytes:
-        return hmac.new(self._key, payload, hashlib.sha256).digest()
+        return hmac.digest(self._key, payload, "sha256")  # one call into OpenSSL: half hmac.new's cost
