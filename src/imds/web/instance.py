@@ -139,6 +139,7 @@ class InstanceFront:
         resolver = Resolver(services.catalog, services.metrics, services.lookup)
         locator = Locator(resolver, services.settings.callers.trusted_proxy, services.signed)
         self._ec2 = Ec2Flavor(services, locator)
+        self.mints = self._ec2.mints  # a bodiless PUT there: imds.cli.front serves it in place, as a read
         channel = ChannelFlavor(services, locator)  # /events, /phone-home, and /ganeti/<v>/read|write
         self.ganeti = GanetiFlavor(services, locator, {"read": channel.handle_read, "write": channel.handle_write})
         flavors = {"json": JsonFlavor(services, locator), "ec2": self._ec2, "channel": channel, "ganeti": self.ganeti,

@@ -17,6 +17,7 @@ import pytest
 
 from helpers import ADMIN_TOKEN, make_settings, wait_for_async
 from imds.app import build_served_app
+from imds.cli.front import connection as connection_module
 from imds.cli.front.connection import Connection
 from imds.cli.front.shared import Shared
 from imds.services.demo import load_demo
@@ -226,3 +227,102 @@ async def test_the_same_bytes_again_still_meet_the_rate_limit(shared):
         for _ in range(5):
             connection.data_received(_get("/metadata"))
         assert [a[0] for a in transport.answers()] == [200, 200, 200, 429, 429]
+
+
+def _put(path: str, *headers: str, body: bytes = b"") -> bytes:
+    head = [f"PUT {path} HTTP/1.1", "Host: imds", *headers]
+    return ("\r\n".join(head) + "\r\n\r\n").encode() + body
+
+
+TTL = "X-aws-ec2-metadata-token-ttl-seconds"
+
+
+@pytest.fixture
+def handed(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The paths handed to the ASGI app (``asgi_cycle``), still answered as before."""
+    paths: list[str] = []
+    made = connection_module.asgi_cycle
+
+    def counted(scope: Any, *args: Any, **kwargs: Any) -> Any:
+        paths.append(f"{scope['method']} {scope['path']}")
+        return made(scope, *args, **kwargs)
+
+    monkeypatch.setattr(connection_module, "asgi_cycle", counted)
+    return paths
+
+
+async def test_a_bodiless_token_put_is_answered_in_the_callback_without_the_asgi_app(shared, handed):
+    """The token PUT (no body, or Content-Length: 0) is written before data_received returns; its token reads."""
+    connection, transport = _connect(shared)
+    connection.data_received(_put("/latest/api/token", f"{TTL}: 60") + _put("/latest//api/token/", f"{TTL}: 5",
+                                                                            "Content-Length: 0"))
+    (status, headers, token), (again, again_headers, _) = transport.answers()
+    assert (status, headers[TTL.lower()], again, again_headers[TTL.lower()]) == (200, "60", 200, "5")
+    assert handed == []
+    connection.data_received(_get("/latest/meta-data/instance-id", f"X-aws-ec2-metadata-token: {token.decode()}"))
+    status, headers, body = transport.answers()[-1]
+    assert (status, body) == (200, DEMO_ID.encode())
+    assert 0 < int(headers[TTL.lower()]) <= 60
+    assert handed == []
+
+
+async def test_a_token_put_the_front_refuses_is_refused_in_place_as_before(shared, handed):
+    """A bad TTL is the plain 400, a forwarded PUT the plain 403: in place too, with no token."""
+    connection, transport = _connect(shared)
+    connection.data_received(_put("/latest/api/token", f"{TTL}: 0") + _put("/latest/api/token")
+                             + _put("/latest/api/token", f"{TTL}: 60", "X-Forwarded-For: 127.0.0.1"))
+    assert [(status, body) for status, _, body in transport.answers()] == [
+        (400, b"400 - Bad Request"), (400, b"400 - Bad Request"), (403, b"403 - Forbidden")]
+    assert handed == []
+
+
+async def test_a_put_with_a_body_or_elsewhere_still_goes_to_the_asgi_app(shared, handed):
+    """A token PUT with a body, a chunked one and a PUT on another path are the ASGI app's, answered in order."""
+    connection, transport = _connect(shared)
+    connection.data_received(_put("/latest/api/token", f"{TTL}: 60", "Content-Length: 3", body=b"abc")
+                             + _put("/latest/api/token", f"{TTL}: 60", "Transfer-Encoding: chunked", body=b"0\r\n\r\n")
+                             + _put("/latest/meta-data/instance-id", "Content-Length: 0")
+                             + _get("/latest/meta-data/instance-id"))
+    answers = await _answered(transport, 4)
+    assert [(status, headers.get(TTL.lower())) for status, headers, _ in answers] == [
+        (200, "60"), (200, "60"), (405, None), (200, None)]
+    assert answers[2][2] == b"405 - Method Not Allowed"
+    assert answers[3][2] == DEMO_ID.encode()
+    assert handed == ["PUT /latest/api/token", "PUT /latest/api/token", "PUT /latest/meta-data/instance-id"]
+
+
+async def test_token_puts_in_place_meet_the_rate_limit_as_reads_do(handed):
+    """Past the caller's burst a token PUT gets serve's 429 (JSON, Retry-After), still without the ASGI app."""
+    settings = make_settings(rate_limit=1.0, rate_burst=2, max_requests_per_source=0)
+    app = build_served_app(settings)
+    async with app.app.services.running():
+        await load_demo(app.app.services.records)
+        connection, transport = _connect(Shared(app, settings, asyncio.get_running_loop()))
+        connection.data_received(_put("/latest/api/token", f"{TTL}: 60") * 2 + _get("/metadata")
+                                 + _put("/latest/api/token", f"{TTL}: 60"))
+        answers = transport.answers()
+        assert [status for status, _, _ in answers] == [200, 200, 429, 429]
+        assert "retry-after" in answers[3][1]
+        assert json.loads(answers[3][2])["message"].startswith("too many requests")
+        assert handed == []
+
+
+async def test_a_token_put_on_an_admin_listener_is_the_asgi_apps_as_before(handed):
+    """With --admin-listen, a token PUT arriving there goes to the ASGI app (its 404); on the instance one, in place."""
+    settings = make_settings(max_requests_per_source=0, admin_listen=(("127.0.0.1", 8081),))
+    app = build_served_app(settings)
+    async with app.app.services.running():
+        await load_demo(app.app.services.records)
+        shared = Shared(app, settings, asyncio.get_running_loop())
+        admin = Connection(shared, lambda: None, ("127.0.0.1", 40000), ("127.0.0.1", 8081))
+        admin_transport = Transport()
+        admin.connection_made(admin_transport)  # type: ignore[arg-type]
+        admin.data_received(_put("/latest/api/token", f"{TTL}: 60"))
+        ((status, _, body),) = await _answered(admin_transport, 1)
+        assert (status, json.loads(body)["message"]) == (404, "not found")
+        assert handed == ["PUT /latest/api/token"]
+        connection, transport = _connect(shared)  # the instance listener (127.0.0.1:80)
+        connection.data_received(_put("/latest/api/token", f"{TTL}: 60"))
+        ((status, headers, _),) = transport.answers()
+        assert (status, headers[TTL.lower()]) == (200, "60")
+        assert handed == ["PUT /latest/api/token"]

@@ -138,6 +138,21 @@ async def test_a_request_for_the_asgi_app_is_answered_through_the_loop_transport
     await _released(seen)
 
 
+async def test_a_token_put_that_ends_the_connection_is_answered_without_a_loop_transport(seen):
+    """The IMDSv2 token PUT of a boot crawl (a connection of its own) goes as a read does: no loop, no ASGI."""
+    put = (b"PUT /latest/api/token HTTP/1.1\r\nHost: imds\r\nConnection: close\r\nContent-Length: 0\r\n"
+           b"X-aws-ec2-metadata-token-ttl-seconds: 21600\r\n\r\n")
+    raw = await _exchange(seen, put)
+    ((status, token),) = _bodies(raw)
+    assert status == 200
+    assert b"x-aws-ec2-metadata-token-ttl-seconds: 21600\r\n" in raw.lower()
+    assert seen.adopted == 0
+    await _released(seen)
+    raw = await _exchange(seen, _get("/latest/meta-data/instance-id", "Connection: close",
+                                     f"X-aws-ec2-metadata-token: {token.decode()}"))
+    assert _bodies(raw) == [(200, DEMO_ID.encode())]
+
+
 async def test_a_refusal_is_sent_and_the_connection_closed_without_a_loop_transport(seen):
     raw = await _exchange(seen, b"NOT HTTP AT ALL\r\n\r\n")
     ((status, body),) = _bodies(raw)

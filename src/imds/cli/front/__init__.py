@@ -1,9 +1,9 @@
 """imds's own HTTP/1.1 front (``--server front``, the default): uvloop and httptools, no ASGI hand-off for reads.
 
-The instance reads (every flavor's GET and HEAD answered from the catalog) are answered
-in the connection's parser callback by the same ``InstanceFront.serve`` coroutine the
-ASGI entry point runs (``imds.cli.front.connection``); everything else (admin API, writes,
-the IMDSv2 token PUT, watches that wait, streamed replies, ``/docs``, ``/ui``) is handed to
+The instance reads (every flavor's GET and HEAD answered from the catalog) and the bodiless
+IMDSv2 token PUT are answered in the connection's parser callback by the same
+``InstanceFront.serve`` coroutine the ASGI entry point runs (``imds.cli.front.connection``);
+everything else (admin API, writes, requests with a body, ``/docs``, ``/ui``) is handed to
 the ASGI app, unchanged, as uvicorn's request cycle would, on the same port and in the
 same process. Why one process and one port: both kinds share the catalog, the change feed
 and the per-caller limits in memory, and guests and operators reach the same address as

@@ -6,8 +6,10 @@ order (reading paused), ``FlowControl`` pauses the writer, and a request for the
 runs as uvicorn's own ``RequestResponseCycle`` task, its body streamed as it arrives. But:
 
 - **Instance reads skip ASGI.** A GET or HEAD that ``InstanceFront.route`` gives an
-  instance handler and the request limits pass untouched (``Bounded.untouched``) runs
-  ``InstanceFront.serve`` eagerly in the parser callback, an ``Exchange`` as send and
+  instance handler and the request limits pass untouched (``Bounded.untouched``: no body)
+  runs ``InstanceFront.serve`` eagerly in the parser callback (so does an instance
+  listener's IMDSv2 token PUT, ``InstanceFront.mints``, when it has no body: its limits
+  and guards are ``serve``'s, as for a read), an ``Exchange`` as send and
   receive: a read that never waits is written before the callback returns; one that waits
   (a watch, a lookup, a stream) goes on in a task, later requests waiting their turn.
   A read the memo has (``InstanceFront.remembered``) is answered from it at once, and the
@@ -46,7 +48,8 @@ from imds.web.memo import Remembered
 from imds.web.routing import Handler, Scope
 
 READS = {b"GET": "GET", b"HEAD": "HEAD"}  # the methods of the reads answered without ASGI
-Hot = tuple[Scope, Handler, bool]  # an instance read: its scope, its handler, keep-alive
+MINT = b"PUT"  # the method of the IMDSv2 token request, answered without ASGI too when it has no body
+Hot = tuple[Scope, Handler, bool]  # an instance request answered in place: its scope, its handler, keep-alive
 # What waits its turn: an instance read to run, an ASGI request, or a whole answer ready to write
 # (bytes: a remembered read; Last: the same, or a refusal, then the connection closes).
 Item = Hot | RequestResponseCycle | bytes
@@ -206,10 +209,12 @@ class Connection(asyncio.Protocol):
         method = parser.get_method()
         keep_alive = parser.should_keep_alive() and not shared.stopping
         fast = shared.fast
-        read = fast is not None and method in READS and not parser.should_upgrade() and fast.untouched(self.headers)
+        # An instance read, or (on an instance listener) a bodiless PUT: answered in place if a token mint.
+        direct = fast is not None and (method in READS or (method == MINT and self.recalls)) \
+            and not parser.should_upgrade() and fast.untouched(self.headers)
         # Remembered only when it is this request's turn now: behind others (pipelined), what it answers
         # may change before then (a write among them), so it waits as a read and ``serve`` recalls it.
-        if read and self.recalls and self.active is None and not self.queue \
+        if direct and self.recalls and self.active is None and not self.queue and method in READS \
                 and self._recalled(method, keep_alive=keep_alive):
             return
         try:
@@ -218,10 +223,10 @@ class Connection(asyncio.Protocol):
         except InvalidInput as exc:
             self._refuse(exc)
             raise _Stop from None
-        if read:
-            assert fast is not None  # noqa: S101 - read says so
+        if direct:
+            assert fast is not None  # noqa: S101 - direct says so
             handler = fast.route(scope)
-            if handler is not None:
+            if handler is not None and (method != MINT or fast.mints(scope["path"])):
                 self.parsing = (scope, handler, keep_alive)
                 return
         assert self.transport is not None  # noqa: S101 - connected

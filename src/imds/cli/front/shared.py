@@ -30,8 +30,9 @@ class FastPath:
     ``route(scope)``: the instance handler, or None for the admin app; ``serve``: the
     coroutine the ASGI entry point runs for it (``InstanceFront.serve``); ``remembered``:
     a repeated read answered whole (``imds.web.memo``), bookkeeping done; ``again``: the
-    same read by its bytes, still answered so; and ``instance_listener(server)``: whether a
-    local address takes instance requests.
+    same read by its bytes, still answered so; ``mints(path)``: whether a bodiless PUT there is
+    the IMDSv2 token request (``serve`` answers it too); and ``instance_listener(server)``:
+    whether a local address takes instance requests.
     """
 
     untouched: Callable[[list[tuple[bytes, bytes]]], bool]
@@ -39,6 +40,7 @@ class FastPath:
     serve: Serve
     remembered: Callable[[tuple[str, int], str, str, list[tuple[bytes, bytes]]], Remembered | None]
     again: Callable[[tuple[str, int], str, Remembered], bool]
+    mints: Callable[[str], bool]
     instance_listener: Callable[[tuple[str, int]], bool]
 
     @classmethod
@@ -46,7 +48,8 @@ class FastPath:
         """The fast path of ``imds serve``'s app (``Bounded`` around ``InstanceFront``); None for any other."""
         if isinstance(app, Bounded) and isinstance(app.app, InstanceFront):
             front = app.app
-            return cls(app.untouched, front.route, front.serve, front.remembered, front.again, front.instance_listener)
+            return cls(app.untouched, front.route, front.serve, front.remembered, front.again, front.mints,
+                       front.instance_listener)
         return None
 
 

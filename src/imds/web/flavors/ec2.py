@@ -53,6 +53,11 @@ class Ec2Flavor:
         """Whether an unknown first segment looks like an EC2 version (so 404s are EC2-style)."""
         return _VERSION_SHAPE.fullmatch(segment) is not None
 
+    @staticmethod
+    def mints(path: str) -> bool:
+        """Whether a PUT to (decoded) ``path`` asks for an IMDSv2 token (which reads no request body)."""
+        return is_token_path(path)
+
     async def versions(self, call: InstanceCall) -> Reply:
         """``GET /``: the versions served, one per line (GCE's root for ``Metadata-Flavor: Google``)."""
         if call.scope["method"] not in READ_METHODS:
@@ -70,7 +75,7 @@ class Ec2Flavor:
         if version not in VERSIONS:
             return plain(404)
         try:
-            if method == "PUT" and is_token_path(scope["path"]):
+            if method == "PUT" and self.mints(scope["path"]):
                 return await self._mint(call)
             if method not in READ_METHODS:
                 return plain(405)
