@@ -10,7 +10,9 @@ from datetime import UTC, datetime
 from helpers import fixture_json
 from imds.models import Address, Instance, Network
 from imds.services.catalog.addresses import AddressIndex, pack_network, parse_host, parse_network, unpack_network
-from imds.services.catalog.entry import Entry, RenderCache
+from imds.services.catalog.entry import Entry, RenderCache, approximate_size
+from imds.services.render.context import Context
+from imds.services.render.ec2 import VERSIONS, version_root
 from imds.services.render.json import metadata_bytes
 from imds.services.render.tree import Dir
 from imds.store.interface import stored_form
@@ -139,3 +141,33 @@ def test_recent_reads_keep_an_entry_cached_and_a_tree_is_charged_by_its_content(
     assert cache.bytes <= cache.max_bytes
     assert len(cache) < len(cold)  # the cold entries were evicted around the hot one
     assert cache._held[hot] >= 2000  # the tree's text is charged
+
+
+def reference_size(value: object) -> int:
+    """The render cache's byte estimate as first defined: recursive, text lengths plus 100 per node."""
+    if isinstance(value, bytes | str):
+        return len(value) + 100
+    if isinstance(value, Dir):
+        return 100 + sum(len(key) + reference_size(child) for key, child in value.items())
+    return 100
+
+
+def test_the_size_estimate_of_a_rendering_is_the_recursive_one():
+    """``approximate_size`` walks with a stack and counts what the recursive definition counts, node for node."""
+    signer = _Signer()
+    instance = Instance("i-1", metadata=fixture_json("metadata-example.json"), userdata=b"#!/bin/sh\n")
+    trees = [version_root(instance, version, signer, Context()) for version in VERSIONS]
+    odd = Dir([("a", Dir([("b", b"\xff"), ("c", Dir(bare=True)), ("n", 5)])), ("", "")])  # type: ignore[list-item]
+    for value in (*trees, odd, Dir(), "text", b"bytes", 7, None):
+        assert approximate_size(value) == reference_size(value)
+    assert approximate_size(trees[-1]) > 2000  # the whole tree counted, not its top
+
+
+class _Signer:
+    """Signatures made when read (``Later`` leaves): what is counted, not what is signed."""
+
+    def pkcs7_of(self, document: bytes) -> str:
+        return "p" * (2 * len(document))
+
+    def signature_of(self, document: bytes) -> str:
+        return "s" * len(document)

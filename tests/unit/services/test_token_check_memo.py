@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import hmac
+
 import pytest
 
 from helpers import FakeClock
@@ -47,3 +51,17 @@ def test_a_tampered_copy_of_a_remembered_token_is_refused():
         issuer.check(forged, ME)
     with pytest.raises(Unauthenticated, match="malformed"):
         issuer.check("not-a-token", ME)
+
+
+def test_a_token_is_the_same_hmac_as_before():
+    """The MAC is HMAC-SHA256 of the payload under the key, as ``hmac.new`` made it: older tokens still check."""
+    issuer = TokenIssuer(KEY, clock=FakeClock(1000.0))
+    payload = f"{ME}|1060|60".encode()
+    mac = hmac.new(KEY, payload, hashlib.sha256).digest()
+    token = f"{_b64(payload)}.{_b64(mac)}"
+    assert issuer.issue(ME, 60) == token
+    assert TokenIssuer(KEY, clock=FakeClock(1000.0)).check(token, ME) == 60
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()

@@ -45,12 +45,29 @@ _NODE_COST = 100  # approximate bytes of a tree node or cached value beside its 
 
 
 def approximate_size(value: object) -> int:
-    """A rough byte count of a cached value (text lengths plus a fixed cost per node)."""
-    if isinstance(value, (bytes, str)):
+    """A rough byte count of a cached value (text lengths plus a fixed cost per node).
+
+    A tree is walked with a stack, not recursively: a first read of an instance counts every
+    node of its renderings, and a generator frame per directory cost more than the counting.
+    """
+    if isinstance(value, bytes | str):
         return len(value) + _NODE_COST
-    if isinstance(value, Dir):
-        return _NODE_COST + sum(len(key) + approximate_size(child) for key, child in value.items())
-    return _NODE_COST
+    if not isinstance(value, Dir):
+        return _NODE_COST
+    size = 0
+    pending = [value]
+    while pending:
+        node = pending.pop()
+        size += _NODE_COST
+        for key, child in node.items():
+            if isinstance(child, str | bytes):
+                size += len(key) + len(child) + _NODE_COST
+            elif isinstance(child, Dir):
+                size += len(key)
+                pending.append(child)
+            else:
+                size += len(key) + _NODE_COST
+    return size
 
 
 class RenderCache:

@@ -60,9 +60,9 @@ class Resolver:
         ``needs_record``: the caller must hold its ``kind`` record (RecordNotFound otherwise).
         At most one upstream lookup per call.
         """
-        entry = self.held(kind, address=address, claim=claim, needs_record=needs_record)
-        if entry is not None:
-            return entry
+        entry = self.held(kind, address=address, claim=claim)
+        if entry is not None:  # held: with its record, or looked up by id for it (a 404 in push mode)
+            return entry if not needs_record or holds(entry.instance, kind) else await self.record(entry, kind)
         if claim is not None:
             entry, looked_up, error = await self._claimed(kind, claim, count=count)
         else:

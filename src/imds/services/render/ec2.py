@@ -42,14 +42,14 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 import json
-from dataclasses import dataclass
 from functools import partial
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from imds.models import Instance, JsonObject
 from imds.services.render.context import Context
 from imds.services.render.events import ec2_items
 from imds.services.render.fields import as_list, as_object
+from imds.services.render.pretty import pretty
 from imds.services.render.tree import Dir, Later, Leaf
 
 HOLLOW_VERSION = "2009-04-04"
@@ -80,21 +80,21 @@ def _text(value: Any) -> str:
     return str(value)
 
 
-@dataclass(frozen=True)
-class _Address:
+class _Address(NamedTuple):
     address: str
     family: int
     public: bool
     network: str | None
 
 
-def _addresses(doc: JsonObject) -> list[_Address]:
+def _addresses(doc: JsonObject, *, networks: bool = True) -> list[_Address]:
+    """The document's addresses; with ``networks``, each one's network (``network``/``cidr``) as CIDR text."""
     found = []
     for item in as_list(as_object(doc.get("network")).get("addresses")):
         if not isinstance(item, dict) or not isinstance(item.get("address"), str):
             continue
         network = None
-        if item.get("network") is not None and item.get("cidr") is not None:
+        if networks and item.get("network") is not None and item.get("cidr") is not None:
             try:
                 network = str(ipaddress.ip_network(f"{item['network']}/{item['cidr']}", strict=False))
             except ValueError:
@@ -114,8 +114,8 @@ def _family(item: JsonObject) -> int:
         return 0
 
 
-def _matching(doc: JsonObject, family: int, *, public: bool) -> list[str]:
-    return [a.address for a in _addresses(doc) if a.family == family and a.public is public]
+def _matching(addresses: list[_Address], family: int, *, public: bool) -> list[str]:
+    return [a.address for a in addresses if a.family == family and a.public is public]
 
 
 # ----------------------------------------------------------------------------------------
@@ -153,8 +153,9 @@ def hollow_meta_data(doc: JsonObject, instance_id: str | None = None) -> Dir:
     ]
     if isinstance(doc.get("spot"), dict):
         items.append(("spot", Dir([("termination-time", _text(doc["spot"].get("termination_time")))], bare=True)))
+    addresses = _addresses(doc, networks=False)
     for key, family, public in (("public-ipv4", 4, True), ("public-ipv6", 6, True), ("local-ipv4", 4, False)):
-        values = _matching(doc, family, public=public)
+        values = _matching(addresses, family, public=public)
         if values:
             items.append((key, "\n".join(values)))
     return Dir(items, bare=True)
@@ -200,15 +201,14 @@ def aws_id(prefix: str, seed: str) -> str:
     return f"{prefix}-{hashlib.sha256(f'{prefix}:{seed}'.encode()).hexdigest()[:17]}"
 
 
-def _interfaces(doc: JsonObject, hostname: str) -> tuple[str | None, Dir | None]:
-    """(primary MAC, ``network/interfaces/macs`` tree)."""
+def _interfaces(doc: JsonObject, hostname: str, addresses: list[_Address]) -> tuple[str | None, Dir | None]:
+    """(primary MAC, ``network/interfaces/macs`` tree); ``addresses``: the document's (``_addresses``)."""
     network = as_object(doc.get("network"))
     nics = [n for n in as_list(network.get("interfaces")) if isinstance(n, dict) and isinstance(n.get("mac"), str)]
     if not nics:
         return None, None
     bond_mac = as_object(network.get("bonding")).get("mac")
     primary = bond_mac if any(n["mac"] == bond_mac for n in nics) else nics[0]["mac"]
-    addresses = _addresses(doc)
     vpc = _text(network.get("vpc_id")) or aws_id("vpc", _text(doc.get("project_id")) or "default")
     macs = Dir()
     for index, nic in enumerate(nics):
@@ -240,14 +240,14 @@ def _tags(doc: JsonObject) -> Dir | None:
     return Dir([("instance", Dir(pairs))]) if pairs else None
 
 
-def _address_items(doc: JsonObject) -> dict[str, Leaf | Dir]:
+def _address_items(addresses: list[_Address]) -> dict[str, Leaf | Dir]:
     """``local-ipv4``, ``public-ipv4`` and ``ipv6`` (systemd-imds reads it: its EC2 entry's public IPv6 key)."""
     items: dict[str, Leaf | Dir] = {}
-    if local := _matching(doc, 4, public=False):
+    if local := _matching(addresses, 4, public=False):
         items["local-ipv4"] = local[0]
-    if public := _matching(doc, 4, public=True):
+    if public := _matching(addresses, 4, public=True):
         items["public-ipv4"] = public[0]
-    if v6 := _matching(doc, 6, public=True) + _matching(doc, 6, public=False):
+    if v6 := _matching(addresses, 6, public=True) + _matching(addresses, 6, public=False):
         items["ipv6"] = v6[0]
     return items
 
@@ -261,7 +261,8 @@ def aws_meta_data(doc: JsonObject, instance_id: str | None = None, context: Cont
     os_ = as_object(doc.get("operating_system"))
     hostname = _text(doc.get("hostname"))
     region, zone = placement(doc)
-    mac, macs = _interfaces(doc, hostname)
+    addresses = _addresses(doc)  # parsed once for the interfaces and the address keys
+    mac, macs = _interfaces(doc, hostname, addresses)
     items: dict[str, Leaf | Dir] = {
         "ami-id": _text(os_.get("image_tag") or os_.get("slug")),
         "ami-launch-index": "0",
@@ -276,7 +277,7 @@ def aws_meta_data(doc: JsonObject, instance_id: str | None = None, context: Cont
     disks = [d for d in as_list(as_object(doc.get("storage")).get("disks")) if isinstance(d, dict) and d.get("device")]
     if disks:
         items["block-device-mapping"] = Dir([("ami", _text(disks[0]["device"])), ("root", _text(disks[0]["device"]))])
-    items.update(_address_items(doc))
+    items.update(_address_items(addresses))
     if mac and macs:
         items["mac"] = mac
         items["network"] = Dir([("interfaces", Dir([("macs", macs)]))])
@@ -298,7 +299,7 @@ def identity_document(instance: Instance) -> bytes:
     """``dynamic/instance-identity/document``: AWS's fields, pretty-printed like AWS."""
     doc = instance.metadata or {}
     region, zone = placement(doc)
-    private = _matching(doc, 4, public=False)
+    private = _matching(_addresses(doc, networks=False), 4, public=False)
     plan = _text(doc.get("plan"))
     document = {
         "accountId": _text(doc.get("project_id") or doc.get("account_id")),
@@ -319,7 +320,7 @@ def identity_document(instance: Instance) -> bytes:
         "region": region,
         "version": "2017-09-30",
     }
-    return json.dumps(document, indent=2).encode()
+    return pretty(document).encode()  # json.dumps(indent=2)'s text from the C encoder
 
 
 def version_root(instance: Instance, version: str, signer: Signer, context: Context | None = None) -> Dir:

@@ -32,6 +32,7 @@ from datetime import datetime
 
 from imds.models import ACTIVE, CANCELED
 from imds.services.render.context import Context
+from imds.services.render.pretty import pretty
 from imds.services.render.timeline import Seen, aws_event_date, rfc3339
 from imds.services.render.tree import Dir, Leaf
 
@@ -46,7 +47,7 @@ EVENT_ID_PREFIX = "instance-event-"
 
 
 def _pretty(value: object) -> bytes:
-    return json.dumps(value, indent=2).encode()
+    return pretty(value).encode()  # json.dumps(indent=2)'s text from the C encoder
 
 
 def ec2_event(seen: Seen) -> dict[str, str]:
@@ -89,8 +90,13 @@ def _active(notices: Iterable[Seen], kind: str) -> list[Seen]:
 
 
 def ec2_items(context: Context) -> dict[str, Leaf | Dir]:
-    """What notices add to EC2's ``meta-data/``: ``events/`` always, ``spot/`` and ``autoscaling/`` when they say so."""
+    """What notices add to EC2's ``meta-data/``: ``events/`` always, ``spot/`` and ``autoscaling/`` when they say so.
+
+    Without notices (most instances) ``events/`` is the same tree for everyone: one, shared (never modified).
+    """
     notices = context.notices
+    if not notices:
+        return {"events": _QUIET}
     maintenance = Dir([("history", _pretty(history(notices))), ("scheduled", _pretty(scheduled(notices, context.now)))])
     events: list[tuple[str, Leaf | Dir]] = [("maintenance", maintenance)]
     if rebalance := _active(notices, "rebalance"):
@@ -105,6 +111,9 @@ def ec2_items(context: Context) -> dict[str, Leaf | Dir]:
         newest = max(lifecycle, key=lambda s: (s.notice.time, s.notice.id))
         items["autoscaling"] = Dir([("target-lifecycle-state", newest.notice.target_state or "")])
     return items
+
+
+_QUIET = Dir([("maintenance", Dir([("history", _pretty([])), ("scheduled", _pretty([]))]))])  # no notice
 
 
 def gce_items(context: Context) -> dict[str, object]:
