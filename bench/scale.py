@@ -145,7 +145,9 @@ def wait_ready(proc: subprocess.Popen[bytes], port: int, log: Path) -> None:
     while True:
         if proc.poll() is not None:
             sys.exit(f"imds serve exited ({proc.returncode}):\n{log.read_text()[-3000:]}")
-        with contextlib.suppress(OSError):
+        # HTTPException too: before the server binds, a connect from an ephemeral port that happens to be
+        # ``port`` is a TCP self-connect, and the "answer" is the request itself (BadStatusLine: "GET /readyz...").
+        with contextlib.suppress(OSError, http.client.HTTPException):
             if get(port, "/readyz")[0] == 200:
                 return
         if time.monotonic() > deadline:
