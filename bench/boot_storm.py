@@ -19,8 +19,9 @@ server and its own delays are in every latency it records: ``--clients`` process
 on uvloop, each request bytes built once (the token spliced in) and sent on a bare
 non-blocking socket, read until the server closes. Reports total seconds, p50/p99/max per
 request and per crawl, errors (a status other than the recorded one, or a failed
-connection) and the clients' CPU per request; appends a JSON line and a Markdown row to
-``bench/results.md``. ``bench/instance_read.py --boot-storm N`` runs the same storm
+connection), the clients' CPU per request and which steps of the sequence the slowest 1 %
+of requests were (``slowest_1pct_by_step``: where a storm's tail comes from); appends a
+JSON line and a Markdown row to ``bench/results.md``. ``bench/instance_read.py --boot-storm N`` runs the same storm
 against nginx too (the floor of this client and kernel on the box). Target (issue 12):
 10k crawls, 0 errors, no request over 1 s; issue 34: request p99 under 100 ms.
 """
@@ -40,6 +41,7 @@ import sys
 import tempfile
 import time
 from array import array
+from collections import Counter
 from collections.abc import Iterator
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -169,12 +171,12 @@ async def request(port: int, source: str, data: bytes) -> tuple[int, bytes]:
 
 
 async def crawl(port: int, n: int, steps: list[tuple[dict[str, Any], bytes, bytes]],
-                latencies: list[float]) -> tuple[float, int]:
-    """Replay the sequence as instance ``n``: (seconds, errors)."""
+                latencies: list[float], at: list[int]) -> tuple[float, int]:
+    """Replay the sequence as instance ``n``: (seconds, errors); each request's step index goes to ``at``."""
     source, token, errors = loopback(n), b"", 0
     clock = time.perf_counter
     started = clock()
-    for step, head, tail in steps:
+    for index, (step, head, tail) in enumerate(steps):
         data = head + token + tail if tail else head
         begin = clock()
         try:
@@ -182,6 +184,7 @@ async def crawl(port: int, n: int, steps: list[tuple[dict[str, Any], bytes, byte
         except (OSError, ValueError, IndexError):  # refused, reset, or not an HTTP answer
             status, body = 0, b""
         latencies.append(clock() - begin)
+        at.append(index)
         if step["method"] == "PUT" and status == 200:
             token = body
         errors += status != step["status"]
@@ -189,10 +192,11 @@ async def crawl(port: int, n: int, steps: list[tuple[dict[str, Any], bytes, byte
 
 
 async def _part(port: int, crawls: range, concurrency: int, sequence: list[dict[str, Any]]) -> tuple[
-        list[float], list[float], int]:
-    """The crawls ``crawls`` (instance numbers), at most ``concurrency`` at once: latencies, crawl times, errors."""
+        list[float], list[int], list[float], int]:
+    """The crawls ``crawls``, at most ``concurrency`` at once: latencies, their step indexes, crawl times, errors."""
     steps = [(step, head, tail) for step, (head, tail) in zip(sequence, prebuilt(sequence), strict=True)]
     latencies: list[float] = []
+    at: list[int] = []
     crawled: list[float] = []
     errors = 0
     numbers = iter(crawls)
@@ -200,21 +204,22 @@ async def _part(port: int, crawls: range, concurrency: int, sequence: list[dict[
     async def worker() -> None:  # a fixed set of crawlers, each taking the next instance: no task per crawl
         nonlocal errors
         for n in numbers:
-            seconds, failed = await crawl(port, n, steps, latencies)
+            seconds, failed = await crawl(port, n, steps, latencies, at)
             crawled.append(seconds)
             errors += failed
 
     await asyncio.gather(*(worker() for _ in range(min(concurrency, len(crawls)))))
-    return latencies, crawled, errors
+    return latencies, at, crawled, errors
 
 
 def _client(port: int, crawls: range, concurrency: int, sequence: list[dict[str, Any]], out: Connection) -> None:
     """One client process: its crawls on uvloop; its figures and CPU seconds sent back on ``out``."""
     runner = asyncio.Runner(loop_factory=uvloop.new_event_loop)
     with runner:
-        latencies, crawled, errors = runner.run(_part(port, crawls, concurrency, sequence))
+        latencies, at, crawled, errors = runner.run(_part(port, crawls, concurrency, sequence))
     used = resource.getrusage(resource.RUSAGE_SELF)
     out.send_bytes(array("d", latencies).tobytes())
+    out.send_bytes(array("H", at).tobytes())
     out.send_bytes(array("d", crawled).tobytes())
     out.send((errors, used.ru_utime + used.ru_stime))
     out.close()
@@ -240,10 +245,12 @@ def storm(port: int, count: int, concurrency: int, sequence: list[dict[str, Any]
         pipes.append(receive)
         processes.append(process)
     latencies: list[float] = []
+    at: list[int] = []
     crawls: list[float] = []
     errors, client_cpu = 0, 0.0
     for receive in pipes:
         latencies += array("d", receive.recv_bytes())
+        at += array("H", receive.recv_bytes())
         crawls += array("d", receive.recv_bytes())
         failed, cpu = receive.recv()
         errors += failed
@@ -252,6 +259,7 @@ def storm(port: int, count: int, concurrency: int, sequence: list[dict[str, Any]
     for process in processes:
         process.join(timeout=60)
     crawls.sort()
+    slowest = sorted(zip(latencies, at, strict=True), reverse=True)[:max(len(latencies) // 100, 1)]
     latencies.sort()
 
     def pct(values: list[float], q: float) -> float:
@@ -264,7 +272,15 @@ def storm(port: int, count: int, concurrency: int, sequence: list[dict[str, Any]
         "request_max_ms": pct(latencies, 1.0), "over_1s": sum(v > 1.0 for v in latencies),
         "crawl_p50_ms": pct(crawls, 0.5), "crawl_p99_ms": pct(crawls, 0.99),
         "client_cpu_us_per_request": round(client_cpu / max(len(latencies), 1) * 1e6, 1),
+        "slowest_1pct_by_step": tail_steps(slowest, sequence),
     }
+
+
+def tail_steps(slowest: list[tuple[float, int]], sequence: list[dict[str, Any]], top: int = 5) -> dict[str, int]:
+    """Which steps of the sequence the slowest requests were: ``"<index> <method> <path>"`` -> count, most first."""
+    counts = Counter(index for _, index in slowest)
+    return {f"{index} {sequence[index]['method']} /{sequence[index]['path']}": count
+            for index, count in counts.most_common(top)}
 
 
 def append(result: dict[str, Any]) -> None:

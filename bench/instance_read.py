@@ -336,7 +336,8 @@ def boot_storms(servers: tuple[str, ...], args: argparse.Namespace, tmp: Path) -
         print(f"boot storm {name:8} {result['crawls']} crawls in {result['total_s']} s: request p50 "
               f"{result['request_p50_ms']} / p99 {result['request_p99_ms']} / max {result['request_max_ms']} ms, "
               f"{result['over_1s']} over 1 s, {result['errors']} errors, server cpu {result['cpu_us_per_request']} "
-              f"us/req, client cpu {result['client_cpu_us_per_request']} us/req, load {' '.join(load_before)}")
+              f"us/req, client cpu {result['client_cpu_us_per_request']} us/req, load {' '.join(load_before)}; "
+              f"slowest 1 % by step: {result['slowest_1pct_by_step']}")
 
     answers: dict[str, tuple[int, bytes]] = {}
     for name in servers:
