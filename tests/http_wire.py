@@ -76,6 +76,16 @@ class Reader:
             return not self.buffer
 
 
+def drip(sock: socket.socket, data: bytes) -> None:
+    """Send ``data`` one byte per send (TCP_NODELAY: each leaves on its own; the kernel may still join some).
+
+    What arrives in pieces is parsed whole; a head fed strictly one byte per read is tested where
+    the bytes are handed over by hand (tests/unit/cli/test_front_connection.py).
+    """
+    for byte in data:
+        sock.sendall(bytes([byte]))
+
+
 def send_quietly(sock: socket.socket, data: bytes) -> None:
     """Send what the server takes; it may close the connection midway (that is sometimes the point)."""
     with contextlib.suppress(BrokenPipeError, ConnectionResetError):

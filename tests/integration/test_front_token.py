@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from collections.abc import Iterator
 
 import pytest
 
 from factories import metadata_body, new_id
-from http_wire import Answer, Reader, connect, request, send_quietly
+from http_wire import Answer, Reader, connect, drip, request, send_quietly
 from serve_process import Server, client_at, serving
 
 DEMO_ID = "cc40301c-4038-4011-af55-6eae3ba60246"
@@ -104,12 +103,10 @@ def test_pipelined_puts_and_reads_are_answered_in_order(server):
 
 
 def test_a_token_put_split_in_small_segments_is_answered_once_whole(server):
-    """A PUT one byte a segment, then PUT and read cut 3 bytes a segment: answered once each, in order."""
+    """A PUT one byte per send, then PUT and read cut 3 bytes a segment: answered once each, in order."""
     with connect(_port(server)) as sock:
         reader = Reader(sock)
-        for byte in _put(f"{TTL}: 60", "User-Agent: drip"):
-            sock.sendall(bytes([byte]))
-            time.sleep(0.002)  # each byte its own segment (TCP_NODELAY); pacing only, nothing is timed
+        drip(sock, _put(f"{TTL}: 60", "User-Agent: drip"))
         token = _token(reader.answer())
         stream = _put(f"{TTL}: 45") + request("GET", "/latest/meta-data/instance-id", f"{TOKEN}: {token}")
         for start in range(0, len(stream), 3):

@@ -14,7 +14,6 @@ import json
 import signal
 import socket
 import threading
-import time
 from collections.abc import Iterator
 
 import httpx
@@ -25,7 +24,7 @@ from cryptography.hazmat.primitives.asymmetric import padding, rsa
 
 from factories import metadata_body, new_id
 from helpers import wait_for
-from http_wire import Answer, Reader, connect, request, send_quietly
+from http_wire import Answer, Reader, connect, drip, request, send_quietly
 from serve_process import ADMIN_TOKEN, Server, client_at, metric, serving
 
 DEMO_ID = "cc40301c-4038-4011-af55-6eae3ba60246"
@@ -98,13 +97,11 @@ def test_a_pipelined_mix_keeps_its_order_and_its_causality(server):
 
 
 def test_a_head_arriving_byte_by_byte_is_answered(server):
-    """A request head sent one byte per segment is parsed whole and answered (twice: full, remembered)."""
+    """A request head sent one byte per send is parsed whole and answered (twice: full, remembered)."""
     with connect(_port(server)) as sock:
         reader = Reader(sock)
         for _ in range(2):
-            for byte in request("GET", "/metadata", "User-Agent: drip"):
-                sock.sendall(bytes([byte]))
-                time.sleep(0.002)  # each byte its own segment (TCP_NODELAY); pacing only, nothing is timed
+            drip(sock, request("GET", "/metadata", "User-Agent: drip"))
             assert _is_demo_metadata(reader.answer())
 
 

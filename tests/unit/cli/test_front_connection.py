@@ -266,6 +266,18 @@ async def test_a_bodiless_token_put_is_answered_in_the_callback_without_the_asgi
     assert handed == []
 
 
+async def test_a_token_put_in_single_bytes_is_answered_once_whole_in_place(shared, handed):
+    """Fed one byte at a time, a token PUT is answered once, when its head is complete, without the ASGI app."""
+    connection, transport = _connect(shared)
+    for byte in _put("/latest/api/token", f"{TTL}: 60", "User-Agent: drip"):
+        assert transport.data == b""
+        connection.data_received(bytes([byte]))
+    ((status, headers, token),) = transport.answers()
+    assert (status, headers[TTL.lower()]) == (200, "60")
+    assert token
+    assert handed == []
+
+
 async def test_a_token_put_the_front_refuses_is_refused_in_place_as_before(shared, handed):
     """A bad TTL is the plain 400, a forwarded PUT the plain 403: in place too, with no token."""
     connection, transport = _connect(shared)
