@@ -332,7 +332,8 @@ def version_root(instance: Instance, version: str, signer: Signer, context: Cont
             items.append(("meta-data", hollow_meta_data(doc, instance.id)))
     elif doc is not None:
         document = identity_document(instance)
-        # Signed when first read (a private-key operation each); one PKCS#7 for pkcs7 and rsa2048.
+        # Made apart from the tree (a private-key operation each: ``Later``, which the EC2 flavor queues on its
+        # signing thread); one PKCS#7 for pkcs7 and rsa2048.
         pkcs7 = Later(partial(signer.pkcs7_of, document))
         identity = Dir([
             ("document", document),
