@@ -38,7 +38,7 @@ from imds.web.flavors.nocloud import NoCloudFlavor
 from imds.web.flavors.openstack import OpenStackFlavor
 from imds.web.instance_guard import FlavorGuard
 from imds.web.listeners import AdminListeners
-from imds.web.memo import ReadMemo, Remembered, memo_key
+from imds.web.memo import Read, ReadMemo, Remembered
 from imds.web.replies import reply_head
 from imds.web.routes import INSTANCE, PROBE_PATHS, PUBLISHED_PATHS, Groups, aliased, dispatch, on_gce_path
 from imds.web.routing import (
@@ -120,11 +120,11 @@ def _direct(endpoint: Endpoint) -> ASGIApp:
     return app
 
 
-def _keepable(scope: Scope) -> str | None:
-    """The key a fixed answer to this request is kept under (``imds.web.memo``), or None: never kept."""
+def _keepable(scope: Scope, memo: ReadMemo) -> Read | None:
+    """The key a fixed answer to this request is kept under (``imds.web.memo``) and its gated header, or None: never."""
     if scope["method"] not in READ_METHODS or scope["query_string"]:
         return None
-    return memo_key(scope["path"], scope["headers"])
+    return memo.key(scope["path"], scope["headers"])
 
 
 class InstanceFront:
@@ -160,8 +160,9 @@ class InstanceFront:
         admin_listen = services.settings.http.admin_listen
         self._admin_listeners = AdminListeners(admin_listen) if admin_listen else None
         # Repeated fixed reads answered whole (imds.web.memo); not in pull mode, whose caches are per kind.
-        self._memo = (ReadMemo(resolver, services.catalog, metrics.tally, callers.trusted_proxy)
-                      if services.lookup is None else None)
+        # A read carrying an IMDSv2 token is recalled through the EC2 flavor's gate (``Ec2Flavor.gate``).
+        self._memo = (ReadMemo(resolver, services.catalog, metrics.tally, callers.trusted_proxy,
+                               frozenset({self._ec2.gate.header})) if services.lookup is None else None)
         upserts = {path: _direct(endpoint) for path, endpoint in upsert_endpoints(services).items()}
         self._upserts = {alias: app for path, app in upserts.items() for alias in aliased(path)}
 
@@ -243,36 +244,28 @@ class InstanceFront:
         with no query string and an instance route that is not ``_not_here`` or ``_loading``.
         """
         memo = self._memo
-        key = memo_key(path, headers) if memo is not None and method in READ_METHODS else None
-        if key is None or memo is None:
+        read = memo.key(path, headers) if memo is not None and method in READ_METHODS else None
+        if read is None or memo is None:
             return None
         started = time.perf_counter()
         host = client[0] if client else None
-        found = memo.recall(host, key)
+        found = memo.recall(host, *read)
         return found if found is not None and self._counted(memo, found, host, path, started) else None
 
     def again(self, client: Any, path: str, found: Remembered) -> bool:
         """The very read ``remembered`` answered with ``found``, asked again: whether ``found`` still answers it.
 
         For a server that recognises a request by its bytes: the memo must still hold
-        ``found`` for this caller and path (else the caller, the instance or its rendering
-        moved); the bookkeeping is done as for ``remembered``. An answer made anew each time
-        (``Remembered.renew``: a fresh seed) answers again while the memo keeps its recipe:
-        ``found`` then gets a new body (and loses the server's encoding of the old one, ``wire``).
+        ``found`` (or what it was made from) for this caller and path (else the caller, the
+        instance or its rendering moved), and its gate admit the read's token now; the
+        bookkeeping is done as for ``remembered``. An answer made anew each time
+        (``Remembered.renew``: a fresh seed; a gate's headers: the token's TTL) is made anew by
+        ``ReadMemo.again`` (losing the server's encoding of the old one, ``wire``, if it changed).
         """
         started = time.perf_counter()
         host = client[0] if client else None
         memo = self._memo
-        if memo is None:
-            return False
-        renew = found.renew
-        if renew is None:
-            return memo.recall(host, found.key) is found and self._counted(memo, found, host, path, started)
-        kept = memo.kept(host, found.key)
-        if kept is None or kept.renew is not renew or not self._counted(memo, found, host, path, started):
-            return False
-        found.body, found.wire = renew(), None
-        return True
+        return memo is not None and memo.again(host, found) and self._counted(memo, found, host, path, started)
 
     def _counted(self, memo: ReadMemo, found: Remembered, host: str | None, path: str, started: float) -> bool:
         """``serve``'s bookkeeping for a remembered answer; False (nothing counted) when a limit refuses it."""
@@ -294,7 +287,7 @@ class InstanceFront:
         started = time.perf_counter()
         scope = call.scope
         memo = self._memo
-        kept_as = _keepable(scope) if memo is not None else None  # the memo's key (``key`` is the limits')
+        kept_as = _keepable(scope, memo) if memo is not None else None  # the memo's key (``key`` is the limits')
         before = memo.counted() if memo is not None and kept_as is not None else None
         try:
             reply = self._limited(call, key) if key is not None else None  # no key: neither limit is on

@@ -15,8 +15,12 @@ Kept, and recalled, only for a request that
 - carries no header but ``INERT`` ones, which no handler reads, and at most one
   ``Metadata-Flavor`` (GCE's clients send it with every read; the ``--instance-auth`` guard
   admits any): its value is part of the key (``memo_key``), so an answer is recalled only
-  for a read carrying the very same one. A token, ``Metadata: true``, forwarding or
-  signed-identity headers, ``If-None-Match`` all go the whole way;
+  for a read carrying the very same one; or else at most one gated header (``Gate``: a
+  header a flavor checks on each read, IMDSv2's token), recalled only through the gate of
+  the handler that made the answer (``Reply.gate``), which checks it for the caller's
+  instance now and says the headers that go first (the token's TTL); a kept answer without
+  a gate is never recalled for such a read. ``Metadata: true``, forwarding or
+  signed-identity headers, ``If-None-Match``, two gated headers all go the whole way;
 - comes from a peer that is not a trusted proxy (whose callers are named by headers);
 - reaches a server with no upstream lookup (pull mode's caches are per kind and expire).
 
@@ -39,7 +43,7 @@ from imds.services.catalog.catalog import Catalog, Entry
 from imds.services.identity.identify import is_trusted
 from imds.services.lookup.resolve import Resolver
 from imds.tally import Tally
-from imds.web.routing import InstanceCall, Reply
+from imds.web.routing import Gate, InstanceCall, Reply
 
 # Request headers that no instance handler, guard or the front reads (a request with any other is not recalled).
 INERT = frozenset({
@@ -50,6 +54,7 @@ _KEY = "reply "  # render-cache key prefix of a kept answer (its ``memo_key`` fo
 FLAVOR_HEADER = b"metadata-flavor"
 _COST = 256  # bytes charged per kept answer besides its body and headers
 MAX_CALLERS = 65536  # peers whose entry is remembered (all forgotten at once past it)
+Header = tuple[bytes, bytes]  # a header: name (lower case), value
 
 
 @dataclass(slots=True)
@@ -57,8 +62,10 @@ class Remembered:
     """A kept answer: status, headers (without ``date``), body; hollow's counters it counted.
 
     ``wire`` is free for a server to keep its own encoding of the answer (imds's front keeps
-    the bytes it writes there). ``renew`` (``Reply.renew``) makes the body of each answer:
-    ``recall`` then hands out a new ``Remembered`` each time, never the kept one.
+    the bytes it writes there). ``renew`` (``Reply.renew``) makes the body of each answer,
+    ``gate`` (``Reply.gate``) the first headers of an answer to a gated read: ``recall`` then
+    hands out a new ``Remembered`` each time, never the kept one (its ``origin``), carrying the
+    gated header's value it was recalled for (``credential``).
     """
 
     status: int
@@ -68,80 +75,142 @@ class Remembered:
     wire: object = None
     renew: Callable[[], bytes] | None = None
     key: str = ""
+    gate: Gate | None = None
+    credential: Header | None = None
+    origin: Remembered | None = None
 
 
-def memo_key(path: str, headers: list[tuple[bytes, bytes]]) -> str | None:
+Read = tuple[str, Header | None]  # a read's memo key, and the gated header it carries (None: none)
+
+
+def memo_key(path: str, headers: list[tuple[bytes, bytes]], gated: frozenset[bytes] = frozenset()) -> Read | None:
     """What a read of ``path`` with ``headers`` is kept and recalled under; None: never (a header a handler reads).
 
-    The path; with a ``Metadata-Flavor`` header, the path and its value (one such header at most).
+    The path; with a ``Metadata-Flavor`` header, the path and its value (one such header at
+    most). With one header named in ``gated`` (and no ``Metadata-Flavor``), the path and that
+    header, which only the answer's gate may admit (``ReadMemo.recall``).
     """
     if INERT.issuperset(map(itemgetter(0), headers)):
-        return path
-    flavor = None
+        return path, None
+    flavor = credential = None
     for name, value in headers:
-        if name not in INERT:
-            if name != FLAVOR_HEADER or flavor is not None:
-                return None
+        if name in INERT:
+            continue
+        if flavor is not None or credential is not None:
+            return None
+        if name == FLAVOR_HEADER:
             flavor = value
-    return f"{path}\n{flavor.decode('latin-1')}" if flavor is not None else path
+        elif name in gated:
+            credential = name, value
+        else:
+            return None
+    return (f"{path}\n{flavor.decode('latin-1')}" if flavor is not None else path), credential
 
 
 class ReadMemo:
     """Keeps and recalls ``Remembered`` answers (see the module docstring)."""
 
-    def __init__(self, resolver: Resolver, catalog: Catalog, tally: Tally, trusted: Sequence[Network]) -> None:
+    def __init__(self, resolver: Resolver, catalog: Catalog, tally: Tally, trusted: Sequence[Network],
+                 gated: frozenset[bytes] = frozenset()) -> None:
         self._resolver = resolver
         self._catalog = catalog
         self._reads = tally.reads
         self._trusted = tuple(trusted)
+        self._gated = gated  # the request headers the flavors' gates check (``Gate.header``)
         self._callers: dict[str, tuple[int, Entry | None]] = {}  # peer -> (catalog version, its entry then)
 
-    def recall(self, host: str | None, key: str) -> Remembered | None:
+    def key(self, path: str, headers: list[tuple[bytes, bytes]]) -> Read | None:
+        """``memo_key`` with the gated headers of this server's flavors."""
+        return memo_key(path, headers, self._gated)
+
+    def recall(self, host: str | None, key: str, credential: Header | None = None) -> Remembered | None:
         """The answer kept under ``key`` (``memo_key``) with the entry the peer ``host`` resolves to now, if any.
 
-        A renewed answer (``Remembered.renew``) comes back as a new ``Remembered`` with a new body.
+        ``credential``: the gated header the read carries (``memo_key``), which the
+        kept answer's gate must admit now. A renewed answer (``Remembered.renew``) or one whose
+        gate says headers comes back as a new ``Remembered``, with a new body or those headers first.
         """
-        entry = self._entry(host)  # as ``kept`` does, one call less on every remembered read
+        entry = self._entry(host)  # as ``again`` does, one call less on every remembered read
         found = None if entry is None else entry.cached(_KEY + key)
-        if not isinstance(found, Remembered):
+        if not isinstance(found, Remembered) or entry is None:
+            return None
+        said = self._said(found, credential, entry) if found.gate is not None or credential is not None else ()
+        if said is None:
             return None
         renew = found.renew
-        return found if renew is None else Remembered(found.status, found.headers, renew(), found.counts, renew=renew,
-                                                      key=key)
+        if renew is None and not said:
+            return found
+        return Remembered(found.status, said + found.headers if said else found.headers,
+                          found.body if renew is None else renew(), found.counts, renew=renew, key=key,
+                          gate=found.gate, credential=credential, origin=found)
 
-    def kept(self, host: str | None, key: str) -> Remembered | None:
-        """What is kept under ``key`` with the entry the peer ``host`` resolves to now, as kept (never renewed)."""
+    def again(self, host: str | None, found: Remembered) -> bool:
+        """Whether ``found`` (from ``recall``) still answers the same read by the peer ``host``: made anew if need be.
+
+        The memo must still keep ``found`` (or what it was made from, its ``origin``) with the
+        entry ``host`` resolves to now, and its gate admit its ``credential`` now. A renewed
+        answer gets a new body, a gated one its gate's headers now; either loses ``wire``.
+        """
         entry = self._entry(host)
-        if entry is None:
-            return None
-        found = entry.cached(_KEY + key)
-        return found if isinstance(found, Remembered) else None
+        kept = None if entry is None else entry.cached(_KEY + found.key)
+        origin = found.origin
+        if origin is None or kept is not origin or entry is None:
+            return origin is None and kept is found
+        said = self._said(origin, found.credential, entry)
+        if said is None:
+            return False
+        if said and said != found.headers[:len(said)]:  # the TTL moved on: the kept encoding is stale
+            found.headers, found.wire = said + origin.headers, None
+        if origin.renew is not None:
+            found.body, found.wire = origin.renew(), None
+        return True
 
     def counted(self) -> dict[tuple[str, bool], int]:
         """The hollow counters now (taken before a handler runs, to see what it counted)."""
         return dict(self._reads)
 
-    def keep(self, call: InstanceCall, key: str, headers: list[tuple[bytes, bytes]], reply: Reply,
+    def keep(self, call: InstanceCall, read: Read, headers: list[tuple[bytes, bytes]], reply: Reply,
              before: dict[tuple[str, bool], int]) -> None:
-        """Keep a fixed 200 answer under ``key`` with the entry it came from (if the peer resolves to that entry).
+        """Keep a fixed 200 answer to ``read`` with the entry it came from (if the peer resolves to that entry).
 
         The entry is the caller's, found by the handler (``InstanceCall.entry``): a fixed answer is
-        made from it whether or not the reply carries its ETag (GCE's carries its own).
+        made from it whether or not the reply carries its ETag (GCE's carries its own). An answer
+        to a gated read is kept without the header its gate says (``Gate.says``, the first), and
+        only when the reply has a gate for that header.
         """
         client = call.scope.get("client")
         entry = call.entry
         if entry is None or self._entry(client[0] if client else None) is not entry:
             return
-        counts = tuple((key, count - before.get(key, 0)) for key, count in self._reads.items()
-                       if count != before.get(key, 0))
+        key, credential = read
+        gate = reply.gate
+        if credential is not None:
+            if gate is None or gate.header != credential[0] or not headers or headers[0][0] != gate.says:
+                return
+            headers = headers[1:]
+        counts = tuple((counter, count - before.get(counter, 0)) for counter, count in self._reads.items()
+                       if count != before.get(counter, 0))
         body = reply.body
-        kept = Remembered(200, tuple(headers), body, counts, renew=reply.renew, key=key)
+        kept = Remembered(200, tuple(headers), body, counts, renew=reply.renew, key=key, gate=gate)
         entry.keep(_KEY + key, kept, _COST + len(body) + sum(len(n) + len(v) for n, v in headers))
 
     def replay(self, found: Remembered) -> None:
         """Count again what the handler counted when it made ``found``."""
         for key, count in found.counts:
             self._reads[key] += count
+
+    @staticmethod
+    def _said(found: Remembered, credential: Header | None, entry: Entry) -> tuple[Header, ...] | None:
+        """The headers ``found``'s gate says for a read carrying ``credential`` (None: no gated header); None: refused.
+
+        An answer with no gate answers only reads without a gated header; a gate admits only its own header.
+        """
+        gate = found.gate
+        if gate is None:
+            return () if credential is None else None
+        if credential is None:
+            return gate.admit(None, entry)
+        return gate.admit(credential[1], entry) if credential[0] == gate.header else None
 
     def _entry(self, host: str | None) -> Entry | None:
         """The entry the peer ``host`` resolves to (``Resolver.held``), remembered until the catalog moves."""

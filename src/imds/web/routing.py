@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator, Awaitable, Callable, MutableMapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, Protocol
 
 from imds.errors import ImdsError
 from imds.models import METADATA, Address, Network
@@ -75,6 +75,26 @@ class InstanceCall:
         self.versioned = False
 
 
+class Gate(Protocol):
+    """A request header a flavor checks on each read (IMDSv2's token), so a fixed answer depends on it only so far.
+
+    ``header``: the request header (lower case); ``says``: the one response header a read
+    carrying it is answered with, first among the reply's headers (the token's TTL).
+    """
+
+    @property
+    def header(self) -> bytes: ...
+
+    @property
+    def says(self) -> bytes: ...
+
+    def admit(self, value: bytes | None, entry: Entry) -> tuple[tuple[bytes, bytes], ...] | None:
+        """The headers answering a read of ``entry``'s document carrying ``value`` (None: no such header) now.
+
+        None: the read is not admitted as it is (the handler answers it: a 401...).
+        """
+
+
 @dataclass(frozen=True)
 class Reply:
     """A complete response. HEAD replies are cut to headers by the front.
@@ -89,6 +109,11 @@ class Reply:
     answer (OpenStack's ``random_seed``): ``renew()`` makes the next body, of the same length
     as ``body`` (the kept ``content-length`` holds for each). The front keeps the recipe and
     answers each repeated read with a new body.
+
+    ``gate``: with ``fixed``, the answer is fixed for every read the gate admits (an IMDSv2
+    token's), whose headers the gate says (the token's TTL), first among the reply's headers.
+    The front keeps the answer without them and recalls it for a read carrying the gate's
+    header only through ``Gate.admit``.
     """
 
     status: int
@@ -97,6 +122,7 @@ class Reply:
     headers: tuple[tuple[bytes, bytes], ...] = ()
     fixed: bool = False
     renew: Callable[[], bytes] | None = None
+    gate: Gate | None = None
 
 
 Handler = Callable[[InstanceCall], Awaitable[Reply]]

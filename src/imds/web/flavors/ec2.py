@@ -10,6 +10,10 @@ VM (rule in ``imds.services.identity.proxied``). A read carrying the token heade
 once is answered when one of them is valid: aws-node-termination-handler adds the new token
 to the same request after a 401 (``pkg/ec2metadata``'s ``Request``), so its retry carries the
 stale one first.
+
+A read carrying one token is answered from the read memo (``imds.web.memo``) when it holds
+that path's answer for the caller: the flavor's ``TokenGate`` checks the token as ``_read``
+does and says its TTL header, the only part of the answer the token changes.
 """
 
 from __future__ import annotations
@@ -20,9 +24,10 @@ from functools import partial
 from imds.errors import ImdsError, NotFound, Refused, Unauthenticated
 from imds.models import METADATA, USERDATA, Instance
 from imds.services import Services
+from imds.services.catalog.catalog import Entry
 from imds.services.identity.ahead import SigningQueue
 from imds.services.identity.proxied import may_mint_through
-from imds.services.identity.tokens import TOKEN_HEADER, TTL_HEADER, forwarding, is_token_path, parse_ttl
+from imds.services.identity.tokens import TOKEN_HEADER, TTL_HEADER, TokenIssuer, forwarding, is_token_path, parse_ttl
 from imds.services.render.context import Context
 from imds.services.render.ec2 import IDENTITY, VERSIONS, version_root, versions_listing
 from imds.services.render.tree import Dir, Later, body, resolve
@@ -38,14 +43,48 @@ _COUNTED = frozenset({"meta-data", "user-data"})  # reads that count as hollow's
 _VERSION_SHAPE = re.compile(r"\d{4}-\d{2}-\d{2}|1\.0|latest.*")  # fullmatch
 
 
+class TokenGate:
+    """IMDSv2's token as a ``imds.web.routing.Gate``: what a read carrying one is answered with, beside the document.
+
+    A valid token for the instance adds its TTL header (the seconds it has left, as
+    ``Ec2Flavor._read`` answers); a read without one is admitted unless ``--imdsv2 required``.
+    Anything else (a token invalid, expired or another instance's) is not admitted: the
+    handler answers it (401).
+    """
+
+    __slots__ = ("_required", "_tokens", "header", "says")
+
+    def __init__(self, tokens: TokenIssuer, *, required: bool) -> None:
+        self._tokens = tokens
+        self._required = required
+        self.header = _TOKEN
+        self.says = _TTL
+
+    def admit(self, value: bytes | None, entry: Entry) -> tuple[tuple[bytes, bytes], ...] | None:
+        """``((TTL header, seconds left),)`` for a valid token of ``entry``'s instance; () without one if optional."""
+        if value is None:
+            return None if self._required else ()
+        try:
+            left = self._tokens.check(value.decode("latin-1"), entry.instance.id)
+        except Unauthenticated:
+            return None
+        return _said(left)
+
+
+def _said(left: int) -> tuple[tuple[bytes, bytes], ...]:
+    """The headers of a read answered with a token that has ``left`` seconds left."""
+    return ((_TTL, str(left).encode()),)
+
+
 class Ec2Flavor:
-    """Serves the EC2 trees rendered from the caller's record."""
+    """Serves the EC2 trees rendered from the caller's record; ``gate``: its token, for the read memo."""
 
     def __init__(self, services: Services, locator: Locator) -> None:
         self._services = services
         self._locator = locator
         self._tokens = services.tokens
         self._required = services.settings.ec2.imdsv2 == "required"
+        self.gate = TokenGate(self._tokens, required=self._required)
         self._roots = {version: (f"ec2/{version}", partial(self._root, version)) for version in VERSIONS}
         self._signing = SigningQueue()
 
@@ -103,8 +142,7 @@ class Ec2Flavor:
         headers: tuple[tuple[bytes, bytes], ...] = ()
         tokens = [value.decode("latin-1") for key, value in call.scope["headers"] if key == _TOKEN]
         if tokens:
-            left = self._check(tokens, entry.instance.id)
-            headers = ((_TTL, str(left).encode()),)
+            headers = _said(self._check(tokens, entry.instance.id))
         elif self._required:
             raise Unauthenticated("an IMDSv2 token is required")
         root = entry.render_in_context(*self._roots[version])
@@ -115,7 +153,7 @@ class Ec2Flavor:
             await self._signing.made(node)
         if kind in _COUNTED:
             self._locator.served(record)
-        return Reply(200, body(node), headers=headers, fixed=not tokens)  # a token's answer says its TTL
+        return Reply(200, body(node), headers=headers, fixed=True, gate=self.gate)  # a token's answer says its TTL
 
     def _root(self, version: str, instance: Instance, context: Context) -> Dir:
         """Everything under ``/<version>/`` for ``instance`` (rendered once per version of it), signatures queued."""
