@@ -154,3 +154,21 @@ async def test_a_guarded_read_kept_with_a_flavor_header_is_never_recalled_withou
             assert running.remembered((GUEST, 1), "/metadata", "GET", [(b"metadata-flavor", b"imds")]) is not None
             assert running.remembered((GUEST, 1), "/metadata", "GET", []) is None
             assert (await guest.get("/metadata")).status_code == 401
+
+
+async def test_answers_kept_for_many_instances_share_what_is_equal(app):
+    """Two instances' kept answers of one path hold one key and one content-type pair, each its own ETag."""
+    other = "10.82.0.11"
+    await push_record(app, [other], {"id": "44444444-4444-4444-8444-444444444444", "hostname": "two"})
+    path = "/latest/meta-data/hostname"
+    for source in (GUEST, other):
+        async with client_from(app, source) as guest:
+            assert (await guest.get(path)).status_code == 200
+    one, two = (app.remembered((source, 1), path, "GET", []) for source in (GUEST, other))
+    assert one is not None
+    assert two is not None
+    assert (one.body, two.body) == (b"one", b"two")
+    assert one.key is two.key
+    assert dict(one.headers)[b"etag"] != dict(two.headers)[b"etag"]
+    assert next(p for p in one.headers if p[0] == b"content-type") is next(
+        p for p in two.headers if p[0] == b"content-type")
