@@ -150,7 +150,7 @@ class ReadMemo:
         if said is None:
             return None
         renew = found.renew
-        if renew is None and not said:
+        if renew is None and credential is None and not said:  # the kept answer itself (``again`` checks no gate)
             return found
         return Remembered(found.status, said + found.headers if said else found.headers,
                           found.body if renew is None else renew(), found.counts, renew=renew, key=key,
