@@ -9,6 +9,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from helpers import wait_for_async
+from imds.services.catalog import ahead as ahead_module
 from imds.services.catalog.ahead import SHARE
 from imds.services.catalog.catalog import Catalog, Entry
 from imds.store.memory import MemoryStore
@@ -177,3 +178,18 @@ async def test_nothing_is_noted_when_disabled():
     await catalog.load()
     assert len(catalog) == 1
     assert catalog.ahead.pending == 0
+
+
+async def test_past_max_pending_the_older_notes_are_forgotten(monkeypatch: pytest.MonkeyPatch):
+    """Past MAX_PENDING placed the notes start over: the newest are kept and the count stays bounded."""
+    monkeypatch.setattr(ahead_module, "MAX_PENDING", 4)
+    catalog = await loaded(10)
+    recorder = Recorder()
+    catalog.ahead.builders.append(recorder)
+    assert catalog.ahead.pending == 2  # 4 noted, then over: the notes start again with 8 and 9
+    entry = catalog.get(ident(9))
+    assert entry is not None
+    catalog._apply(ident(9), entry.instance)  # noted again: moved, not counted twice
+    assert catalog.ahead.pending == 2
+    catalog.ahead.step(catalog.get, deadline=float("inf"))
+    assert recorder.built == [ident(9), ident(8)]

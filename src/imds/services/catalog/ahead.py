@@ -16,7 +16,9 @@ register) in short slices while no request is being answered:
   ``SHARE`` of ``--render-cache-bytes``: it never evicts what guests are reading to make
   room for a guess. Past that, what is left is built by its first read, as without it.
 - **Newest first.** A write or a reload moves the instance to the front; a deleted or
-  replaced entry is skipped (the catalog's current entry is the one built).
+  replaced entry is skipped (the catalog's current entry is the one built). At most
+  ``MAX_PENDING`` are noted (far more than the cache holds built): past that the older
+  ones are forgotten, so a million-instance load keeps a few megabytes of notes, not forty.
 - **At the builders' pace.** A builder whose own queue is full (the EC2 flavor's signing
   thread, ``imds.services.identity.ahead``) is not ``ready``: the slice waits for it.
 
@@ -41,6 +43,7 @@ QUIET = 0.01  # seconds without an answer before a slice starts
 RESTING = 0.05  # seconds between looks while requests are being answered (or a builder is not ready)
 SLICE = 0.002  # seconds of building at most before the loop runs again
 SHARE = 0.9  # of the render cache's bound: built ahead only while the cache holds less (a tenth is the reads')
+MAX_PENDING = 1 << 16  # instances noted at most (~5 MB); a million loaded keep only the last of them noted
 
 
 class Builder(Protocol):
@@ -76,8 +79,10 @@ class RenderAhead:
     def placed(self, instance_id: str) -> None:
         """The catalog placed a version of ``instance_id``: build it ahead (before the older ones still waiting)."""
         if self.enabled:
-            self._pending.pop(instance_id, None)
-            self._pending[instance_id] = None
+            pending = self._pending
+            if pending.pop(instance_id, True) and len(pending) >= MAX_PENDING:
+                pending.clear()  # more than the cache could hold built: start over from the newest
+            pending[instance_id] = None
             self._woken.set()
 
     def clear(self) -> None:
