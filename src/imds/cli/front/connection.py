@@ -106,16 +106,33 @@ class Connection(asyncio.Protocol):
         held = self.transport
         if isinstance(held, Held):  # made on a Held transport first (imds.cli.front.held): the loop's takes over
             self.transport = transport
+            flow = self._flowing()  # the loop's transport pauses and resumes the writer from now on
             if self.exchange is not None:
-                self.exchange.retarget(transport)
+                self.exchange.retarget(transport, flow)
             held.attach(transport)
             return
         self.transport = transport
-        self.flow = FlowControl(transport)
-        self.exchange = Exchange(transport, self.flow, self.shared.date, transport.close)
-        self.shared.connections.add(self)
         self.idle_since = self.shared.loop.time()
         self.deadline = self.idle_since + self.shared.header_timeout  # the first head, from the accept
+        if isinstance(transport, Held):  # the listener says if it outlives its accept (``outlives_accept``)
+            return
+        self._flowing()
+        self.shared.connections.add(self)
+
+    def outlives_accept(self) -> None:
+        """What the listener read at the accept did not end the connection: it goes to the loop, counted here.
+
+        Until then (one call of the listener's) it was in no list: nothing else could see it.
+        """
+        self.shared.connections.add(self)
+
+    def _flowing(self) -> FlowControl:
+        """The connection's ``FlowControl``, made when first needed (an answer that ends at the accept needs none)."""
+        flow = self.flow
+        if flow is None:
+            assert self.transport is not None  # noqa: S101 - connected
+            flow = self.flow = FlowControl(self.transport)
+        return flow
 
     def connection_lost(self, exc: Exception | None) -> None:  # noqa: ARG002 - the reason changes nothing
         self.closing = True
@@ -230,8 +247,7 @@ class Connection(asyncio.Protocol):
                 self.parsing = (scope, handler, keep_alive)
                 return
         assert self.transport is not None  # noqa: S101 - connected
-        assert self.flow is not None  # noqa: S101 - connected
-        self.parsing = cycle = asgi_cycle(scope, self.transport, self.flow, shared.logger, shared.default_headers,
+        self.parsing = cycle = asgi_cycle(scope, self.transport, self._flowing(), shared.logger, shared.default_headers,
                                           keep_alive=keep_alive and not parser.should_upgrade(),
                                           on_response=self._cycle_answered)
         self._enqueue(cycle)
@@ -263,8 +279,8 @@ class Connection(asyncio.Protocol):
                 self._idle()
         else:
             self.queue.append(item)
-            if self.flow is not None:
-                self.flow.pause_reading()
+            if self.transport is not None:
+                self._flowing().pause_reading()
 
     def _start(self, item: Item) -> None:
         """Begin answering ``item``; ``active`` is it while its answer is under way (not for whole answers)."""
@@ -323,7 +339,10 @@ class Connection(asyncio.Protocol):
         scope, handler, keep_alive = hot
         exchange = self.exchange
         fast = self.shared.fast
-        assert exchange is not None  # noqa: S101 - connected
+        if exchange is None:  # the connection's first read answered in place
+            transport = self.transport
+            assert transport is not None  # noqa: S101 - connected
+            exchange = self.exchange = Exchange(transport, self.flow, self.shared.date, transport.close)
         assert fast is not None  # noqa: S101 - only the front's reads come here
         self.active = hot
         exchange.begin(keep_alive=keep_alive, http10=scope["http_version"] == "1.0",
