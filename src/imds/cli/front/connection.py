@@ -229,14 +229,17 @@ class Connection(asyncio.Protocol):
         # An instance read, or (on an instance listener) a bodiless PUT: answered in place if a token mint.
         direct = fast is not None and (method in READS or (method == MINT and self.recalls)) \
             and not parser.should_upgrade() and fast.untouched(self.headers)
+        url = self.url  # a plain path (no query, no escapes, ASCII) is decoded once, for the memo and the scope
+        path = url.decode("ascii") if url[:1] == b"/" and b"?" not in url and b"%" not in url and url.isascii() \
+            else None
         # Remembered only when it is this request's turn now: behind others (pipelined), what it answers
         # may change before then (a write among them), so it waits as a read and ``serve`` recalls it.
-        if direct and self.recalls and self.active is None and not self.queue and method in READS \
-                and self._recalled(method, keep_alive=keep_alive):
+        if direct and path is not None and self.recalls and self.active is None and not self.queue \
+                and method in READS and self._recalled(method, path, keep_alive=keep_alive):
             return
         try:
-            scope = scope_of(method, self.url, parser.get_http_version(), self.headers, client=self.client,
-                             server=self.server)
+            scope = scope_of(method, url, parser.get_http_version(), self.headers, client=self.client,
+                             server=self.server, path=path)
         except InvalidInput as exc:
             self._refuse(exc)
             raise _Stop from None
@@ -294,13 +297,12 @@ class Connection(asyncio.Protocol):
             if isinstance(item, Last):
                 self.transport.close()
 
-    def _recalled(self, method: bytes, *, keep_alive: bool) -> bool:
-        """Answer a repeated read from the memo (``InstanceFront.remembered``), if it has it: whether it did."""
-        url = self.url
+    def _recalled(self, method: bytes, path: str, *, keep_alive: bool) -> bool:
+        """Answer a repeated read of a plain ``path`` from the memo (``InstanceFront.remembered``): whether it did."""
         fast = self.shared.fast
-        if url[:1] != b"/" or b"?" in url or b"%" in url or not url.isascii() or fast is None:
+        if fast is None:
             return False
-        found = fast.remembered(self.client, url.decode("ascii"), READS[method], self.headers)
+        found = fast.remembered(self.client, path, READS[method], self.headers)
         if found is None:
             return False
         # HTTP/1.0 keeps a connection only when asked to (Connection: keep-alive): the version matters then only.
@@ -309,7 +311,7 @@ class Connection(asyncio.Protocol):
         self.parsing = recalled(found, self.shared.date.line, head_only=head_only, keep_alive=keep_alive,
                                 http10=http10)
         if keep_alive and not http10:
-            self.recalled = (found, url.decode("ascii"), head_only)
+            self.recalled = (found, path, head_only)
         return True
 
     def _again(self, repeat: tuple[bytes, Remembered, str, bool]) -> bool:

@@ -153,7 +153,7 @@ class Exchange:
                 if b"close" in value.lower():
                     self.keep_alive = False
                 continue
-            lines.append(b"%b: %b\r\n" % (name, value))
+            lines.append(name + b": " + value + b"\r\n")  # concatenated: a third of the time of bytes %
         bodiless = self._head_only or status in _NO_BODY or status < 200
         if length is None and not bodiless:
             if self._http10:
