@@ -192,7 +192,7 @@ class Listener:
             held.data.append(data[sent:])
             return False
         raw.close()
-        connection.connection_lost(None)
+        connection.closed_at_accept()
         return True
 
     def release(self) -> None:
