@@ -2,7 +2,7 @@
 
 The shape is uvicorn's ``HttpToolsProtocol`` (``uvicorn/protocols/http/httptools_impl.py``):
 callbacks collect a request, one request is answered at a time, pipelined ones wait in
-order (reading paused), ``FlowControl`` pauses the writer, and a request for the ASGI app
+order (reading paused; ``imds.cli.front.turns``), ``FlowControl`` pauses the writer, and a request for the ASGI app
 runs as uvicorn's own ``RequestResponseCycle`` task, its body streamed as it arrives. But:
 
 - **Instance reads skip ASGI.** A GET or HEAD that ``InstanceFront.route`` gives an
