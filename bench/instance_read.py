@@ -318,7 +318,7 @@ def boot_storms(servers: tuple[str, ...], args: argparse.Namespace, tmp: Path) -
     if not args.boot_storm:
         return []
     from boot_storm import SEQUENCE, storm  # noqa: PLC0415 - the storm's generator loads imds's store
-    from scale import generate, get, loopback, serve, wait_ready  # noqa: PLC0415
+    from scale import built_ahead, generate, get, loopback, serve, wait_ready  # noqa: PLC0415
 
     sequence = json.loads(SEQUENCE.read_text())
     data_dir = tmp / "storm"
@@ -343,8 +343,10 @@ def boot_storms(servers: tuple[str, ...], args: argparse.Namespace, tmp: Path) -
     for name in servers:
         port, log = free_port(), tmp / f"storm-{name}.log"
         with serve(data_dir, port, log, "--server", name, "--imdsv2", "optional", "--log-level", "warning",
-                   "--workers", str(args.storm_workers)) as proc:
+                   "--workers", str(args.storm_workers), "--metrics-public") as proc:
             wait_ready(proc, port, log)
+            built = built_ahead(port)  # every storm, nginx's too, starts once imds has built what it builds ahead
+            print(f"imds ({name}) built {built[0]} instances ahead of their first read in {built[1]:.1f} s")
             if not answers:  # what nginx will answer, from the first server: then nginx goes first
                 answers = {f"/{step['path']}": get(port, f"/{step['path']}", loopback(0))
                            for step in sequence if step["method"] == "GET"}

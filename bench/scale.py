@@ -125,6 +125,23 @@ def get(port: int, path: str, source: str = "127.0.0.1") -> tuple[int, bytes]:
         conn.close()
 
 
+def built_ahead(port: int, timeout: float = 600.0) -> tuple[int, float]:
+    """Wait until ``imds serve`` (with ``--metrics-public``) has built every instance ahead: (how many, seconds).
+
+    The storms start after it, so what the server does meanwhile does not run beside nginx's storm.
+    """
+    started = time.monotonic()
+    while True:
+        status, text = get(port, "/metrics")
+        values = {line.split()[0]: float(line.split()[1]) for line in text.decode().splitlines()
+                  if line.startswith("imds_render_ahead_")}
+        if status == 200 and values.get("imds_render_ahead_pending") == 0:
+            return int(values.get("imds_render_ahead_built", 0)), time.monotonic() - started
+        if time.monotonic() - started > timeout:
+            sys.exit(f"imds did not finish building ahead in {timeout} s: {values}")
+        time.sleep(0.5)
+
+
 @contextlib.contextmanager
 def serve(data_dir: Path, port: int, log: Path, *extra: str) -> Iterator[subprocess.Popen[bytes]]:
     """``imds serve`` on ``data_dir`` (with ``extra`` flags), stopped by PID on exit."""

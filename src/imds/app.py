@@ -162,6 +162,7 @@ def build_services(
     metrics = Metrics()
     catalog = Catalog(store, poll_interval=settings.store.feed_poll_interval,
                       render_cache_bytes=settings.store.render_cache_bytes, clock=clock)
+    catalog.ahead.enabled = settings.store.render_ahead  # off: nothing noted, no task (``Services.start``)
     records = Records(store, catalog, metrics, trusted=settings.callers.trusted_proxy)
     os_records = OsRecords(
         store, catalog, cipher=PrivateCipher.from_file(settings.ganeti.private_key_file),

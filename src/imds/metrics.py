@@ -33,6 +33,12 @@ class Metrics:
         r.register(TallyCollector(self.tally))
         self.instances = Gauge("imds_catalog_instances", "Instances held in memory.", registry=r)
         self.feed_position = Gauge("imds_catalog_feed_position", "Last change-feed entry applied.", registry=r)
+        self.ahead_pending = Gauge("imds_render_ahead_pending",
+                                   "Instances waiting for their first renderings to be built ahead of a read.",
+                                   registry=r)
+        self.ahead_built = Gauge("imds_render_ahead_built",
+                                 "Instances whose first renderings were built ahead of a read since the start.",
+                                 registry=r)
         # hollow-metadataservice's counters, same names (the cache hit/miss ones are in the tally), the
         # per-kind ones by record kind (``inserts[METADATA]`` is metadata_inserts).
         self.inserts = _per_kind(r, "inserts", "writes applied from the API.")

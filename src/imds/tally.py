@@ -59,6 +59,10 @@ class Tally:
             tally = self.groups[name] = GroupTally(self.bounds)
         return tally
 
+    def answered(self) -> int:
+        """Requests answered so far, every group (what tells ``RenderAhead`` the server is busy)."""
+        return sum(sum(group.statuses.values()) for group in self.groups.values())
+
     def count_read(self, kind: str, *, hit: bool) -> None:
         """Hollow's cache counters: a ``metadata``/``userdata`` read found (hit) or not."""
         key = ("userdata" if kind == "userdata" else "metadata", hit)

@@ -651,7 +651,7 @@ async def test_one_pkcs7_answers_pkcs7_and_rsa2048_under_every_version():
 
 async def test_the_first_read_of_a_tree_has_its_signatures_made_before_they_are_read():
     """Any read of an instance's EC2 tree queues its signatures: made on the signing thread, then served as made."""
-    async with seeded() as app:
+    async with seeded(render_ahead=False) as app:  # built at the read (ahead: tests/integration/test_render_ahead.py)
         made = count_signing(app.services.signer)
         assert (await get(app, "/latest/meta-data/instance-id")).text == seed()["id"]
         await wait_for_async(lambda: sorted(made) == ["pkcs7", "signature"], what="both signatures made ahead",

@@ -64,6 +64,7 @@ class StoreSettings(Group, rows=OPTIONS):
     db_statement_timeout: float
     feed_poll_interval: float
     render_cache_bytes: int
+    render_ahead: bool
     demo: bool
 
     @property

@@ -112,6 +112,8 @@ class Services:
             self._tasks.append(asyncio.create_task(self.catalog.follow(), name="imds-feed-follower"))
         self._tasks.append(asyncio.create_task(self.channel.hub.follow(), name="imds-event-follower"))
         self._tasks.append(asyncio.create_task(self.catalog.follow_clock(), name="imds-notice-clock"))
+        if self.catalog.ahead.enabled:  # --render-ahead
+            self._tasks.append(asyncio.create_task(self.catalog.run_ahead(), name="imds-render-ahead"))
         if self.lookup is not None and self.settings.lookup.lookup_refresh_after > 0:
             self._tasks.append(asyncio.create_task(self.lookup.refresh_loop(), name="imds-lookup-refresh"))
 

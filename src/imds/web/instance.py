@@ -153,6 +153,7 @@ class InstanceFront:
         self._log_reads = services.settings.logging.log_instance_reads
         metrics = services.metrics
         self._tally = metrics.tally.group(INSTANCE)  # plain ints: no lock per request (imds.tally)
+        services.catalog.ahead.activity = metrics.tally.answered  # renderings built ahead while nothing is answered
         callers = services.settings.callers
         self._limiter = RateLimiter(callers.rate_limit, callers.rate_burst) if callers.rate_limit > 0 else None
         self._locator, self._behind_proxies = locator, bool(callers.trusted_proxy)

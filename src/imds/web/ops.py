@@ -43,6 +43,8 @@ def ops_router(services: Services, openapi: Callable[[], dict[str, Any]]) -> API
     async def metrics() -> Response:
         services.metrics.instances.set(len(services.catalog))
         services.metrics.feed_position.set(services.catalog.position)
+        services.metrics.ahead_pending.set(services.catalog.ahead.pending)
+        services.metrics.ahead_built.set(services.catalog.ahead.built)
         return Response(generate_latest(services.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     return router

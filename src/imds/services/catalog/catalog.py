@@ -35,6 +35,7 @@ from imds.models import (
     ProjectAttributes,
 )
 from imds.services.catalog.addresses import AddressIndex, unpack_network
+from imds.services.catalog.ahead import RenderAhead
 from imds.services.catalog.entry import Entry, RenderCache
 from imds.store.interface import Store, StoredInstance, stored_form
 from imds.store.journal import ADDRESSES, FORGET, NOTICE, PROJECT, PUT, Journal, Op
@@ -57,6 +58,7 @@ class Catalog:
         self._store = store
         self._cache = RenderCache(render_cache_bytes, clock)
         self._cache.notices.on_instance = self._reset_instance
+        self.ahead = RenderAhead(self._cache)  # first renderings built before the first read (``run_ahead``)
         self._poll_interval = poll_interval
         self._entries: dict[str, Entry] = {}
         self._index = AddressIndex()
@@ -140,6 +142,10 @@ class Catalog:
                 timer.cancel()
                 board.on_change = None
 
+    async def run_ahead(self) -> None:
+        """Build placed instances' first renderings while the server is quiet, until cancelled (``RenderAhead``)."""
+        await self.ahead.run(self._entries.get)
+
     def _reset_instance(self, instance_id: str) -> None:
         entry = self._entries.get(instance_id)
         if entry is not None:
@@ -158,6 +164,7 @@ class Catalog:
             for old in previous.values():
                 old.wake()
             self._cache.clear()
+            self.ahead.clear()
             self.total, self.indexed = 0, 0  # still "reading" until the store's first chunk arrives
             self._entries = {}
             self._index = AddressIndex()
@@ -345,6 +352,7 @@ class Catalog:
     def _place(self, stored: StoredInstance) -> list[tuple[int, str]]:
         entry = self._entries[stored.id] = Entry(stored, self._cache)
         self.version += 1
+        self.ahead.placed(stored.id)
         return self._index.assign_packed(stored.id, entry.packed)
 
 

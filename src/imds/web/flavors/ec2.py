@@ -20,11 +20,12 @@ from functools import partial
 from imds.errors import ImdsError, NotFound, Refused, Unauthenticated
 from imds.models import METADATA, USERDATA, Instance
 from imds.services import Services
+from imds.services.catalog.catalog import Entry
 from imds.services.identity.ahead import SigningQueue
 from imds.services.identity.proxied import may_mint_through
 from imds.services.identity.tokens import TOKEN_HEADER, TTL_HEADER, forwarding, is_token_path, parse_ttl
 from imds.services.render.context import Context
-from imds.services.render.ec2 import IDENTITY, VERSIONS, version_root, versions_listing
+from imds.services.render.ec2 import HOLLOW_VERSION, IDENTITY, VERSIONS, version_root, versions_listing
 from imds.services.render.tree import Dir, Later, body, resolve
 from imds.web.errors import status_for
 from imds.web.flavors.gce import GOOGLE_ROOT, google_flavored
@@ -36,6 +37,7 @@ _TOKEN = TOKEN_HEADER.encode()
 _NEEDS_METADATA = frozenset({"meta-data", "dynamic"})
 _COUNTED = frozenset({"meta-data", "user-data"})  # reads that count as hollow's metadata/userdata hits
 _VERSION_SHAPE = re.compile(r"\d{4}-\d{2}-\d{2}|1\.0|latest.*")  # fullmatch
+_AHEAD_ROOM = 64  # signing jobs queued at most while building ahead: the rest of the queue is the reads'
 
 
 class Ec2Flavor:
@@ -46,8 +48,19 @@ class Ec2Flavor:
         self._locator = locator
         self._tokens = services.tokens
         self._required = services.settings.ec2.imdsv2 == "required"
-        self._roots = {version: (f"ec2/{version}", partial(self._root, version)) for version in VERSIONS}
+        # Every AWS version serves the same tree (``version_root``): one rendering for all of them.
+        self._roots = {version: ("ec2/hollow", partial(self._root, version)) if version == HOLLOW_VERSION
+                       else ("ec2/aws", partial(self._root, version)) for version in VERSIONS}
         self._signing = SigningQueue()
+        services.catalog.ahead.builders.append(self)  # the AWS tree and its signatures, before the first read
+
+    def ready(self) -> bool:
+        """Whether the signing thread can take an instance built ahead (``RenderAhead``'s ``Builder``)."""
+        return self._signing.queued < _AHEAD_ROOM
+
+    def build(self, entry: Entry) -> None:
+        """Render ``entry``'s AWS tree as its first read would (its signatures queued on the signing thread)."""
+        entry.render_in_context(*self._roots["latest"])
 
     def claims(self, segment: str) -> bool:
         """Whether an unknown first segment looks like an EC2 version (so 404s are EC2-style)."""
