@@ -225,3 +225,61 @@ async def test_a_failure_while_answering_early_closes_that_connection_and_keeps_
     await _released(seen)
     raw = await _exchange(seen, _get("/metadata", "Connection: close"))  # the listener still accepts
     assert _bodies(raw)[0][0] == 200
+
+
+# -- what an accept costs: a bare socket, counted only if it outlives the accept -----------------
+
+
+async def test_an_answer_larger_than_what_the_socket_takes_at_once_goes_on_through_the_loop(seen):
+    """The listener's send never blocks the loop, though the socket is still blocking (MSG_DONTWAIT).
+
+    What the socket did not take at once goes out through the loop's transport, whole and in order.
+    """
+    from imds.models import UserdataWrite  # noqa: PLC0415 - only this test writes a record
+    from imds.services.demo import DEMO_ADDRESSES  # noqa: PLC0415
+
+    userdata = bytes(range(256)) * 3600  # 900 KiB: more than one non-blocking send takes on a fresh connection
+    records = seen.listener.shared.app.app.services.records
+    await records.put_userdata(UserdataWrite(DEMO_ID, DEMO_ADDRESSES, userdata), subject="test")
+    # Accepted sockets inherit the listener's send buffer: a fixed one (the kernel grows a free one to megabytes
+    # on loopback) and a client's small window make the listener's one send stop short.
+    seen.listener.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 65536)
+    client = socket.socket()
+    client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    client.settimeout(10)
+    client.connect(("127.0.0.1", seen.port))
+    client.setblocking(False)  # noqa: FBT003 - socket API
+    loop = asyncio.get_running_loop()
+    try:
+        await loop.sock_sendall(client, _get("/latest/user-data", "Connection: close"))
+        raw = b""
+        while chunk := await asyncio.wait_for(loop.sock_recv(client, 65536), 10):
+            raw += chunk
+    finally:
+        client.close()
+    assert _bodies(raw) == [(200, userdata)]
+    assert seen.adopted == 1  # what the accept could not send went to the loop
+    await _released(seen)
+
+
+async def test_a_connection_answered_at_its_accept_is_not_counted_against_its_source(seen):
+    """Only connections that outlive their accept hold a slot the warden could take back: only they count."""
+    seen.tally.budget = 1
+    loop = asyncio.get_running_loop()
+    kept = socket.create_connection(("127.0.0.1", seen.port), timeout=10)
+    kept.setblocking(False)  # noqa: FBT003 - socket API
+    try:
+        await loop.sock_sendall(kept, _get("/latest/meta-data/instance-id"))  # kept alive: to the loop, counted
+        assert (await asyncio.wait_for(loop.sock_recv(kept, 65536), 10)).startswith(b"HTTP/1.1 200 ")
+        await wait_for_async(lambda: seen.tally.count("127.0.0.1") == 1, what="the kept connection counted",
+                             timeout=10)
+        raw = await _exchange(seen, _get("/metadata", "Connection: close"))  # answered and closed at its accept
+        assert _bodies(raw)[0][0] == 200
+        assert seen.tally.count("127.0.0.1") == 1
+        assert not seen.tally.alarmed_since(0)  # a second connection counted would have been over the budget
+        raw = await _exchange(seen, _get("/readyz", "Connection: close"))  # goes to the loop (ASGI): counted
+        assert _bodies(raw)[0][0] == 200
+        assert seen.tally.alarmed_since(0)
+    finally:
+        kept.close()
+    await _released(seen)

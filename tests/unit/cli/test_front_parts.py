@@ -14,7 +14,7 @@ from helpers import FakeClock
 from imds.cli.front import eager
 from imds.cli.front.exchange import DateLine, Exchange
 from imds.cli.front.heap import Heap
-from imds.cli.front.wire import Last, recalled, refusal
+from imds.cli.front.wire import Last, Wire, recalled, refusal
 from imds.errors import HeadTooLarge
 from imds.web.memo import Remembered
 
@@ -267,6 +267,26 @@ def test_a_remembered_read_that_ends_the_connection_says_so():
     kept10 = recalled(found, DATE, head_only=False, keep_alive=True, http10=True)
     assert not isinstance(kept10, Last)
     assert b"connection: keep-alive\r\n" in kept10
+
+
+def test_a_remembered_read_that_ends_the_connection_is_joined_from_the_parts_made_once():
+    """A boot's crawl asks each answer once, on a connection of its own: only the date-free lines are kept.
+
+    The bytes are the kept-alive answer's with ``connection: close`` before the blank line.
+    """
+    headers = ((b"content-type", b"text/plain"), (b"content-length", b"5"))
+    closing = recalled(Remembered(200, headers, b"hello", ()), DATE, head_only=False, keep_alive=False, http10=False)
+    found = Remembered(200, headers, b"hello", ())
+    kept = recalled(found, DATE, head_only=False, keep_alive=True, http10=False)
+    assert closing == kept.replace(b"\r\n\r\n", b"\r\nconnection: close\r\n\r\n", 1)
+    found = Remembered(200, headers, b"hello", ())
+    recalled(found, DATE, head_only=True, keep_alive=False, http10=False)
+    assert isinstance(found.wire, Wire)
+    assert (found.wire.fields, found.wire.date, found.wire.whole) == (
+        b"content-type: text/plain\r\ncontent-length: 5\r\n", None, b"")
+    with pytest.raises(RuntimeError, match="line break"):
+        recalled(Remembered(200, ((b"x-split", b"a\r\nb: c"),), b"", ()), DATE, head_only=False, keep_alive=False,
+                 http10=False)
 
 
 def test_a_refusal_is_json_from_the_error_table_and_closes():

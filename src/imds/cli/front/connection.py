@@ -2,7 +2,7 @@
 
 The shape is uvicorn's ``HttpToolsProtocol`` (``uvicorn/protocols/http/httptools_impl.py``):
 callbacks collect a request, one request is answered at a time, pipelined ones wait in
-order (reading paused), ``FlowControl`` pauses the writer, and a request for the ASGI app
+order (reading paused; ``imds.cli.front.turns``), ``FlowControl`` pauses the writer, and a request for the ASGI app
 runs as uvicorn's own ``RequestResponseCycle`` task, its body streamed as it arrives. But:
 
 - **Instance reads skip ASGI.** A GET or HEAD that ``InstanceFront.route`` gives an
@@ -36,23 +36,18 @@ import httptools
 from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT, FlowControl
 from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
-from imds.cli.front import eager
 from imds.cli.front.exchange import Exchange
 from imds.cli.front.held import Held
 from imds.cli.front.request import asgi_cycle, scope_of
 from imds.cli.front.shared import Shared
-from imds.cli.front.wire import Last, recalled, refusal
+from imds.cli.front.turns import Hot, Item, Turns
+from imds.cli.front.wire import recalled, refusal
 from imds.cli.tally import Tally
 from imds.errors import HeadTooLarge, ImdsError, InvalidInput
 from imds.web.memo import Remembered
-from imds.web.routing import Handler, Scope
 
 READS = {b"GET": "GET", b"HEAD": "HEAD"}  # the methods of the reads answered without ASGI
 MINT = b"PUT"  # the method of the IMDSv2 token request, answered without ASGI too when it has no body
-Hot = tuple[Scope, Handler, bool]  # an instance request answered in place: its scope, its handler, keep-alive
-# What waits its turn: an instance read to run, an ASGI request, or a whole answer ready to write
-# (bytes: a remembered read; Last: the same, or a refusal, then the connection closes).
-Item = Hot | RequestResponseCycle | bytes
 _DETACHED = httptools.HttpRequestParser(object())  # what a closed connection holds instead of its parser
 
 
@@ -60,12 +55,12 @@ class _Stop(Exception):
     """Raised in a parser callback to stop parsing: the connection was refused and is closing."""
 
 
-class Connection(asyncio.Protocol):
+class Connection(Turns, asyncio.Protocol):
     """One HTTP/1.1 connection (see the module docstring)."""
 
-    __slots__ = ("_release", "active", "client", "closing", "deadline", "exchange", "flow", "head_bytes",
-                 "head_size", "headers", "idle_since", "in_head", "messages", "parser", "parsing", "queue", "recalled",
-                 "recalls", "repeat", "says_connection", "server", "shared", "tally", "transport", "url")
+    __slots__ = ("_release", "client", "closing", "head_bytes", "head_size", "headers", "in_head", "messages",
+                 "parser", "parsing", "recalled", "recalls", "repeat", "says_connection", "server", "shared", "tally",
+                 "transport", "url")
 
     def __init__(self, shared: Shared, release: Callable[[], None], client: tuple[str, int],
                  server: tuple[str, int]) -> None:
@@ -106,16 +101,25 @@ class Connection(asyncio.Protocol):
         held = self.transport
         if isinstance(held, Held):  # made on a Held transport first (imds.cli.front.held): the loop's takes over
             self.transport = transport
+            flow = self._flowing()  # the loop's transport pauses and resumes the writer from now on
             if self.exchange is not None:
-                self.exchange.retarget(transport)
+                self.exchange.retarget(transport, flow)
             held.attach(transport)
             return
         self.transport = transport
-        self.flow = FlowControl(transport)
-        self.exchange = Exchange(transport, self.flow, self.shared.date, transport.close)
-        self.shared.connections.add(self)
         self.idle_since = self.shared.loop.time()
         self.deadline = self.idle_since + self.shared.header_timeout  # the first head, from the accept
+        if isinstance(transport, Held):  # the listener says if it outlives its accept (``outlives_accept``)
+            return
+        self._flowing()
+        self.shared.connections.add(self)
+
+    def outlives_accept(self) -> None:
+        """What the listener read at the accept did not end the connection: it goes to the loop, counted here.
+
+        Until then (one call of the listener's) it was in no list: nothing else could see it.
+        """
+        self.shared.connections.add(self)
 
     def connection_lost(self, exc: Exception | None) -> None:  # noqa: ARG002 - the reason changes nothing
         self.closing = True
@@ -130,12 +134,25 @@ class Connection(asyncio.Protocol):
         if self.flow is not None:
             self.flow.resume_writing()  # a writer waiting on drain sees the loss
         self.shared.closed(self)
-        self.parser = _DETACHED  # the parser holds our callbacks: without this cycle, refcounting frees us now
+        if self._freed() and self.tally is not None:
+            self.tally.closed(self.client[0])
+
+    def closed_at_accept(self) -> None:
+        """The listener sent the whole answer and closed the socket at the accept (``answered_early``).
+
+        Nothing waits on the connection then: it was in no list, no tally, no loop.
+        """
+        self.closing = True
+        self._freed()
+
+    def _freed(self) -> bool:
+        """The parser let go of (it holds our callbacks: a cycle); the listener's slot given back, if not yet."""
+        self.parser = _DETACHED  # without this cycle, refcounting frees us as soon as we are closed
         release, self._release = self._release, None
-        if release is not None:
-            release()
-            if self.tally is not None:
-                self.tally.closed(self.client[0])
+        if release is None:
+            return False
+        release()
+        return True
 
     def data_received(self, data: bytes) -> None:
         if self.closing:
@@ -212,14 +229,17 @@ class Connection(asyncio.Protocol):
         # An instance read, or (on an instance listener) a bodiless PUT: answered in place if a token mint.
         direct = fast is not None and (method in READS or (method == MINT and self.recalls)) \
             and not parser.should_upgrade() and fast.untouched(self.headers)
+        url = self.url  # a plain path (no query, no escapes, ASCII) is decoded once, for the memo and the scope
+        path = url.decode("ascii") if url[:1] == b"/" and b"?" not in url and b"%" not in url and url.isascii() \
+            else None
         # Remembered only when it is this request's turn now: behind others (pipelined), what it answers
         # may change before then (a write among them), so it waits as a read and ``serve`` recalls it.
-        if direct and self.recalls and self.active is None and not self.queue and method in READS \
-                and self._recalled(method, keep_alive=keep_alive):
+        if direct and path is not None and self.recalls and self.active is None and not self.queue \
+                and method in READS and self._recalled(method, path, keep_alive=keep_alive):
             return
         try:
-            scope = scope_of(method, self.url, parser.get_http_version(), self.headers, client=self.client,
-                             server=self.server)
+            scope = scope_of(method, url, parser.get_http_version(), self.headers, client=self.client,
+                             server=self.server, path=path)
         except InvalidInput as exc:
             self._refuse(exc)
             raise _Stop from None
@@ -230,8 +250,7 @@ class Connection(asyncio.Protocol):
                 self.parsing = (scope, handler, keep_alive)
                 return
         assert self.transport is not None  # noqa: S101 - connected
-        assert self.flow is not None  # noqa: S101 - connected
-        self.parsing = cycle = asgi_cycle(scope, self.transport, self.flow, shared.logger, shared.default_headers,
+        self.parsing = cycle = asgi_cycle(scope, self.transport, self._flowing(), shared.logger, shared.default_headers,
                                           keep_alive=keep_alive and not parser.should_upgrade(),
                                           on_response=self._cycle_answered)
         self._enqueue(cycle)
@@ -253,38 +272,14 @@ class Connection(asyncio.Protocol):
             parsing.more_body = False
             parsing.message_event.set()
 
-    # -- answering, in order -------------------------------------------------------------------
+    # -- answers from the memo (the rest of the answering: imds.cli.front.turns) ----------------------
 
-    def _enqueue(self, item: Item) -> None:
-        """Start ``item`` now if nothing is ahead of it, else queue it (reading paused meanwhile)."""
-        if self.active is None and not self.queue:
-            self._start(item)
-            if self.active is None:  # answered already (an instance read, a remembered one)
-                self._idle()
-        else:
-            self.queue.append(item)
-            if self.flow is not None:
-                self.flow.pause_reading()
-
-    def _start(self, item: Item) -> None:
-        """Begin answering ``item``; ``active`` is it while its answer is under way (not for whole answers)."""
-        if isinstance(item, tuple):
-            self._answer(item)
-        elif isinstance(item, RequestResponseCycle):
-            self.active = item
-            self.shared.keep(self.shared.loop.create_task(item.run_asgi(self.shared.app)))
-        elif self.transport is not None:  # a whole answer, in its turn
-            self.transport.write(item)
-            if isinstance(item, Last):
-                self.transport.close()
-
-    def _recalled(self, method: bytes, *, keep_alive: bool) -> bool:
-        """Answer a repeated read from the memo (``InstanceFront.remembered``), if it has it: whether it did."""
-        url = self.url
+    def _recalled(self, method: bytes, path: str, *, keep_alive: bool) -> bool:
+        """Answer a repeated read of a plain ``path`` from the memo (``InstanceFront.remembered``): whether it did."""
         fast = self.shared.fast
-        if url[:1] != b"/" or b"?" in url or b"%" in url or not url.isascii() or fast is None:
+        if fast is None:
             return False
-        found = fast.remembered(self.client, url.decode("ascii"), READS[method], self.headers)
+        found = fast.remembered(self.client, path, READS[method], self.headers)
         if found is None:
             return False
         # HTTP/1.0 keeps a connection only when asked to (Connection: keep-alive): the version matters then only.
@@ -293,7 +288,7 @@ class Connection(asyncio.Protocol):
         self.parsing = recalled(found, self.shared.date.line, head_only=head_only, keep_alive=keep_alive,
                                 http10=http10)
         if keep_alive and not http10:
-            self.recalled = (found, url.decode("ascii"), head_only)
+            self.recalled = (found, path, head_only)
         return True
 
     def _again(self, repeat: tuple[bytes, Remembered, str, bool]) -> bool:
@@ -318,72 +313,10 @@ class Connection(asyncio.Protocol):
             self._idle()
         return True
 
-    def _answer(self, hot: Hot) -> None:
-        """Run the instance front on a read, in place; if it waits, it goes on in a task."""
-        scope, handler, keep_alive = hot
-        exchange = self.exchange
-        fast = self.shared.fast
-        assert exchange is not None  # noqa: S101 - connected
-        assert fast is not None  # noqa: S101 - only the front's reads come here
-        self.active = hot
-        exchange.begin(keep_alive=keep_alive, http10=scope["http_version"] == "1.0",
-                       head_only=scope["method"] == "HEAD")
-        try:
-            task = eager.start(self.shared.loop, fast.serve(scope, exchange.send, handler, exchange.receive))
-        except Exception:  # a bug in the answer's writing (the front answers its own errors): never hang
-            self.shared.logger.exception("front.answer_failed")
-            self._abort()
-            return
-        if task is None:
-            self._answered()
-            return
-        self.shared.keep(task)
-        task.add_done_callback(self._waited)
-
-    def _waited(self, task: asyncio.Task[None]) -> None:
-        """A read that went on in a task has ended (a failure: the reply was cut, the connection goes)."""
-        if task.cancelled() or task.exception() is not None:
-            self._abort()
-            return
-        self._answered()
-        self._next()
-
-    def _answered(self) -> None:
-        """The front's coroutine for the active read has returned."""
-        exchange = self.exchange
-        self.active = None
-        if exchange is not None and not exchange.complete and not exchange.lost:
-            self._abort()  # the front returned without a whole answer (a bug): never leave the client waiting
-
-    def _cycle_answered(self) -> None:
-        """The cycle wrote its whole answer: the next request's turn (after this loop turn)."""
-        self.active = None
-        if self.transport is not None and not self.transport.is_closing():
-            self.shared.loop.call_soon(self._next)
-
-    def _next(self) -> None:
-        """Start the waiting requests in order until one is under way; idle when none is left."""
-        while self.active is None and self.queue and not self.closing_transport():
-            self._start(self.queue.popleft())
-        if self.active is None:
-            self._idle()
-
-    def _idle(self) -> None:
-        """Nothing under way: read again, and the idle (or unfinished head's) deadline runs from now."""
-        flow = self.flow
-        if flow is not None and flow.read_paused and not self.closing_transport():
-            flow.resume_reading()
-        self.idle_since = now = self.shared.now  # the tick's clock: deadlines are checked on ticks anyway
-        self.deadline = now + (self.shared.header_timeout if self.in_head else self.shared.idle_timeout)
-
     def answered_early(self) -> bool:
         """On a Held transport: whether the connection has answered all it was sent and is closing."""
         held = self.transport
         return isinstance(held, Held) and held.closed and not held.aborted and self.active is None and not self.queue
-
-    def closing_transport(self) -> bool:
-        """Whether the connection is closed or closing."""
-        return self.transport is None or self.transport.is_closing()
 
     # -- refusals, timeouts, stopping ----------------------------------------------------------------
 
@@ -391,11 +324,6 @@ class Connection(asyncio.Protocol):
         """Answer ``exc`` (JSON, status from ``imds.web.errors``) after the answers before it, then close."""
         self.closing = True
         self._enqueue(refusal(exc, self.shared.date.line))
-
-    def _abort(self) -> None:
-        self.active = None
-        if self.transport is not None:
-            self.transport.close()
 
     def expired(self, now: float) -> bool:
         """Close the connection if its head (or idle wait) is past its deadline; whether it did."""

@@ -44,7 +44,7 @@ class Exchange:
     __slots__ = ("_chunked", "_date", "_flow", "_head_only", "_http10", "_left", "_status", "_transport", "_waiters",
                  "complete", "given", "headers", "keep_alive", "lost", "on_close")
 
-    def __init__(self, transport: asyncio.Transport, flow: FlowControl, date: DateLine,
+    def __init__(self, transport: asyncio.Transport, flow: FlowControl | None, date: DateLine,
                  on_close: Callable[[], None]) -> None:
         self._transport = transport
         self._flow = flow
@@ -54,9 +54,10 @@ class Exchange:
         self.lost = False
         self.begin(keep_alive=True, http10=False, head_only=False)
 
-    def retarget(self, transport: asyncio.Transport) -> None:
-        """Write to ``transport`` from now on (the loop's, replacing a ``Held`` one)."""
+    def retarget(self, transport: asyncio.Transport, flow: FlowControl) -> None:
+        """Write to ``transport`` from now on (the loop's, replacing a ``Held`` one, which never pauses writing)."""
         self._transport = transport
+        self._flow = flow
         self.on_close = transport.close
 
     def begin(self, *, keep_alive: bool, http10: bool, head_only: bool) -> None:
@@ -87,8 +88,9 @@ class Exchange:
 
     async def send(self, message: Message) -> None:
         """ASGI send: the start is kept until the first body part, so head and body leave in one write."""
-        if self._flow.write_paused and not self.lost:
-            await self._flow.drain()
+        flow = self._flow
+        if flow is not None and flow.write_paused and not self.lost:
+            await flow.drain()
         if self.lost or self.complete:
             return
         if message["type"] == "http.response.start":
@@ -151,7 +153,7 @@ class Exchange:
                 if b"close" in value.lower():
                     self.keep_alive = False
                 continue
-            lines.append(b"%b: %b\r\n" % (name, value))
+            lines.append(name + b": " + value + b"\r\n")  # concatenated: a third of the time of bytes %
         bodiless = self._head_only or status in _NO_BODY or status < 200
         if length is None and not bodiless:
             if self._http10:

@@ -6,9 +6,15 @@ over the cap cost the process nothing). So the front accepts itself: the listeni
 socket is watched for readability, each accepted socket is handed to the event loop as a
 ``Connection`` (``loop.connect_accepted_socket``), and at the cap the socket is no longer
 watched until a connection closes. An instance listener counts its connections per source
-in the warden's tally (``imds.cli.tally``) as they open and close. Accept errors such as
-``EMFILE`` (the open-files limit) pause accepting for a moment rather than spin on a
-readable socket.
+in the warden's tally (``imds.cli.tally``) as they open and close; one answered and closed
+at its accept (``_answer_early``) never held a slot the warden could take back and is not
+counted. Accept errors such as ``EMFILE`` (the open-files limit) pause accepting for a
+moment rather than spin on a readable socket.
+
+What one accept costs is most of what a boot storm (a new connection per request) costs:
+the accepted socket is a bare ``_socket.socket`` (no ``socket.socket`` made and closed in
+Python), read and written with ``MSG_DONTWAIT`` (no system call to make it non-blocking
+unless it goes to the loop) and closed once its answer is sent.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ ACCEPT_BATCH = 64  # connections taken per wake-up before others on the loop get
 EARLY_BYTES = 65536  # what is read at once from a connection just accepted
 BACKOFF = 0.2  # seconds without accepting after the process ran out of files or memory
 _OUT_OF = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+_DONTWAIT = socket.MSG_DONTWAIT  # the accepted socket stays blocking until the loop has it: each call says so
 
 
 def _address(address: Any) -> tuple[str, int]:
@@ -111,27 +118,30 @@ class Listener:
                     return
                 continue  # the client gave up before we accepted (ECONNABORTED...): next
             self.open += 1
-            self._adopt(_Accepted(*self._kind, fileno=fd), _address(address))
+            # (host, port): an IPv4 address as it comes, an IPv6 one less its flow info and scope
+            self._adopt(_socket.socket(*self._kind, fd), address if len(address) == 2 else address[:2])
 
-    def _adopt(self, conn: socket.socket, client: tuple[str, int]) -> None:
-        """Hand an accepted socket to the loop with a ``Connection`` on it (no task: ``eager.drive``)."""
-        conn.setblocking(False)  # noqa: FBT003 - socket's own API
+    def _adopt(self, raw: _socket.socket, client: tuple[str, int]) -> None:
+        """Answer what an accepted socket brought, or hand it to the loop with a ``Connection`` on it."""
         server = self._server
         if server is None:  # bound to a wildcard: the local address is the connection's own
             try:
-                server = _address(conn.getsockname())
+                server = _address(raw.getsockname())
             except OSError:  # already reset by the client
-                conn.close()
+                raw.close()
                 self.release()
                 return
         connection = Connection(self.shared, self.release, client, server)
-        if self.tally is not None:
-            self.tally.opened(client[0])
-            connection.tally = self.tally  # it says when it closes
         # A client that connects to ask one thing has usually sent it by now: read it here and answer
         # it on a Held transport; an answer that ends the connection goes out without the loop's.
-        if self._answer_early(conn, connection):
+        if self._answer_early(raw, connection):
             return
+        if self.tally is not None:  # it outlives its accept: counted until it closes
+            self.tally.opened(client[0])
+            connection.tally = self.tally  # it says when it closes
+        connection.outlives_accept()
+        conn = _Accepted(*self._kind, fileno=raw.detach())
+        conn.setblocking(False)  # noqa: FBT003 - socket's own API
 
         def failed(_exc: BaseException) -> None:
             with contextlib.suppress(OSError):
@@ -146,11 +156,12 @@ class Listener:
         loop = self.shared.loop
         eager.drive(loop.connect_accepted_socket(lambda: connection, conn), loop, failed)
 
-    def _answer_early(self, conn: socket.socket, connection: Connection) -> bool:
+    def _answer_early(self, raw: _socket.socket, connection: Connection) -> bool:
         """Answer what the client sent with its connection on a Held transport; True if that ended it."""
-        early = b""
-        with contextlib.suppress(BlockingIOError, InterruptedError, ConnectionError):
-            early = conn.recv(EARLY_BYTES)
+        try:
+            early = raw.recv(EARLY_BYTES, _DONTWAIT)
+        except (BlockingIOError, InterruptedError, ConnectionError):
+            return False
         if not early:
             return False
         connection.connection_made(cast("asyncio.Transport", Held()))
@@ -158,12 +169,12 @@ class Listener:
             connection.data_received(early)
         except Exception:  # a bug (the connection answers its own errors): this one goes, never the listener
             self.shared.logger.exception("front.early_failed")
-            conn.close()
+            raw.close()
             connection.connection_lost(None)
             return True
-        return len(early) < EARLY_BYTES and connection.answered_early() and self._send_and_close(conn, connection)
+        return len(early) < EARLY_BYTES and connection.answered_early() and self._send_and_close(raw, connection)
 
-    def _send_and_close(self, conn: socket.socket, connection: Connection) -> bool:
+    def _send_and_close(self, raw: _socket.socket, connection: Connection) -> bool:
         """Send a connection's whole answer and close it, no transport made; False if it did not all go.
 
         What the socket did not take now (a full send buffer) is left on the Held transport
@@ -172,7 +183,7 @@ class Listener:
         held = cast("Held", connection.transport)
         data = held.take()
         try:
-            sent = conn.send(data)
+            sent = raw.send(data, _DONTWAIT)
         except (BlockingIOError, InterruptedError):
             sent = 0
         except OSError:  # reset or gone: nobody left to answer
@@ -180,8 +191,8 @@ class Listener:
         if sent < len(data):
             held.data.append(data[sent:])
             return False
-        conn.close()
-        connection.connection_lost(None)
+        raw.close()
+        connection.closed_at_accept()
         return True
 
     def release(self) -> None:

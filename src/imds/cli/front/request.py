@@ -19,9 +19,23 @@ ASGI = {"version": "3.0", "spec_version": "2.3"}
 
 def scope_of(  # noqa: PLR0913 - the parts of a request head, as the parser left them
     method: bytes, url: bytes, version: str, headers: list[tuple[bytes, bytes]], *,
-    client: tuple[str, int], server: tuple[str, int],
+    client: tuple[str, int], server: tuple[str, int], path: str | None = None,
 ) -> Scope:
-    """The request's ASGI ``http`` scope (what uvicorn's parser makes of it); InvalidInput for a bad target."""
+    """The request's ASGI ``http`` scope (what uvicorn's parser makes of it); InvalidInput for a bad target.
+
+    ``path``: ``url`` decoded, when the caller found it a plain path (ASCII, no query, no escapes).
+    """
+    if path is not None:
+        raw, query = url, b""
+    else:
+        raw, query, path = _target(url)
+    return {"type": "http", "http_version": version, "scheme": "http", "method": method.decode("ascii"),
+            "path": path, "raw_path": raw, "query_string": query, "root_path": "", "headers": headers,
+            "client": client, "server": server}
+
+
+def _target(url: bytes) -> tuple[bytes, bytes, str]:
+    """The raw path, query string and decoded path of a request target; InvalidInput when it is not one."""
     if url[:1] == b"/" and b"?" not in url and b"%" not in url:
         raw, query = url, b""
     else:
@@ -36,9 +50,7 @@ def scope_of(  # noqa: PLR0913 - the parts of a request head, as the parser left
         raise InvalidInput.one("request", "the request target must be ASCII (percent-encode the rest)") from None
     if "%" in path:
         path = urllib.parse.unquote(path)
-    return {"type": "http", "http_version": version, "scheme": "http", "method": method.decode("ascii"),
-            "path": path, "raw_path": raw, "query_string": query, "root_path": "", "headers": headers,
-            "client": client, "server": server}
+    return raw, query, path
 
 
 def asgi_cycle(  # noqa: PLR0913 - uvicorn's cycle takes each of these

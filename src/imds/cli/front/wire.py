@@ -19,18 +19,24 @@ class Last(bytes):
 
 
 class Wire:
-    """A remembered answer as the front writes it (status line, ``date``, headers), remade when the date moves."""
+    """A remembered answer as the front writes it: its status line and header lines, made once.
 
-    __slots__ = ("date", "head", "whole")
+    The kept-alive HTTP/1.1 shape (``head``, ``whole``: with the ``date`` line) is made for
+    the ``date`` it was last asked with; an answer that closes the connection (a boot's crawl:
+    each answer asked once, a new connection each) is joined from the parts, nothing kept.
+    """
 
-    def __init__(self, found: Remembered, date: bytes) -> None:
-        self.date = date
-        lines = [STATUS_LINE[found.status], date, *(b"%b: %b\r\n" % pair for pair in found.headers), b"\r\n"]
-        self.head = b"".join(lines)
-        if self.head.count(b"\n") != len(lines):  # a header must never split the answer
+    __slots__ = ("date", "fields", "head", "status", "whole")
+
+    def __init__(self, found: Remembered) -> None:
+        lines = [name + b": " + value + b"\r\n" for name, value in found.headers]
+        self.fields = b"".join(lines)
+        if self.fields.count(b"\n") != len(lines):  # a header must never split the answer
             msg = "a response header name or value holds a line break"
             raise RuntimeError(msg)
-        self.whole = self.head + found.body
+        self.status = STATUS_LINE[found.status]
+        self.date: bytes | None = None
+        self.head = self.whole = b""
 
 
 def recalled(found: Remembered, date: bytes, *, head_only: bool, keep_alive: bool, http10: bool) -> bytes:
@@ -39,11 +45,16 @@ def recalled(found: Remembered, date: bytes, *, head_only: bool, keep_alive: boo
     The common shape (HTTP/1.1, kept alive) is built once per ``date`` and kept on ``found``.
     """
     wire = found.wire
-    if not isinstance(wire, Wire) or wire.date is not date:
-        wire = found.wire = Wire(found, date)
+    if not isinstance(wire, Wire):
+        wire = found.wire = Wire(found)
     if keep_alive and not http10:
+        if wire.date is not date:
+            wire.date = date
+            wire.head = b"".join((wire.status, date, wire.fields, b"\r\n"))
+            wire.whole = wire.head + found.body
         return wire.head if head_only else wire.whole
-    answer = b"".join((wire.head[:-2], _KEEP if keep_alive else _CLOSE, b"\r\n", b"" if head_only else found.body))
+    answer = b"".join((wire.status, date, wire.fields, _KEEP if keep_alive else _CLOSE, b"\r\n",
+                       b"" if head_only else found.body))
     return answer if keep_alive else Last(answer)
 
 
