@@ -114,7 +114,7 @@ OPTIONS: tuple[Option, ...] = (
         "Approximate bytes of parsed documents and rendered replies kept for recently read instances."),
     _store("render_ahead", "bool", True,  # noqa: FBT003 - a table row, not a call site
         "Build each instance's first renderings (EC2 tree, signatures, ETag) before its first read, while no "
-        "request is being answered and the render cache is under 90 % full."),
+        "request is being answered and the render cache is under half full."),
     _http("shutdown_timeout", "float", 10.0, "Seconds to let in-flight requests finish on shutdown."),
     # Ganeti OS installation (services/ganeti/records.py)
     _ganeti("private_key_file", "path", None,

@@ -42,7 +42,7 @@ _log = log.get("catalog")
 QUIET = 0.01  # seconds without an answer before a slice starts
 RESTING = 0.05  # seconds between looks while requests are being answered (or a builder is not ready)
 SLICE = 0.002  # seconds of building at most before the loop runs again
-SHARE = 0.9  # of the render cache's bound: built ahead only while the cache holds less (a tenth is the reads')
+SHARE = 0.5  # of the render cache's bound: built ahead only while the cache holds less (the other half is the reads')
 MAX_PENDING = 1 << 16  # instances noted at most (~5 MB); a million loaded keep only the last of them noted
 
 
