@@ -69,7 +69,7 @@ def test_a_token_header_is_no_gated_header_unless_a_flavor_says_so():
 
 
 def _entry(instance_id: str) -> Entry:
-    return cast("Entry", SimpleNamespace(instance=SimpleNamespace(id=instance_id)))
+    return cast("Entry", SimpleNamespace(id=instance_id, instance=SimpleNamespace(id=instance_id)))
 
 
 def test_the_gate_admits_a_valid_token_of_the_instance_with_its_ttl_left():

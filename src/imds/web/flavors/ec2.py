@@ -66,7 +66,7 @@ class TokenGate:
         if value is None:
             return None if self._required else ()
         try:
-            left = self._tokens.check(value.decode("latin-1"), entry.instance.id)
+            left = self._tokens.check(value.decode("latin-1"), entry.id)  # its id, without materialising it
         except Unauthenticated:
             return None
         return _said(left)
