@@ -50,6 +50,11 @@ MARKER_SOURCE = "127.0.33.9"
 WRITES_BACK = 5.0  # seconds from the new primary's first committed write to each replica's
 FOLLOW = 1.0  # seconds a write through one replica may take to be served by the other
 SETTLE = 5.0  # seconds of marker writes alone once both replicas write again
+# The writers pause for SETTLE; a server closing their idle keep-alive connection just as they
+# resume (imds closes after --keepalive-timeout, 5 s by default, or --header-timeout) races the next POST, which
+# httpx cannot retry: "Server disconnected without sending a response", no answer from imds at
+# all. The replicas keep idle connections well past any pause here.
+KEEPALIVE = 6 * SETTLE
 START = 90.0  # seconds for a replica to start: imports alone took 12 s on a loaded 2-core machine
 _addresses = itertools.count(1)
 
@@ -218,7 +223,8 @@ def probe(cluster: PatroniCluster) -> Iterator[WriteProbe]:
 def replicas(tmp_path: Path, cluster: PatroniCluster, form: str) -> Iterator[list[Server]]:
     """Two replicas: the multi-host URL in ``form``, and the haproxy endpoint; readers' instances written."""
     args = ("--db-connect-timeout", str(CONNECT_TIMEOUT), "--db-statement-timeout", str(STATEMENT_TIMEOUT),
-            "--feed-poll-interval", "30", "--data-dir")
+            "--feed-poll-interval", "30", "--keepalive-timeout", str(KEEPALIVE),
+            "--header-timeout", str(KEEPALIVE), "--data-dir")
     with serving(tmp_path, "--db", cluster.dsn(form), *args, str(tmp_path / "a"), start_timeout=START) as a, \
             serving(tmp_path, "--db", cluster.dsn("proxy"), *args, str(tmp_path / "b"), start_timeout=START) as b:
         for source in READ_SOURCES:
