@@ -113,8 +113,8 @@ OPTIONS: tuple[Option, ...] = (
     _store("render_cache_bytes", "int", 1 << 30,  # ~43 KB per instance crawled by cloud-init: ~24,000 instances
         "Approximate bytes of parsed documents and rendered replies kept for recently read instances."),
     _store("render_ahead", "bool", True,  # noqa: FBT003 - a table row, not a call site
-        "Build each instance's first renderings (EC2 tree, signatures, ETag) before its first read, while no "
-        "request is being answered and the render cache is under half full."),
+        "Build each instance's first renderings (EC2 tree, signatures, ETag) and the answers to every path of its "
+        "EC2 tree before its first read, while no request is being answered and the render cache is under half full."),
     _http("shutdown_timeout", "float", 10.0, "Seconds to let in-flight requests finish on shutdown."),
     # Ganeti OS installation (services/ganeti/records.py)
     _ganeti("private_key_file", "path", None,

@@ -15,8 +15,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from collections.abc import Awaitable, Callable, Iterable, MutableMapping
-from typing import Any
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, MutableMapping
+from typing import Any, cast
 
 from starlette.requests import Request
 
@@ -28,9 +28,10 @@ from imds.services.admission.ratelimit import InFlight, RateLimiter
 from imds.services.catalog.addresses import parse_host
 from imds.services.lookup.resolve import Resolver
 from imds.web.admin.push import Endpoint, upsert_endpoints
+from imds.web.answers import AnswersAhead
 from imds.web.errors import error_body, handle_imds_error
 from imds.web.flavors.channel import ChannelFlavor
-from imds.web.flavors.ec2 import Ec2Flavor
+from imds.web.flavors.ec2 import Ec2Flavor, memo_path
 from imds.web.flavors.ganeti import GanetiFlavor
 from imds.web.flavors.gce import FLAVOR, GceFlavor
 from imds.web.flavors.json import JsonFlavor
@@ -163,7 +164,10 @@ class InstanceFront:
         # Repeated fixed reads answered whole (imds.web.memo); not in pull mode, whose caches are per kind.
         # A read carrying an IMDSv2 token is recalled through the EC2 flavor's gate (``Ec2Flavor.gate``).
         self._memo = (ReadMemo(resolver, services.catalog, metrics.tally, callers.trusted_proxy,
-                               frozenset({self._ec2.gate.header})) if services.lookup is None else None)
+                               frozenset({self._ec2.gate.header}), alias=memo_path)
+                      if services.lookup is None else None)
+        if self._memo is not None:  # after the EC2 flavor's builder: its answers read the tree that one renders
+            services.catalog.ahead.builders.append(AnswersAhead(self._memo, self._ec2.ahead_reads, self.prepare))
         upserts = {path: _direct(endpoint) for path, endpoint in upsert_endpoints(services).items()}
         self._upserts = {alias: app for path, app in upserts.items() for alias in aliased(path)}
 
@@ -281,6 +285,38 @@ class InstanceFront:
         if self._log_reads:
             _log.info("instance.read", path=path, peer=host, status=found.status)
         return True
+
+    def prepare(self, scope: Scope) -> bool | None:
+        """Make and keep the answer to the read ``scope`` asks, as its first read would, before it is asked.
+
+        For ``imds.web.answers``: the read's handler runs as ``_answer`` runs it, without
+        limits, tally, read log or hollow's counters (the kept answer counts them when a
+        guest's read recalls it). Kept if it is a fixed 200 (``ReadMemo.keep``); False when it
+        would wait (a signature being made: asked again later); None when not kept otherwise.
+        """
+        memo = self._memo
+        handler = self.route(scope)
+        read = _keepable(scope, memo) if memo is not None else None
+        if memo is None or read is None or handler is None or handler in (_not_here, _loading):
+            return None
+        call = InstanceCall(scope)
+        before = memo.counted()
+        try:
+            waiting = cast("Coroutine[Any, Any, Reply]", handler(call))
+            try:
+                waiting.send(None)
+            except StopIteration as done:
+                reply = done.value
+            else:
+                waiting.close()  # it would wait: its first read makes it, or this again later
+                return False
+            status, headers = reply_head(call, reply)
+            if not reply.fixed or status != 200:
+                return None
+            memo.keep(call, read, headers, reply, before)
+            return True
+        finally:
+            memo.restore(before)
 
     async def _answer(
         self, call: InstanceCall, send: Send, handler: Handler, receive: Receive, key: str | None

@@ -119,9 +119,10 @@ def _kept(entry: Entry, key: str) -> Remembered | None:
 class ReadMemo:
     """Keeps and recalls ``Remembered`` answers (see the module docstring)."""
 
-    def __init__(self, resolver: Resolver, catalog: Catalog, tally: Tally, trusted: Sequence[Network],
-                 gated: frozenset[bytes] = frozenset()) -> None:
+    def __init__(self, resolver: Resolver, catalog: Catalog, tally: Tally, trusted: Sequence[Network],  # noqa: PLR0913
+                 gated: frozenset[bytes] = frozenset(), *, alias: Callable[[str], str] | None = None) -> None:
         self._resolver = resolver
+        self._alias = alias  # the path an answer is kept under (one answer for paths that read the same)
         self._catalog = catalog
         self._reads = tally.reads
         self._trusted = tuple(trusted)
@@ -132,8 +133,21 @@ class ReadMemo:
         self._shared: dict[object, object] = {}
 
     def key(self, path: str, headers: list[tuple[bytes, bytes]]) -> Read | None:
-        """``memo_key`` with the gated headers of this server's flavors."""
-        return memo_key(path, headers, self._gated)
+        """``memo_key`` with the gated headers of this server's flavors, of the path kept for ``path`` (its alias)."""
+        alias = self._alias
+        return memo_key(path if alias is None else alias(path), headers, self._gated)
+
+    def holds(self, entry: Entry, key: str) -> bool:
+        """Whether ``entry`` keeps an answer under ``key`` now."""
+        return _kept(entry, key) is not None
+
+    def host_of(self, entry: Entry) -> str | None:
+        """An address of ``entry``'s instance that resolves to ``entry`` (the caller of a read made ahead), if any."""
+        for network in entry.addresses:
+            host = str(network.network_address)
+            if self._entry(host) is entry:
+                return host
+        return None
 
     def recall(self, host: str | None, key: str, credential: Header | None = None) -> Remembered | None:
         """The answer kept under ``key`` (``memo_key``) with the entry the peer ``host`` resolves to now, if any.
@@ -211,6 +225,12 @@ class ReadMemo:
             answers = {}
         answers[key] = kept
         entry.keep(_KEY, answers, _COST + len(body))  # the same dict again: only the charge grows
+
+    def restore(self, before: dict[tuple[str, bool], int]) -> None:
+        """Set the hollow counters back to ``before`` (``counted``): a read made ahead counts nothing."""
+        reads = self._reads
+        for counter in reads:
+            reads[counter] = before.get(counter, 0)
 
     def replay(self, found: Remembered) -> None:
         """Count again what the handler counted when it made ``found``."""

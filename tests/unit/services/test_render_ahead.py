@@ -28,9 +28,25 @@ class Recorder:
     def ready(self) -> bool:
         return len(self.built) < self.room
 
-    def build(self, entry: Entry) -> None:
+    def build(self, entry: Entry) -> bool:
         entry.render("test", lambda _instance: "x" * self.size)
         self.built.append(entry.id)
+        return True
+
+
+class Waiting:
+    """A builder that says "again later" for the ids in ``waits`` until they are taken out; records each call."""
+
+    def __init__(self, waits: set[str]) -> None:
+        self.waits = waits
+        self.calls: list[str] = []
+
+    def ready(self) -> bool:
+        return True
+
+    def build(self, entry: Entry) -> bool:
+        self.calls.append(entry.id)
+        return entry.id not in self.waits
 
 
 class Ticks:
@@ -75,6 +91,42 @@ async def test_loaded_instances_are_built_newest_first_with_their_etag_and_a_del
         assert entry is not None
         assert entry.rendered["test"] == "x" * 100
         assert entry._etag is not None
+
+
+async def test_an_entry_a_builder_waits_on_is_built_again_after_the_newer_ones():
+    """``build`` False: pending until every builder is done with it, retried once per step after the new ones."""
+    catalog = await loaded(3)
+    ahead, recorder, waiting = catalog.ahead, Recorder(), Waiting({ident(2)})
+    ahead.builders.extend([recorder, waiting])
+    assert ahead.step(catalog.get, deadline=float("inf")) == 2  # ident(2) waits: not counted built
+    assert waiting.calls == [ident(2), ident(1), ident(0)]
+    assert ahead.pending == 1
+    assert ahead.step(catalog.get, deadline=float("inf")) == 0  # still waiting: tried once, not spun on
+    assert waiting.calls[3:] == [ident(2)]
+    assert ahead.pending == 1
+    waiting.waits.clear()  # what it waited on is done
+    assert ahead.step(catalog.get, deadline=float("inf")) == 1
+    assert (ahead.pending, ahead.built) == (0, 3)
+    assert recorder.built == [ident(2), ident(1), ident(0), ident(2), ident(2)]  # every builder runs again
+    ahead.clear()
+    assert ahead.pending == 0
+
+
+async def test_a_new_placement_goes_before_an_entry_built_again():
+    """An instance placed while another waits is built first; one placed again while waiting is not queued twice."""
+    catalog = await loaded(3)
+    ahead, waiting = catalog.ahead, Waiting({ident(2), ident(1)})
+    ahead.builders.append(waiting)
+    ahead.step(catalog.get, deadline=float("inf"))
+    assert ahead.pending == 2
+    waiting.waits.clear()
+    ahead.placed(ident(0))  # rewritten: new work comes first
+    ahead.placed(ident(1))  # placed again while it waits: built once, from the start
+    assert ahead.step(catalog.get, deadline=float("inf")) == 2
+    assert waiting.calls[3:] == [ident(1), ident(0)]  # the new placements only: no retry while new ones wait
+    assert ahead.step(catalog.get, deadline=float("inf")) == 1
+    assert waiting.calls[5:] == [ident(2)]
+    assert ahead.pending == 0
 
 
 async def test_a_rewritten_instance_moves_to_the_front():
@@ -157,9 +209,10 @@ async def test_a_failing_builder_is_logged_and_the_others_are_built():
         def ready(self) -> bool:
             return True
 
-        def build(self, entry: Entry) -> None:
+        def build(self, entry: Entry) -> bool:
             if entry.id == ident(1):
                 raise ValueError(entry.id)
+            return True
 
     catalog.ahead.builders += [Failing(), recorder]
     with capture_logs() as logs:

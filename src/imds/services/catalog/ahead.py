@@ -20,7 +20,11 @@ register) in short slices while no request is being answered:
   ``MAX_PENDING`` are noted (far more than the cache holds built): past that the older
   ones are forgotten, so a million-instance load keeps a few megabytes of notes, not forty.
 - **At the builders' pace.** A builder whose own queue is full (the EC2 flavor's signing
-  thread, ``imds.services.identity.ahead``) is not ``ready``: the slice waits for it.
+  thread, ``imds.services.identity.ahead``) is not ``ready``: the slice waits for it. A
+  builder that still waits on work of its own for an entry (the answers made ahead,
+  ``imds.web.answers``, wait for its signatures) says so (``build`` returns False): the
+  entry is built again once nothing newer is pending, every builder running again (each
+  skips what it already holds).
 
 What is built is exactly what a read would build (the same ``Entry.render`` keys), so a
 read finds it or builds it; nothing a guest sees changes.
@@ -53,8 +57,8 @@ class Builder(Protocol):
         """Whether ``build`` may run now (its own queue has room)."""
         ...
 
-    def build(self, entry: Entry) -> None:
-        """Build, into ``entry``'s render cache, what the flavor's first read of it would."""
+    def build(self, entry: Entry) -> bool:
+        """Build, into ``entry``'s render cache, what the flavor's first read of it would; False: again later."""
         ...
 
 
@@ -65,6 +69,7 @@ class RenderAhead:
         self._cache = cache
         self._clock = clock
         self._pending: dict[str, None] = {}  # instance ids, oldest first (built newest first)
+        self._again: dict[str, None] = {}  # ids a builder has more for (``Builder.build``: False), oldest first
         self._woken = asyncio.Event()
         self.builders: list[Builder] = []
         self.activity: Callable[[], int] = _never  # a count of answers so far (the web layer sets it)
@@ -73,13 +78,14 @@ class RenderAhead:
 
     @property
     def pending(self) -> int:
-        """Instances waiting to be built ahead."""
-        return len(self._pending)
+        """Instances waiting to be built ahead (or built again: a builder waited on work of its own)."""
+        return len(self._pending) + len(self._again)
 
     def placed(self, instance_id: str) -> None:
         """The catalog placed a version of ``instance_id``: build it ahead (before the older ones still waiting)."""
         if self.enabled:
             pending = self._pending
+            self._again.pop(instance_id, None)  # built from the start again
             if pending.pop(instance_id, True) and len(pending) >= MAX_PENDING:
                 pending.clear()  # more than the cache could hold built: start over from the newest
             pending[instance_id] = None
@@ -88,6 +94,7 @@ class RenderAhead:
     def clear(self) -> None:
         """Forget every instance waiting (a reload places them all again)."""
         self._pending.clear()
+        self._again.clear()
 
     def room(self) -> bool:
         """Whether the render cache holds less than its ``SHARE`` (building ahead never evicts a read)."""
@@ -96,35 +103,45 @@ class RenderAhead:
     def step(self, entry_of: Callable[[str], Entry | None], deadline: float) -> int:
         """Build pending entries until ``deadline`` (the clock's) or a builder is not ready; how many were built.
 
+        Entries to build again go once the newly placed are done, each at most once per call.
         With no room left in the cache, everything pending is dropped: its first reads build it.
         """
         built = 0
-        pending = self._pending
-        while pending and self._clock() < deadline and all(builder.ready() for builder in self.builders):
+        pending, again = self._pending, self._again
+        retries = len(again) if not pending else 0
+        while (pending or retries) and self._clock() < deadline \
+                and all(builder.ready() for builder in self.builders):
             if not self.room():
-                _log.info("catalog.ahead_full", dropped=len(pending), built=self.built,
+                _log.info("catalog.ahead_full", dropped=self.pending, built=self.built,
                           cache_bytes=self._cache.bytes)
-                pending.clear()
+                self.clear()
                 break
-            instance_id, _ = pending.popitem()
+            if pending:
+                instance_id, _ = pending.popitem()
+            else:
+                instance_id = next(iter(again))
+                del again[instance_id]
+                retries -= 1
             entry = entry_of(instance_id)
             if entry is None:
                 continue
             try:
                 _ = entry.etag  # every flavor's read sends it
-                for builder in self.builders:
-                    builder.build(entry)
+                done = [builder.build(entry) for builder in self.builders]
             except Exception:  # noqa: BLE001 - a rendering bug shows at the read too; building ahead goes on
                 _log.exception("catalog.ahead_failed", instance=instance_id)
                 continue
-            built += 1
+            if all(done):
+                built += 1
+            else:
+                again[instance_id] = None
         self.built += built
         return built
 
     async def run(self, entry_of: Callable[[str], Entry | None]) -> None:
         """Build pending entries in slices while the server is quiet, until cancelled."""
         while True:
-            if not self._pending or not self.builders:
+            if not self.pending or not self.builders:
                 self._woken.clear()
                 await self._woken.wait()
                 continue
@@ -133,7 +150,7 @@ class RenderAhead:
             if self.activity() != seen or not all(builder.ready() for builder in self.builders):
                 await asyncio.sleep(RESTING)
                 continue
-            while self._pending and self.activity() == seen:
+            while self.pending and self.activity() == seen:
                 if not self.step(entry_of, self._clock() + SLICE):
                     break  # a builder is not ready, or nothing left to build: look again later
                 await asyncio.sleep(0)

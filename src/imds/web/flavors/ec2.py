@@ -13,7 +13,10 @@ stale one first.
 
 A read carrying one token is answered from the read memo (``imds.web.memo``) when it holds
 that path's answer for the caller: the flavor's ``TokenGate`` checks the token as ``_read``
-does and says its TTL header, the only part of the answer the token changes.
+does and says its TTL header, the only part of the answer the token changes. Every AWS
+version reads one tree, so the memo keeps one answer for a path under all of them
+(``memo_path``), and the answers to every path of the tree are made ahead of the first read
+(``ahead_reads``, for ``imds.web.answers``).
 """
 
 from __future__ import annotations
@@ -29,8 +32,8 @@ from imds.services.identity.ahead import SigningQueue
 from imds.services.identity.proxied import may_mint_through
 from imds.services.identity.tokens import TOKEN_HEADER, TTL_HEADER, TokenIssuer, forwarding, is_token_path, parse_ttl
 from imds.services.render.context import Context
-from imds.services.render.ec2 import HOLLOW_VERSION, IDENTITY, VERSIONS, version_root, versions_listing
-from imds.services.render.tree import Dir, Later, body, resolve
+from imds.services.render.ec2 import AWS_VERSIONS, HOLLOW_VERSION, IDENTITY, VERSIONS, version_root, versions_listing
+from imds.services.render.tree import Dir, Later, body, resolve, walk
 from imds.web.errors import status_for
 from imds.web.flavors.gce import GOOGLE_ROOT, google_flavored
 from imds.web.replies import plain
@@ -42,6 +45,20 @@ _NEEDS_METADATA = frozenset({"meta-data", "dynamic"})
 _COUNTED = frozenset({"meta-data", "user-data"})  # reads that count as hollow's metadata/userdata hits
 _VERSION_SHAPE = re.compile(r"\d{4}-\d{2}-\d{2}|1\.0|latest.*")  # fullmatch
 _AHEAD_ROOM = 64  # signing jobs queued at most while building ahead: the rest of the queue is the reads'
+_AWS = frozenset(AWS_VERSIONS)  # the versions that read the one AWS tree (``ec2/aws``)
+_LATEST = "latest"
+
+
+def memo_path(path: str) -> str:
+    """The path the read memo keeps an EC2 answer under: ``/<any AWS version>/x`` is ``/latest/x`` (one tree).
+
+    Any other path is its own (hollow's 2009-04-04 has a tree of its own).
+    """
+    if path[:1] == "/":
+        version, slash, rest = path[1:].partition("/")
+        if version in _AWS and version != _LATEST:
+            return f"/{_LATEST}{slash}{rest}"
+    return path
 
 
 class TokenGate:
@@ -96,9 +113,31 @@ class Ec2Flavor:
         """Whether the signing thread can take an instance built ahead (``RenderAhead``'s ``Builder``)."""
         return self._signing.queued < _AHEAD_ROOM
 
-    def build(self, entry: Entry) -> None:
+    def build(self, entry: Entry) -> bool:
         """Render ``entry``'s AWS tree as its first read would (its signatures queued on the signing thread)."""
-        entry.render_in_context(*self._roots["latest"])
+        entry.render_in_context(*self._roots[_LATEST])
+        return True
+
+    def ahead_reads(self, entry: Entry) -> tuple[list[str], list[tuple[bytes, bytes]]] | None:
+        """The reads whose answers are made ahead for ``entry`` (``imds.web.answers``): paths, and headers for each.
+
+        Every path of its AWS tree under ``/latest/`` (a directory with and without its trailing
+        slash), the headers a guest's read carries (a token with ``--imdsv2 required``).
+        None while a signature is being made (they are asked again later); one nobody started
+        is left to its first read.
+        """
+        root = entry.render_in_context(*self._roots[_LATEST])
+        paths = [f"/{_LATEST}/"]
+        for path, node in walk(root):
+            if isinstance(node, Later) and node.value is None:
+                if node.pending is not None:
+                    return None
+                continue
+            paths.append(f"/{_LATEST}/{path}")
+            if isinstance(node, Dir):  # the listings name directories without the slash clients mostly add
+                paths.append(f"/{_LATEST}/{path}/")
+        token = self._tokens.issue(entry.id, 60) if self._required else None
+        return paths, [] if token is None else [(_TOKEN, token.encode())]
 
     def claims(self, segment: str) -> bool:
         """Whether an unknown first segment looks like an EC2 version (so 404s are EC2-style)."""
