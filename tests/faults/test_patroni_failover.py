@@ -49,6 +49,7 @@ READ_SOURCES = ("127.0.33.1", "127.0.33.2")  # one pre-written instance per sour
 MARKER_SOURCE = "127.0.33.9"
 WRITES_BACK = 5.0  # seconds from the new primary's first committed write to each replica's
 FOLLOW = 1.0  # seconds a write through one replica may take to be served by the other
+READ_EVERY = FOLLOW / 50  # seconds between two reads looking for a marker: the resolution of a follow time
 SETTLE = 5.0  # seconds of marker writes alone once both replicas write again
 # The writers pause for SETTLE; a server closing their idle keep-alive connection just as they
 # resume (imds closes after --keepalive-timeout, 5 s by default, or --header-timeout) races the next POST, which
@@ -195,7 +196,7 @@ class Load:
                 with_hostname = f'"{hostname}"' in guest.get(f"{replica.url}/metadata").text
             if with_hostname:
                 return time.monotonic()
-            time.sleep(0.02)
+            time.sleep(READ_EVERY)
         return None
 
     def stop(self) -> None:

@@ -21,6 +21,8 @@ pytestmark = [pytest.mark.anyio, pytest.mark.stores("memory", "sqlite")]
 
 ADDRESSES = 60_000
 
+GIL_BREATH = 1e-3  # seconds: the smallest real sleep, so the loop blocks in select (see the loop below)
+
 
 def big_body() -> bytes:
     ips = [f"10.{200 + (n >> 16)}.{(n >> 8) & 255}.{n & 255}" for n in range(ADDRESSES)]
@@ -41,7 +43,7 @@ async def test_instance_reads_are_answered_while_a_big_write_is_processed(db_url
             # An in-process read never suspends by itself. A real (if tiny) sleep lets the loop block
             # in select, releasing the GIL: spinning on sleep(0) starved the parse thread on a quiet
             # machine and the test hung. With the parse on the loop, no read runs in between anyway.
-            await asyncio.sleep(0.001)
+            await asyncio.sleep(GIL_BREATH)
             answer = await reader.get("/metadata")
             assert (answer.status_code, answer.json()) == (200, neighbour["metadata"])
             if not write.done():
