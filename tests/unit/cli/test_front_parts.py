@@ -289,6 +289,32 @@ def test_a_remembered_read_that_ends_the_connection_is_joined_from_the_parts_mad
                  http10=False)
 
 
+def test_answers_recalled_anew_share_the_kept_answers_wire():
+    """A renewed body rides on the kept answer's head; a gate's line goes before its kept header lines.
+
+    Each answer's bytes equal the ones made from scratch for the same status, headers and body.
+    """
+    headers = ((b"content-type", b"application/json"), (b"content-length", b"4"))
+    origin = Remembered(200, headers, b'{"a"', ())
+    fresh = [Remembered(200, headers, body, (), origin=origin) for body in (b'{"b"', b'{"c"')]
+    answers = [recalled(found, DATE, head_only=False, keep_alive=True, http10=False) for found in fresh]
+    assert answers == [recalled(Remembered(200, headers, found.body, ()), DATE, head_only=False, keep_alive=True,
+                                http10=False) for found in fresh]
+    assert fresh[0].wire is fresh[1].wire is origin.wire  # the header lines were made once
+    assert recalled(origin, DATE, head_only=False, keep_alive=True, http10=False).endswith(b'\r\n\r\n{"a"')
+    ttl = (b"x-aws-ec2-metadata-token-ttl-seconds", b"299")
+    gated = Remembered(200, (ttl, *headers), origin.body, (), origin=origin)
+    answer = recalled(gated, DATE, head_only=False, keep_alive=True, http10=False)
+    assert answer == recalled(Remembered(200, (ttl, *headers), origin.body, ()), DATE, head_only=False,
+                              keep_alive=True, http10=False)
+    assert isinstance(gated.wire, Wire)
+    assert isinstance(origin.wire, Wire)
+    assert gated.wire is not origin.wire
+    assert origin.wire.fields == b"content-type: application/json\r\ncontent-length: 4\r\n"  # untouched
+    closing = recalled(fresh[1], DATE, head_only=False, keep_alive=False, http10=False)
+    assert closing.endswith(b'connection: close\r\n\r\n{"c"')
+
+
 def test_a_refusal_is_json_from_the_error_table_and_closes():
     """A head over the limit: 431 with the JSON body naming the flag, ``connection: close``, a ``Last``."""
     answer = refusal(HeadTooLarge(16384), DATE)

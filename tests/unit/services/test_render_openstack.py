@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import base64
 import json
-import random
 from typing import Any
 
 import pytest
@@ -15,7 +14,6 @@ from imds.services.render.openstack import (
     DATED_VERSIONS,
     VERSIONS,
     SeededJson,
-    SeedPool,
     devices,
     key_names,
     meta_data,
@@ -179,21 +177,3 @@ def test_password_is_the_stored_bytes_or_empty():
     assert version_dir(instance(), "latest")["password"] == b""
     assert version_dir(instance(password=b"c2VjcmV0"), "2013-04-04")["password"] == b"c2VjcmV0"
     assert isinstance(version_dir(instance(), "latest"), Dir)
-
-
-def test_seed_pool_hands_out_kernel_bytes_in_order_never_twice(monkeypatch):
-    """Seeds are consecutive slices of what os.urandom returned, fetched one pool at a time; none repeats."""
-    fetched: list[bytes] = []
-
-    def fake_urandom(count: int) -> bytes:
-        chunk = random.Random(len(fetched)).randbytes(count)  # noqa: S311 - known test bytes, not a secret
-        fetched.append(chunk)
-        return chunk
-
-    monkeypatch.setattr("imds.services.render.openstack.os.urandom", fake_urandom)
-    pool = SeedPool(size=1200)  # two 512-byte seeds per fetch, 176 bytes left unused each time
-    seeds = [pool.take() for _ in range(5)]
-    assert [len(seed) for seed in seeds] == [512] * 5
-    assert len(fetched) == 3
-    assert seeds == [fetched[n // 2][(n % 2) * 512 : (n % 2 + 1) * 512] for n in range(5)]
-    assert len(set(seeds)) == 5

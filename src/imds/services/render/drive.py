@@ -20,7 +20,8 @@ from imds.models import METADATA, Instance, JsonObject
 from imds.services.render.ec2 import HOLLOW_VERSION, aws_meta_data, hollow_meta_data
 from imds.services.render.json import encode
 from imds.services.render.nocloud import nocloud_tree
-from imds.services.render.openstack import PASSWORD, SEED_BYTES, VERSIONS, SeededJson, version_dir
+from imds.services.render.openstack import PASSWORD, VERSIONS, SeededJson, version_dir
+from imds.services.render.seeds import SEED_BYTES
 from imds.services.render.tree import Dir, body, walk
 
 Format = Literal["config-2", "nocloud"]

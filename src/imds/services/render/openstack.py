@@ -32,7 +32,6 @@ and whoever serves it splices a fresh ``random_seed`` in with ``with_seed``.
 from __future__ import annotations
 
 import binascii
-import os
 from typing import Any
 
 from imds.models import Instance, JsonObject
@@ -56,48 +55,21 @@ VENDOR_DATA = "vendor_data.json"
 NETWORK_DATA = "network_data.json"
 VENDOR_DATA2 = "vendor_data2.json"
 NOTICES = "notices.json"  # imds's own, not Nova's: the lifecycle notices (``latest`` only, unlisted, never on a drive)
-SEED_BYTES = 512  # Nova's random_seed: 512 random bytes, base64
-SEED_POOL_BYTES = 64 << 10  # kernel randomness fetched at once for 128 seeds
-
-
-class SeedPool:
-    """Fresh ``random_seed`` bytes from the kernel, fetched 64 KiB at a time; no byte is handed out twice.
-
-    ``os.urandom`` gives the GIL up around its system call, and on a busy server getting
-    it back took half of a ``meta_data.json`` request (about 25 µs of 50). One call per 128
-    seeds keeps the bytes the same (the kernel's CSPRNG) and the hand-offs rare. Used from
-    the event loop's thread only.
-    """
-
-    def __init__(self, size: int = SEED_POOL_BYTES) -> None:
-        self._size = size
-        self._pool = b""
-        self._at = 0
-
-    def take(self, count: int = SEED_BYTES) -> bytes:
-        """``count`` random bytes never handed out before."""
-        if self._at + count > len(self._pool):
-            self._pool, self._at = os.urandom(max(self._size, count)), 0
-        seed = self._pool[self._at : self._at + count]
-        self._at += count
-        return seed
-
-
 class SeededJson(bytes):
     """A JSON object's bytes, served with a ``random_seed`` spliced in as its last member."""
 
     def with_seed(self, seed: bytes) -> bytes:
         """The document with ``"random_seed": base64(seed)`` added."""
-        return splice(self.opening(), seed)
+        return splice(self.opening(), binascii.b2a_base64(seed, newline=False))
 
     def opening(self) -> bytes:
         """The document up to its seed's base64 text: every member, then ``,"random_seed":"``."""
         return bytes(self[:-1]) + b',"random_seed":"'
 
 
-def splice(opening: bytes, seed: bytes) -> bytes:
-    """A seeded document from its ``SeededJson.opening`` and the seed: the base64 text and the closing ``"}``."""
-    return b"".join((opening, binascii.b2a_base64(seed, newline=False), b'"}'))
+def splice(opening: bytes, seed_text: bytes) -> bytes:
+    """A seeded document from its ``SeededJson.opening`` and the seed's base64 text: that text, then ``"}``."""
+    return b"".join((opening, seed_text, b'"}'))
 
 
 def since(version: str, introduced: str) -> bool:

@@ -30,12 +30,12 @@ from imds.services.render.openstack import (
     USER_DATA,
     VERSIONS,
     SeededJson,
-    SeedPool,
     since,
     splice,
     version_dir,
     versions_listing,
 )
+from imds.services.render.seeds import SeedPool
 from imds.services.render.tree import body, resolve
 from imds.web.replies import declared_over, plain, plain_error, read_body, userdata_type
 from imds.web.routing import JSON, READ_METHODS, InstanceCall, Locator, Pending, Receive, Reply
@@ -114,5 +114,5 @@ class OpenStackFlavor:
 
 
 def _seeded(opening: bytes, take: Callable[[], bytes]) -> bytes:
-    """A ``meta_data.json`` with a seed never handed out before (each the same length: ``SEED_BYTES``)."""
+    """A ``meta_data.json`` with a seed never handed out before (each the same length: ``SEED_BYTES``, base64)."""
     return splice(opening, take())
