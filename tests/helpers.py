@@ -74,6 +74,12 @@ def client_from(
     return httpx.AsyncClient(transport=transport, base_url="http://imds.test", headers=headers, **kwargs)
 
 
+async def guest_get(app: InstanceFront, ip: str, path: str) -> httpx.Response:
+    """One GET of ``path`` from the instance address ``ip``."""
+    async with client_from(app, ip) as guest:
+        return await guest.get(path)
+
+
 def admin_client(app: InstanceFront, token: str = ADMIN_TOKEN) -> httpx.AsyncClient:
     """A client carrying the test admin token."""
     return client_from(app, ADMIN_PEER, token=token)

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from factories import metadata_body, new_id, next_ipv4, next_ipv6, userdata_body
-from helpers import admin_client, client_from, make_settings, running_app
+from helpers import admin_client, guest_get, make_settings, running_app
 from imds.web.instance import InstanceFront
 
 pytestmark = pytest.mark.anyio
@@ -26,11 +26,6 @@ TEMPLATES = {"api_url": "https://{{.facility}}.example/{{.id}}", "phone_home_url
 async def admin_app(**overrides: Any) -> AsyncIterator[tuple[InstanceFront, httpx.AsyncClient]]:
     async with running_app(make_settings(**overrides)) as app, admin_client(app) as admin:
         yield app, admin
-
-
-async def guest_get(app: InstanceFront, ip: str, path: str) -> httpx.Response:
-    async with client_from(app, ip) as guest:
-        return await guest.get(path)
 
 
 def applied_body(instance_id: str, ips: list[str], moved=None, dropped=None) -> dict[str, Any]:

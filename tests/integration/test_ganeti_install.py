@@ -12,17 +12,12 @@ import pytest
 
 from factories import next_ipv4
 from ganeti_data import os_body, put_os, two_replicas
-from helpers import admin_client, client_from, make_settings, push_record, running_app
+from helpers import admin_client, client_from, guest_get, make_settings, push_record, running_app
 
 pytestmark = [pytest.mark.anyio, pytest.mark.stores("memory", "sqlite")]
 
 EXAMPLES = Path(__file__).parents[2] / "examples" / "ganeti-os"
 NASTY = "a 'quoted' \"value\" $(touch /tmp/x) `id`\nnext line"
-
-
-async def guest_get(app: Any, ip: str, path: str) -> httpx.Response:
-    async with client_from(app, ip) as guest:
-        return await guest.get(path)
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ import pytest
 
 from factories import new_id
 from fake_upstream import running_upstream
-from helpers import admin_client, client_from, make_settings, running_app
+from helpers import admin_client, guest_get, make_settings, running_app
 from imds.web.instance import InstanceFront
 
 pytestmark = [pytest.mark.anyio, pytest.mark.stores("memory", "sqlite")]
@@ -32,11 +32,6 @@ SPELLED = "10.70.17.9/31"
 async def admin_app(url: str, **overrides: Any) -> AsyncIterator[tuple[InstanceFront, httpx.AsyncClient]]:
     async with running_app(make_settings(db=url, **overrides)) as app, admin_client(app) as admin:
         yield app, admin
-
-
-async def guest_get(app: InstanceFront, ip: str, path: str) -> httpx.Response:
-    async with client_from(app, ip) as guest:
-        return await guest.get(path)
 
 
 def body_of(instance_id: str, ips: list[str] | None, **document: Any) -> dict[str, Any]:
