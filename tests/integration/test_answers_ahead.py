@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 from factories import new_id
-from helpers import client_from, make_settings, push_record, running_app, wait_for_async
+from helpers import admin_client, client_from, make_settings, push_record, running_app, wait_for_async
 from imds.services.catalog.catalog import Entry
 from imds.web.flavors.ec2 import memo_path
 from imds.web.instance import InstanceFront
@@ -148,6 +148,24 @@ async def test_a_rewrite_is_read_at_once_and_made_ahead_again(monkeypatch: pytes
         await wait_for_async(lambda: ahead.pending == 0, what="the rewrite built ahead", timeout=60)
         seen = handled(app, monkeypatch)
         assert (await guest.get("/latest/meta-data/instance-id")).text == instance
+        assert seen == []
+
+
+async def test_a_notice_for_the_facility_is_made_ahead_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A notice drops the renderings of the instances it reaches; they are built ahead again, with the notice."""
+    async with fleet() as app, admin_client(app) as admin:
+        answer = await admin.post("/device-notices", json={"facility": "ams1", "kind": "reboot",
+                                                           "time": "2027-01-01T00:00:00Z"})
+        assert answer.status_code == 200, answer.text
+        ahead = app.services.catalog.ahead
+        await wait_for_async(lambda: ahead.pending == 0, what="the reached instances built ahead", timeout=60)
+        seen = handled(app, monkeypatch)
+        for ip in IPS:
+            async with client_from(app, ip) as guest:
+                listing = await guest.get("/latest/meta-data/events/maintenance/")
+                scheduled = await guest.get("/latest/meta-data/events/maintenance/scheduled")
+            assert listing.text.splitlines() == ["history", "scheduled"]
+            assert [event["Code"] for event in scheduled.json()] == ["instance-reboot"]
         assert seen == []
 
 

@@ -25,6 +25,7 @@ from imds.services.records.wire import parse_metadata_write
 from imds.services.render import ec2, openstack
 from imds.services.render.json import metadata_bytes
 from imds.services.render.nocloud import nocloud_tree
+from imds.services.render.seeds import SEED_BYTES
 from imds.services.render.templates import compile_all
 from imds.services.render.tree import Dir, body, walk
 
@@ -118,7 +119,7 @@ def render_everything(instance: Instance, signer: IdentitySigner) -> int:
         for _path, node in walk(tree):
             served.append(body(node))
             if isinstance(node, openstack.SeededJson):
-                served.append(node.with_seed(b"\x00" * openstack.SEED_BYTES))
+                served.append(node.with_seed(b"\x00" * SEED_BYTES))
     served.extend(image(instance, fmt) for fmt in (CONFIG_2, NOCLOUD))
     return len(served)
 

@@ -6,7 +6,8 @@ starting together put all of that in front of every request in flight (a 10k-cra
 request p99 ~200 ms cold, ~70 ms with everything already built). But an instance's record
 is written before it boots, seconds to minutes before its first read. So the catalog notes
 each instance it places (loaded at startup, written here, or followed from the change
-feed), and ``RenderAhead`` builds what its first read would (the ``Builder`` s the flavors
+feed) and each whose renderings a project's or a notice's change dropped
+(``RenderCache.reprojected``), and ``RenderAhead`` builds what its first read would (the ``Builder`` s the flavors
 register) in short slices while no request is being answered:
 
 - **Reads first.** A slice starts only after ``QUIET`` seconds in which the server answered
@@ -82,7 +83,10 @@ class RenderAhead:
         return len(self._pending) + len(self._again)
 
     def placed(self, instance_id: str) -> None:
-        """The catalog placed a version of ``instance_id``: build it ahead (before the older ones still waiting)."""
+        """The catalog placed a version of ``instance_id`` (or a new context dropped its renderings): build it ahead.
+
+        Before the older ones still waiting.
+        """
         if self.enabled:
             pending = self._pending
             self._again.pop(instance_id, None)  # built from the start again

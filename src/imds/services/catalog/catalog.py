@@ -59,6 +59,7 @@ class Catalog:
         self._cache = RenderCache(render_cache_bytes, clock)
         self._cache.notices.on_instance = self._reset_instance
         self.ahead = RenderAhead(self._cache)  # first renderings built before the first read (``run_ahead``)
+        self._cache.reprojected = self.ahead.placed  # and built again when a project or a notice drops them
         self._poll_interval = poll_interval
         self._entries: dict[str, Entry] = {}
         self._index = AddressIndex()

@@ -44,6 +44,10 @@ _PARSED_FACTOR = 6  # approximate bytes of parsed Python objects per byte of com
 _NODE_COST = 100  # approximate bytes of a tree node or cached value beside its text
 
 
+def _unheard(_instance_id: str) -> None:
+    """Nobody builds renderings ahead (a cache without a catalog: tests, tools)."""
+
+
 def approximate_size(value: object) -> int:
     """A rough byte count of a cached value (text lengths plus a fixed cost per node).
 
@@ -87,6 +91,9 @@ class RenderCache:
         self.members = Members()
         self.projects = Projects(self.members)
         self.notices = NoticeBoard(self.members)
+        # Told the id of an entry whose renderings a new context dropped (``Entry.reproject``): the catalog builds
+        # them ahead again (``RenderAhead.placed``), so a project's or a notice's change costs no guest's read.
+        self.reprojected: Callable[[str], None] = _unheard
 
     def now(self) -> datetime:
         """The clock's moment, as notices compare it."""
@@ -271,6 +278,7 @@ class Entry:
         self._cache.drop(self)
         self._etag = None
         self._until = None
+        self._cache.reprojected(self.id)
 
     def watch(self, waiter: asyncio.Future[None]) -> None:
         """Hold ``waiter`` on this version: ``wake`` resolves it when the version is replaced or dropped."""
