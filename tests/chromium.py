@@ -12,6 +12,7 @@ says the port was taken; any other failure is raised with the driver's own words
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import socket
@@ -40,9 +41,10 @@ def free_port_both_families() -> int:
             with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as v6:
                 try:
                     v6.bind(("::1", port))
-                except OSError:
-                    continue
-                return port
+                except OSError as error:
+                    if error.errno == errno.EADDRINUSE:
+                        continue
+                return port  # free on both, or a machine without ::1 (the driver then listens on IPv4 alone)
 
 
 def start_driver(options: Any, logs: Path) -> Any:

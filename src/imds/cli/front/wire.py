@@ -71,7 +71,9 @@ def recalled(found: Remembered, date: bytes, *, head_only: bool, keep_alive: boo
     The common shape (HTTP/1.1, kept alive) is built once per ``date`` and kept on the wire;
     a body made anew (a fresh seed) follows the kept head.
     """
-    wire = wire_of(found)
+    wire = found.wire
+    if not isinstance(wire, Wire):  # made once per kept answer: the repeated read skips the call
+        wire = wire_of(found)
     if keep_alive and not http10:
         if wire.date is not date:
             wire.date, wire.whole = date, b""
